@@ -1,0 +1,118 @@
+"""Run-directory layout and Orbax checkpoints.
+
+A run directory holds `config.yaml`, `tokenizer.json`, `metrics.jsonl`, `events/`
+(TensorBoard), `checkpoints/<step>/` and, once finished, `summary.json`. Orbax writes each
+checkpoint into a temporary directory and renames it when complete, so a SIGKILL leaves
+either the previous checkpoints or a finished new one, never a half-written one that is
+trusted. Parameters and optimizer state are separate items, so `cgpt.load(run_dir)` reads
+only the parameters.
+"""
+from __future__ import annotations
+
+import logging
+import warnings
+from pathlib import Path
+
+import jax
+import yaml
+
+from cgpt.config import ModelConfig
+from cgpt.hf import LoadError
+
+log = logging.getLogger(__name__)
+
+CONFIG_FILE = "config.yaml"
+CKPT_DIR = "checkpoints"
+
+
+def is_run_dir(path: Path) -> bool:
+    return (path / CONFIG_FILE).exists() and (path / CKPT_DIR).is_dir()
+
+
+def _manager(run_dir: Path, keep: int | None = None, read_only: bool = False):
+    import orbax.checkpoint as ocp
+
+    opts = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=False,
+                                        read_only=read_only, create=not read_only)
+    return ocp.CheckpointManager((run_dir / CKPT_DIR).absolute(), options=opts)
+
+
+class Checkpointer:
+    """Save/restore {params, opt_state, step} with the last `keep` checkpoints kept."""
+
+    def __init__(self, run_dir: Path, keep: int = 2):
+        self.run_dir = Path(run_dir)
+        self.mngr = _manager(self.run_dir, keep)
+
+    def steps(self) -> list[int]:
+        return sorted(self.mngr.all_steps())
+
+    def save(self, step: int, params, opt_state) -> None:
+        import orbax.checkpoint as ocp
+
+        self.mngr.save(step, args=ocp.args.Composite(
+            params=ocp.args.StandardSave(params), opt_state=ocp.args.StandardSave(opt_state)),
+            force=True)
+        self.mngr.wait_until_finished()
+
+    def restore_latest(self, abstract_params, abstract_opt_state):
+        """(step, params, opt_state) from the newest readable checkpoint, or None if none.
+
+        A checkpoint that fails to restore (corrupted on disk) is skipped with a warning and
+        the previous one is used.
+        """
+        import orbax.checkpoint as ocp
+
+        for step in reversed(self.steps()):
+            try:
+                out = self.mngr.restore(step, args=ocp.args.Composite(
+                    params=ocp.args.StandardRestore(abstract_params),
+                    opt_state=ocp.args.StandardRestore(abstract_opt_state)))
+                return step, out["params"], out["opt_state"]
+            except Exception as e:  # orbax/tensorstore raise many types for bad files
+                warnings.warn(f"{self.run_dir / CKPT_DIR / str(step)}: checkpoint is unreadable "
+                              f"({type(e).__name__}: {e}); falling back to the previous one",
+                              stacklevel=2)
+        return None
+
+    def close(self) -> None:
+        self.mngr.close()
+
+
+def read_run_config(run_dir: Path) -> dict:
+    f = run_dir / CONFIG_FILE
+    try:
+        cfg = yaml.safe_load(f.read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise LoadError(f"{f}: unreadable run config ({e})") from e
+    if not isinstance(cfg, dict) or not isinstance(cfg.get("model"), dict):
+        raise LoadError(f"{f}: expected a mapping with a 'model' section")
+    return cfg
+
+
+def load_run(run_dir: Path, compute_dtype: str = "float32"):
+    """(ModelConfig, params, tokenizer) from the newest good checkpoint of a cgpt run."""
+    import orbax.checkpoint as ocp
+    from cgpt.lm import load_tokenizer
+    from cgpt.model import init_params
+
+    raw = read_run_config(run_dir)
+    try:
+        cfg = ModelConfig.from_dict(raw["model"]).replace(compute_dtype=compute_dtype)
+    except (TypeError, ValueError) as e:
+        raise LoadError(f"{run_dir / CONFIG_FILE}: key 'model': {e}") from e
+    abstract = jax.eval_shape(lambda: init_params(cfg))
+    mngr = _manager(run_dir, read_only=True)
+    steps = sorted(mngr.all_steps())
+    if not steps:
+        raise LoadError(f"{run_dir / CKPT_DIR}: no complete checkpoint yet; train longer or "
+                        "resume the run with --resume")
+    for step in reversed(steps):
+        try:
+            out = mngr.restore(step, args=ocp.args.Composite(
+                params=ocp.args.StandardRestore(abstract)))
+            return cfg, out["params"], load_tokenizer(run_dir)
+        except Exception as e:
+            warnings.warn(f"{run_dir / CKPT_DIR / str(step)}: unreadable checkpoint ({e}); "
+                          "trying the previous one", stacklevel=2)
+    raise LoadError(f"{run_dir / CKPT_DIR}: every checkpoint is unreadable")

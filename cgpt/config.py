@@ -1,0 +1,216 @@
+"""Model configurations: the seven published Cerebras-GPT shapes and a CPU-scale family.
+
+This is the ground floor of cgpt: it imports nothing else from the package. Shapes and
+initialization scales are the published ones (Cerebras modelzoo yaml, HF model cards); see
+the README for sources. Parameter counts are computed from the shapes, never stored.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from dataclasses import dataclass
+
+COMPUTE_DTYPES = ("float32", "bfloat16")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """A GPT-3-style pre-LN decoder (Cerebras-GPT).
+
+    `d_head` defaults to d_model / n_head; the published 2.7B model has 32 heads of 80.
+    `out_init_std` is the σ of the two residual output projections (attention and MLP
+    `c_proj`), which the published yaml sets per preset (0.0025 for 1.3B and 13B, not the
+    0.02/sqrt(2L) formula). `None` means that formula.
+    """
+
+    name: str = "custom"
+    n_layer: int = 2
+    d_model: int = 64
+    n_head: int = 2
+    d_head: int | None = None
+    d_ffn: int | None = None
+    vocab_size: int = 50257
+    n_ctx: int = 2048
+    ln_eps: float = 1e-5
+    init_std: float = 0.02
+    out_init_std: float | None = None
+    # μP (Cerebras-GPT μP recipe): width multiplier m_w = d_model / mup_base_width.
+    mup: bool = False
+    mup_base_width: int = 256
+    mup_embed_mult: float = 10.0
+    mup_init_std: float = 0.08
+    # Execution: f32 parameters always; matmuls in `compute_dtype`.
+    compute_dtype: str = "float32"
+    remat: bool = False
+
+    def __post_init__(self) -> None:
+        for f in ("n_layer", "d_model", "n_head", "vocab_size", "n_ctx"):
+            v = getattr(self, f)
+            if not isinstance(v, int) or v <= 0:
+                raise ValueError(f"ModelConfig.{f} must be a positive int, got {v!r}")
+        if self.d_head is None:
+            if self.d_model % self.n_head:
+                raise ValueError(
+                    f"ModelConfig.n_head={self.n_head} does not divide d_model={self.d_model}; "
+                    "set d_head explicitly or pick a divisor")
+            object.__setattr__(self, "d_head", self.d_model // self.n_head)
+        if self.d_head * self.n_head != self.d_model:
+            raise ValueError(
+                f"ModelConfig.d_head: n_head*d_head = {self.n_head}*{self.d_head} must equal "
+                f"d_model={self.d_model}")
+        if self.d_ffn is None:
+            object.__setattr__(self, "d_ffn", 4 * self.d_model)
+        if self.d_ffn <= 0:
+            raise ValueError(f"ModelConfig.d_ffn must be positive, got {self.d_ffn}")
+        if self.compute_dtype not in COMPUTE_DTYPES:
+            raise ValueError(
+                f"ModelConfig.compute_dtype={self.compute_dtype!r}; use one of {COMPUTE_DTYPES}")
+        if not self.ln_eps > 0:
+            raise ValueError(f"ModelConfig.ln_eps must be > 0, got {self.ln_eps}")
+
+    # ---- derived quantities -------------------------------------------------------------
+    @property
+    def width_mult(self) -> float:
+        """μP width multiplier m_w = d_model / d_base (1 for standard parametrization)."""
+        return self.d_model / self.mup_base_width if self.mup else 1.0
+
+    @property
+    def embed_std(self) -> float:
+        return self.mup_init_std if self.mup else self.init_std
+
+    @property
+    def hidden_std(self) -> float:
+        return self.mup_init_std / math.sqrt(self.width_mult) if self.mup else self.init_std
+
+    @property
+    def resid_out_std(self) -> float:
+        if self.mup:
+            return self.mup_init_std / math.sqrt(2 * self.width_mult * self.n_layer)
+        if self.out_init_std is not None:
+            return self.out_init_std
+        return self.init_std / math.sqrt(2 * self.n_layer)
+
+    @property
+    def embed_mult(self) -> float:
+        return self.mup_embed_mult if self.mup else 1.0
+
+    @property
+    def logits_mult(self) -> float:
+        return 1.0 / self.width_mult
+
+    @property
+    def attn_scale(self) -> float:
+        """SP: 1/sqrt(d_head). μP: 1/d_head."""
+        return 1.0 / self.d_head if self.mup else 1.0 / math.sqrt(self.d_head)
+
+    def num_params(self, embedding: bool = True) -> int:
+        """Exact parameter count (tied LM head counted once).
+
+        `embedding=False` drops the token and position embeddings (Kaplan's convention).
+        """
+        d, f, inner = self.d_model, self.d_ffn, self.n_head * self.d_head
+        per_layer = (
+            2 * d  # ln_1
+            + d * 3 * inner + 3 * inner  # c_attn
+            + inner * d + d  # attn c_proj
+            + 2 * d  # ln_2
+            + d * f + f  # c_fc
+            + f * d + d  # mlp c_proj
+        )
+        n = self.n_layer * per_layer + 2 * d  # + ln_f
+        if embedding:
+            n += self.vocab_size * d + self.n_ctx * d
+        return n
+
+    def chinchilla_tokens(self) -> int:
+        """Chinchilla-optimal budget: 20 tokens per (total) parameter."""
+        return 20 * self.num_params()
+
+    def replace(self, **changes) -> "ModelConfig":
+        """A copy with fields changed; unknown field names are an error, not ignored."""
+        names = {f.name for f in dataclasses.fields(self)}
+        bad = sorted(set(changes) - names)
+        if bad:
+            raise ValueError(f"unknown ModelConfig field(s) {bad}; valid: {sorted(names)}")
+        if "d_model" in changes or "n_head" in changes:
+            changes.setdefault("d_head", None)
+        if "d_model" in changes:
+            changes.setdefault("d_ffn", None)
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ModelConfig":
+        names = {f.name for f in dataclasses.fields(cls)}
+        bad = sorted(set(d) - names)
+        if bad:
+            raise ValueError(f"unknown ModelConfig key(s) {bad}; valid: {sorted(names)}")
+        return cls(**d)
+
+
+# ---- the seven published models (modelzoo yaml; 2.7B is 32 heads x 80) -------------------
+_PUBLISHED = {
+    "111M": dict(n_layer=10, d_model=768, n_head=12, out_init_std=0.004472),
+    "256M": dict(n_layer=14, d_model=1088, n_head=17, out_init_std=0.003780),
+    "590M": dict(n_layer=18, d_model=1536, n_head=12, out_init_std=0.003333),
+    "1.3B": dict(n_layer=24, d_model=2048, n_head=16, out_init_std=0.0025),
+    "2.7B": dict(n_layer=32, d_model=2560, n_head=32, out_init_std=0.0025),
+    "6.7B": dict(n_layer=32, d_model=4096, n_head=32, out_init_std=0.0025),
+    "13B": dict(n_layer=40, d_model=5120, n_head=40, out_init_std=0.0025),
+}
+# μP twins exist for these five only.
+MUP_PRESETS = ("111M", "256M", "590M", "1.3B", "2.7B")
+
+# ---- CPU-scale family: same shape rules (pre-LN, d_ffn = 4d, learned positions, tied head),
+# a small trained BPE vocabulary and short context so that a laptop can train them
+# Chinchilla-optimally. Names give the rounded total parameter count.
+CPU_VOCAB = 4096
+CPU_CTX = 256
+_CPU = {
+    "cpu-165k": dict(n_layer=2, d_model=32, n_head=2),
+    "cpu-380k": dict(n_layer=2, d_model=64, n_head=2),
+    "cpu-870k": dict(n_layer=4, d_model=96, n_head=3),
+    "cpu-1.7m": dict(n_layer=6, d_model=128, n_head=4),
+    "cpu-4.4m": dict(n_layer=8, d_model=192, n_head=6),
+    "cpu-9.0m": dict(n_layer=10, d_model=256, n_head=8),
+    "cpu-19m": dict(n_layer=10, d_model=384, n_head=6),
+}
+
+
+def _canonical(name: str) -> str:
+    key = name.strip().lower()
+    key = re.sub(r"^(cerebras/)?cerebras-gpt-", "", key)
+    mup = key.endswith("-mup")
+    if mup:
+        key = key[: -len("-mup")]
+    for preset in list(_PUBLISHED) + list(_CPU):
+        if preset.lower() == key:
+            return preset + ("-mup" if mup else "")
+    return ""
+
+
+def list_configs() -> list[str]:
+    """Every preset name: the seven published, their μP twins, and the CPU family (+μP)."""
+    return (list(_PUBLISHED) + [f"{p}-mup" for p in MUP_PRESETS]
+            + list(_CPU) + [f"{p}-mup" for p in _CPU])
+
+
+def get_config(name: str, **overrides) -> ModelConfig:
+    """A preset by name, case-insensitive: "111M", "cerebras-gpt-111m", "1.3b-mup", "cpu-1.7m"."""
+    canon = _canonical(name)
+    if not canon or (canon.endswith("-mup") and canon[:-4] in _PUBLISHED
+                     and canon[:-4] not in MUP_PRESETS):
+        raise ValueError(
+            f"unknown model preset {name!r}; valid names: {', '.join(list_configs())}")
+    mup = canon.endswith("-mup")
+    base = canon[:-4] if mup else canon
+    if base in _PUBLISHED:
+        fields = dict(_PUBLISHED[base])
+    else:
+        # The CPU family's μP proxy is its 64-wide member (cpu-380k), as d=256 was for 111M+.
+        fields = dict(_CPU[base], vocab_size=CPU_VOCAB, n_ctx=CPU_CTX, mup_base_width=64)
+    cfg = ModelConfig(name=canon, mup=mup, **fields)
+    return cfg.replace(**overrides) if overrides else cfg

@@ -1,0 +1,326 @@
+"""Hugging Face GPT-2 format <-> cgpt parameters.
+
+The released Cerebras-GPT checkpoints are plain HF GPT-2 (`config.json` + safetensors or
+PyTorch `.bin`, possibly sharded). HF's Conv1D stores kernels [in, out] exactly as cgpt
+does, so mapping is renaming plus stacking the per-layer tensors on the `layers` axis.
+
+Safety: `.bin` files are opened with `torch.load(weights_only=True)` (no pickled code runs),
+torch is imported only for them, and no remote code is ever executed. Every failure raises
+`LoadError` naming the file and the key: never a silent random init.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from cgpt.config import ModelConfig
+
+
+class LoadError(Exception):
+    """A checkpoint could not be loaded; the message names the file, the key and the fix."""
+
+
+# Per-layer HF names -> path inside params["h"].
+_LAYER_KEYS = {
+    "ln_1.weight": ("ln_1", "scale"),
+    "ln_1.bias": ("ln_1", "bias"),
+    "attn.c_attn.weight": ("attn", "c_attn", "kernel"),
+    "attn.c_attn.bias": ("attn", "c_attn", "bias"),
+    "attn.c_proj.weight": ("attn", "c_proj", "kernel"),
+    "attn.c_proj.bias": ("attn", "c_proj", "bias"),
+    "ln_2.weight": ("ln_2", "scale"),
+    "ln_2.bias": ("ln_2", "bias"),
+    "mlp.c_fc.weight": ("mlp", "c_fc", "kernel"),
+    "mlp.c_fc.bias": ("mlp", "c_fc", "bias"),
+    "mlp.c_proj.weight": ("mlp", "c_proj", "kernel"),
+    "mlp.c_proj.bias": ("mlp", "c_proj", "bias"),
+}
+_TOP_KEYS = {
+    "wte.weight": ("wte",),
+    "wpe.weight": ("wpe",),
+    "ln_f.weight": ("ln_f", "scale"),
+    "ln_f.bias": ("ln_f", "bias"),
+}
+_BUFFERS = re.compile(r"^h\.\d+\.attn\.(bias|masked_bias)$")  # causal-mask buffers, not params
+_LAYER_RE = re.compile(r"^h\.(\d+)\.(.+)$")
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json",
+                "pytorch_model.bin", "pytorch_model.bin.index.json")
+
+
+# ---- config --------------------------------------------------------------------------------
+def config_from_hf(cfg: dict, path: Path, compute_dtype: str = "float32") -> ModelConfig:
+    """Translate a GPT-2 `config.json`; anything cgpt would compute differently is an error."""
+
+    def bad(key, why):
+        raise LoadError(f"{path}: key {key!r} {why}")
+
+    mt = cfg.get("model_type")
+    if mt != "gpt2":
+        bad("model_type", f"is {mt!r}; cgpt loads GPT-2 architecture checkpoints "
+            "(Cerebras-GPT) only")
+    for arch in cfg.get("architectures") or []:
+        if arch not in ("GPT2LMHeadModel", "GPT2Model"):
+            bad("architectures", f"lists {arch!r}; only GPT2LMHeadModel/GPT2Model are supported "
+                "(custom μP classes need their own code, which cgpt never runs)")
+    act = cfg.get("activation_function", "gelu_new")
+    if act != "gelu":
+        bad("activation_function", f"is {act!r}; cgpt implements the exact erf GELU ('gelu') "
+            "that Cerebras-GPT uses")
+    for key, want in (("scale_attn_weights", True), ("scale_attn_by_inverse_layer_idx", False),
+                      ("tie_word_embeddings", True)):
+        if cfg.get(key, want) != want:
+            bad(key, f"is {cfg[key]!r}; cgpt supports only {want!r}")
+    try:
+        d = int(cfg["n_embd"])
+        return ModelConfig(
+            name=str(cfg.get("_name_or_path") or path.name or "hf"),
+            n_layer=int(cfg["n_layer"]), d_model=d, n_head=int(cfg["n_head"]),
+            d_ffn=int(cfg.get("n_inner") or 4 * d), vocab_size=int(cfg["vocab_size"]),
+            n_ctx=int(cfg["n_positions"]), ln_eps=float(cfg.get("layer_norm_epsilon", 1e-5)),
+            compute_dtype=compute_dtype)
+    except KeyError as e:
+        bad(e.args[0], "is missing")
+    except (TypeError, ValueError) as e:
+        raise LoadError(f"{path}: inconsistent GPT-2 config: {e}") from e
+
+
+def config_to_hf(cfg: ModelConfig) -> dict:
+    return {
+        "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
+        "n_layer": cfg.n_layer, "n_embd": cfg.d_model, "n_head": cfg.n_head,
+        "n_inner": cfg.d_ffn, "n_positions": cfg.n_ctx, "vocab_size": cfg.vocab_size,
+        "activation_function": "gelu", "layer_norm_epsilon": cfg.ln_eps,
+        "tie_word_embeddings": True, "scale_attn_weights": True,
+        "scale_attn_by_inverse_layer_idx": False, "reorder_and_upcast_attn": False,
+        "resid_pdrop": 0.0, "attn_pdrop": 0.0, "embd_pdrop": 0.0,
+        "bos_token_id": 50256, "eos_token_id": 50256, "torch_dtype": "float32",
+    }
+
+
+# ---- tensor files --------------------------------------------------------------------------
+def _read_safetensors(f: Path) -> dict[str, np.ndarray]:
+    from safetensors import SafetensorError, safe_open
+    try:
+        with safe_open(str(f), framework="numpy") as fh:
+            return {k: fh.get_tensor(k) for k in fh.keys()}
+    except (SafetensorError, OSError, ValueError) as e:
+        raise LoadError(f"{f}: not a readable safetensors file ({e}); re-download it") from e
+
+
+def _read_bin(f: Path) -> dict[str, np.ndarray]:
+    try:
+        import torch
+    except ImportError as e:
+        raise LoadError(
+            f"{f}: reading PyTorch .bin checkpoints needs torch (`pip install torch`); "
+            "or convert the checkpoint to safetensors") from e
+    try:
+        sd = torch.load(str(f), map_location="cpu", weights_only=True)
+    except Exception as e:  # torch raises many types for corrupt or unsafe pickles
+        raise LoadError(f"{f}: not a loadable weights-only PyTorch file ({e})") from e
+    if not isinstance(sd, dict):
+        raise LoadError(f"{f}: expected a state dict of tensors, got {type(sd).__name__}")
+    out = {}
+    for k, t in sd.items():
+        if not isinstance(t, torch.Tensor):
+            raise LoadError(f"{f}: key {k!r} is a {type(t).__name__}, not a tensor")
+        out[k] = t.detach().to(torch.float32).numpy() if t.is_floating_point() else t.numpy()
+    return out
+
+
+def _weight_files(d: Path) -> list[Path]:
+    """The weight files of an HF directory, preferring safetensors, following an index."""
+    for name in WEIGHT_FILES:
+        f = d / name
+        if not f.exists():
+            continue
+        if name.endswith(".index.json"):
+            try:
+                wmap = json.loads(f.read_text())["weight_map"]
+            except (json.JSONDecodeError, KeyError, TypeError) as e:
+                raise LoadError(f"{f}: not a valid shard index (needs a 'weight_map'): {e}") from e
+            shards = [d / s for s in sorted(set(wmap.values()))]
+            for s in shards:
+                if not s.exists():
+                    raise LoadError(f"{f}: lists shard {s.name!r}, which is missing from {d}")
+            return shards
+        return [f]
+    raise LoadError(f"{d}: no weights found; expected one of {', '.join(WEIGHT_FILES)}")
+
+
+def read_state_dict(d: Path) -> tuple[dict[str, np.ndarray], dict[str, Path]]:
+    """All tensors of an HF directory, plus which file each key came from."""
+    tensors, origin = {}, {}
+    for f in _weight_files(d):
+        part = _read_safetensors(f) if f.suffix == ".safetensors" else _read_bin(f)
+        for k, v in part.items():
+            tensors[k], origin[k] = v, f
+    return tensors, origin
+
+
+# ---- mapping -------------------------------------------------------------------------------
+def params_from_state_dict(sd: dict[str, np.ndarray], origin: dict[str, Path],
+                           cfg: ModelConfig, where: Path) -> dict:
+    """Rename and stack HF tensors into cgpt's param tree, checking every name and shape."""
+    from cgpt.model import init_params  # shapes only, via eval_shape
+    import jax
+
+    want = jax.eval_shape(lambda: init_params(cfg))
+    top, layers, lm_head = {}, [dict() for _ in range(cfg.n_layer)], None
+    for key, arr in sd.items():
+        name = key[len("transformer."):] if key.startswith("transformer.") else key
+        src = origin.get(key, where)
+        if _BUFFERS.match(name):
+            continue
+        if name == "lm_head.weight":
+            lm_head = (arr, src)
+        elif name in _TOP_KEYS:
+            top[_TOP_KEYS[name]] = arr
+        elif (m := _LAYER_RE.match(name)) and m.group(2) in _LAYER_KEYS:
+            i = int(m.group(1))
+            if i >= cfg.n_layer:
+                raise LoadError(f"{src}: key {key!r} is layer {i}, but config.json has "
+                                f"n_layer={cfg.n_layer}")
+            layers[i][_LAYER_KEYS[m.group(2)]] = arr
+        else:
+            raise LoadError(f"{src}: unexpected key {key!r}; not part of a GPT-2 LM "
+                            "(is this the right architecture?)")
+
+    def check(path, arr, shape, key):
+        if tuple(arr.shape) != tuple(shape):
+            raise LoadError(f"{origin.get(key, where)}: key {key!r} has shape {tuple(arr.shape)}, "
+                            f"expected {tuple(shape)} from config.json")
+        if not np.issubdtype(arr.dtype, np.floating) and arr.dtype.name != "bfloat16":
+            raise LoadError(f"{origin.get(key, where)}: key {key!r} has dtype {arr.dtype}, "
+                            "expected a floating-point tensor")
+        return np.asarray(arr, dtype=np.float32)
+
+    def get(tree, path):
+        for p in path:
+            tree = tree[p]
+        return tree
+
+    def put(tree, path, val):
+        for p in path[:-1]:
+            tree = tree.setdefault(p, {})
+        tree[path[-1]] = val
+
+    def hf_key(path, i=None):
+        inv = _TOP_KEYS if i is None else _LAYER_KEYS
+        name = next(k for k, v in inv.items() if v == path)
+        return "transformer." + (name if i is None else f"h.{i}.{name}")
+
+    params: dict = {}
+    for name, path in _TOP_KEYS.items():
+        key = hf_key(path)
+        if path not in top:
+            raise LoadError(f"{where}: missing tensor {key!r} (also tried without 'transformer.')")
+        put(params, path, check(path, top[path], get(want, path).shape, key))
+    for path in _LAYER_KEYS.values():
+        per_layer = []
+        for i in range(cfg.n_layer):
+            key = hf_key(path, i)
+            if path not in layers[i]:
+                raise LoadError(f"{where}: missing tensor {key!r}")
+            per_layer.append(check(path, layers[i][path], get(want["h"], path).shape[1:], key))
+        put(params, ("h",) + path, np.stack(per_layer))
+    if lm_head is not None:
+        arr, src = lm_head
+        if arr.shape != params["wte"].shape or not np.array_equal(
+                np.asarray(arr, np.float32), params["wte"]):
+            raise LoadError(f"{src}: key 'lm_head.weight' differs from 'transformer.wte.weight'; "
+                            "cgpt (like Cerebras-GPT) ties the LM head to the token embedding")
+    return params
+
+
+def state_dict_from_params(params: dict, cfg: ModelConfig) -> dict[str, np.ndarray]:
+    """cgpt params -> HF GPT-2 tensors (`transformer.*`; the tied lm_head is implied)."""
+    sd = {}
+    for name, path in _TOP_KEYS.items():
+        t = params
+        for p in path:
+            t = t[p]
+        sd["transformer." + name] = np.asarray(t, np.float32)
+    for name, path in _LAYER_KEYS.items():
+        t = params["h"]
+        for p in path:
+            t = t[p]
+        t = np.asarray(t, np.float32)
+        for i in range(cfg.n_layer):
+            sd[f"transformer.h.{i}.{name}"] = np.ascontiguousarray(t[i])
+    return sd
+
+
+# ---- directories ---------------------------------------------------------------------------
+def is_hf_dir(d: Path) -> bool:
+    return (d / "config.json").exists() and any((d / n).exists() for n in WEIGHT_FILES)
+
+
+def load_hf_dir(d: Path, compute_dtype: str = "float32") -> tuple[ModelConfig, dict]:
+    cfg_file = d / "config.json"
+    if not cfg_file.exists():
+        raise LoadError(f"{d}: not a checkpoint (no config.json); expected a Hugging Face GPT-2 "
+                        "directory, a hub id such as 'cerebras/Cerebras-GPT-111M', or a cgpt run")
+    try:
+        raw = json.loads(cfg_file.read_text())
+    except json.JSONDecodeError as e:
+        raise LoadError(f"{cfg_file}: not valid JSON ({e})") from e
+    cfg = config_from_hf(raw, cfg_file, compute_dtype)
+    sd, origin = read_state_dict(d)
+    return cfg, params_from_state_dict(sd, origin, cfg, d)
+
+
+def save_hf_dir(params: dict, cfg: ModelConfig, out: Path, tokenizer=None) -> Path:
+    """Write an HF GPT-2 directory atomically (temp dir, then rename)."""
+    from safetensors.numpy import save_file
+
+    if cfg.mup:
+        raise ValueError("save_hf: μP models need logit/embedding multipliers that GPT-2 "
+                         "cannot express; export the standard-parametrization model instead")
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        (tmp / "config.json").write_text(json.dumps(config_to_hf(cfg), indent=2))
+        save_file(state_dict_from_params(params, cfg), str(tmp / "model.safetensors"),
+                  metadata={"format": "pt"})
+        if tokenizer is not None:
+            tokenizer.save(str(tmp / "tokenizer.json"))
+        if out.exists():
+            old = out.with_name(out.name + ".old")
+            os.replace(out, old)
+            os.replace(tmp, out)
+            shutil.rmtree(old)
+        else:
+            os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def resolve_hub_id(repo_id: str) -> Path:
+    """A hub id -> a local snapshot through the HF cache (downloads only when online)."""
+    try:
+        from huggingface_hub import snapshot_download
+        from huggingface_hub.errors import LocalEntryNotFoundError
+    except ImportError as e:
+        raise LoadError(f"{repo_id!r}: resolving hub ids needs huggingface_hub "
+                        "(`pip install huggingface_hub`), or pass a local directory") from e
+    patterns = ["config.json", "*.safetensors", "*.safetensors.index.json", "*.bin",
+                "*.bin.index.json", "tokenizer.json", "vocab.json", "merges.txt"]
+    try:
+        return Path(snapshot_download(repo_id, allow_patterns=patterns))
+    except LocalEntryNotFoundError as e:
+        raise LoadError(
+            f"{repo_id!r} is not in the local Hugging Face cache and the hub is unreachable "
+            f"(offline). Download it on a machine with internet (`hf download {repo_id}`, then "
+            "copy ~/.cache/huggingface) or pass the path of a local checkpoint directory") from e
+    except Exception as e:  # repository not found, gated, network errors
+        raise LoadError(f"{repo_id!r}: could not fetch from the Hugging Face hub: {e}") from e

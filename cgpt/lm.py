@@ -1,0 +1,218 @@
+"""`cgpt.load` and the `LM` it returns: evaluation and KV-cache generation.
+
+`load` accepts a Hugging Face GPT-2 directory (the released Cerebras-GPT checkpoints), a hub
+id resolved through the local HF cache, or a cgpt training run directory. The LM computes
+exactly what `transformers.GPT2LMHeadModel` computes (tested to 1e-4 in f32).
+"""
+from __future__ import annotations
+
+import functools
+import json
+import re
+from pathlib import Path
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from cgpt import hf
+from cgpt.config import ModelConfig
+from cgpt.hf import LoadError
+from cgpt.model import cross_entropy, forward, init_cache
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def load_tokenizer(d: Path):
+    """`tokenizer.json`, else GPT-2 `vocab.json` + `merges.txt`, else None."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    d = Path(d)
+    try:
+        if (d / "tokenizer.json").exists():
+            return Tokenizer.from_file(str(d / "tokenizer.json"))
+        if (d / "vocab.json").exists() and (d / "merges.txt").exists():
+            tok = Tokenizer(models.BPE.from_file(str(d / "vocab.json"), str(d / "merges.txt")))
+            tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+            tok.decoder = decoders.ByteLevel()
+            if tok.token_to_id("<|endoftext|>") is not None:
+                tok.add_special_tokens(["<|endoftext|>"])
+            return tok
+    except Exception as e:  # tokenizers raises plain Exception subclasses on bad files
+        raise LoadError(f"{d}: tokenizer files are unreadable ({e})") from e
+    return None
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(6, (n - 1).bit_length())
+
+
+@functools.partial(jax.jit, static_argnames=("cfg",))
+def _logits(params, ids, cfg):
+    return forward(params, ids, cfg)[0]
+
+
+@functools.partial(jax.jit, static_argnames=("cfg",))
+def _loss(params, ids, cfg):
+    logits = forward(params, ids[:, :-1], cfg)[0]
+    return cross_entropy(logits, ids[:, 1:])
+
+
+def _filter_logits(logits, top_k, top_p):
+    """Mask all but the top-k tokens and the smallest nucleus with mass >= top_p."""
+    neg = jnp.finfo(logits.dtype).min
+    if top_k is not None:
+        kth = jax.lax.top_k(logits, top_k)[0][..., -1:]
+        logits = jnp.where(logits < kth, neg, logits)
+    if top_p is not None:
+        sorted_logits = jnp.sort(logits, axis=-1)[..., ::-1]
+        probs = jax.nn.softmax(sorted_logits, axis=-1)
+        mass_before = jnp.cumsum(probs, axis=-1) - probs
+        keep = mass_before < top_p  # always keeps the most likely token
+        cutoff = jnp.min(jnp.where(keep, sorted_logits, jnp.inf), axis=-1, keepdims=True)
+        logits = jnp.where(logits < cutoff, neg, logits)
+    return logits
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "max_new", "cache_len", "greedy", "top_k",
+                                             "top_p"))
+def _generate(params, prompt, key, temperature, *, cfg, max_new, cache_len, greedy, top_k, top_p):
+    """Prefill the prompt into a KV cache, then decode `max_new` tokens in one XLA loop."""
+    B, P = prompt.shape
+
+    def pick(logits, key):
+        if greedy:
+            return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+        logits = _filter_logits(logits / temperature, top_k, top_p)
+        return jax.random.categorical(key, logits, axis=-1).astype(jnp.int32)
+
+    cache = init_cache(cfg, B, cache_len)
+    logits, cache = forward(params, prompt, cfg, cache, 0)
+    keys = jax.random.split(key, max_new)
+    out = jnp.zeros((B, max_new), jnp.int32).at[:, 0].set(pick(logits[:, -1], keys[0]))
+
+    def step(i, carry):
+        out, cache = carry
+        prev = jax.lax.dynamic_slice_in_dim(out, i - 1, 1, axis=1)
+        logits, cache = forward(params, prev, cfg, cache, P + i - 1)
+        return out.at[:, i].set(pick(logits[:, -1], keys[i])), cache
+
+    out, _ = jax.lax.fori_loop(1, max_new, step, (out, cache))
+    return out
+
+
+class LM:
+    """A loaded language model: `.config`, `.tokenizer`, `.logits`, `.loss`, `.generate`."""
+
+    def __init__(self, config: ModelConfig, params: dict, tokenizer=None):
+        self.config = config
+        self.params = jax.tree.map(jnp.asarray, params)
+        self.tokenizer = tokenizer
+
+    def __repr__(self) -> str:
+        c = self.config
+        return (f"LM({c.name!r}, {c.num_params():,} params, {c.n_layer}x{c.d_model}, "
+                f"compute={c.compute_dtype}, tokenizer={'yes' if self.tokenizer else 'no'})")
+
+    # ---- inputs ----------------------------------------------------------------------
+    def _ids(self, ids, what: str = "ids") -> jax.Array:
+        if isinstance(ids, str):
+            ids = self.encode(ids)
+        arr = np.asarray(ids)
+        if arr.ndim == 1:
+            arr = arr[None]
+        if arr.ndim != 2 or arr.shape[1] == 0 or not np.issubdtype(arr.dtype, np.integer):
+            raise ValueError(f"{what}: expected integer token ids shaped [B, T] or [T], "
+                             f"got dtype {arr.dtype} shape {arr.shape}")
+        if arr.min() < 0 or arr.max() >= self.config.vocab_size:
+            raise ValueError(f"{what}: token ids must lie in [0, {self.config.vocab_size}), "
+                             f"got range [{arr.min()}, {arr.max()}]")
+        if arr.shape[1] > self.config.n_ctx:
+            raise ValueError(f"{what}: length {arr.shape[1]} exceeds the context "
+                             f"n_ctx={self.config.n_ctx}")
+        return jnp.asarray(arr, jnp.int32)
+
+    def encode(self, text: str) -> list[int]:
+        if self.tokenizer is None:
+            raise ValueError("this checkpoint has no tokenizer files (tokenizer.json or "
+                             "vocab.json+merges.txt); pass token ids instead of text")
+        return self.tokenizer.encode(text).ids
+
+    def decode(self, ids: Sequence[int]) -> str:
+        if self.tokenizer is None:
+            raise ValueError("this checkpoint has no tokenizer; cannot decode ids to text")
+        return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=False)
+
+    # ---- evaluation ------------------------------------------------------------------
+    def logits(self, ids) -> np.ndarray:
+        """float32 logits [B, T, V]."""
+        return np.asarray(_logits(self.params, self._ids(ids), self.config))
+
+    def loss(self, ids) -> float:
+        """Mean next-token cross-entropy in nats over ids [B, T] (T >= 2)."""
+        x = self._ids(ids)
+        if x.shape[1] < 2:
+            raise ValueError("loss: need at least 2 tokens per row to predict a next token")
+        return float(_loss(self.params, x, self.config))
+
+    def generate(self, prompt, max_new_tokens: int, temperature: float = 0.0,
+                 top_k: int | None = None, top_p: float | None = None, seed: int = 0):
+        """Continue a prompt with a KV cache; greedy at temperature 0.
+
+        Token ids in -> int array [B, P + max_new_tokens] out (prompt included, as in HF).
+        Text in -> text out (prompt + continuation).
+        """
+        as_text = isinstance(prompt, str)
+        ids = self._ids(prompt, "prompt")
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        if temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {temperature}")
+        if top_k is not None and not 1 <= top_k <= self.config.vocab_size:
+            raise ValueError(f"top_k must be in [1, {self.config.vocab_size}], got {top_k}")
+        if top_p is not None and not 0 < top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+        total = ids.shape[1] + max_new_tokens
+        if total > self.config.n_ctx:
+            raise ValueError(f"prompt ({ids.shape[1]}) + max_new_tokens ({max_new_tokens}) "
+                             f"exceeds the context n_ctx={self.config.n_ctx}")
+        new = _generate(self.params, ids, jax.random.key(seed), jnp.float32(max(temperature, 1e-6)),
+                        cfg=self.config, max_new=max_new_tokens,
+                        cache_len=min(self.config.n_ctx, _next_pow2(total)),
+                        greedy=temperature == 0.0, top_k=top_k, top_p=top_p)
+        out = np.concatenate([np.asarray(ids), np.asarray(new)], axis=1)
+        return self.decode(out[0]) if as_text else out
+
+
+def load(source: str | Path, dtype: str = "float32") -> LM:
+    """Load a Hugging Face GPT-2 directory, a hub id, or a cgpt run directory.
+
+    `dtype` is the compute dtype ("float32" or "bfloat16"); parameters stay float32.
+    """
+    if dtype not in ("float32", "bfloat16"):
+        raise ValueError(f"dtype={dtype!r}; use 'float32' or 'bfloat16'")
+    path = Path(source).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise LoadError(f"{path}: not a checkpoint directory; pass the directory holding "
+                            "config.json and the weights")
+        from cgpt import checkpoint
+        if checkpoint.is_run_dir(path):
+            cfg, params, tok = checkpoint.load_run(path, dtype)
+            return LM(cfg, params, tok)
+        cfg, params = hf.load_hf_dir(path, dtype)
+        return LM(cfg, params, load_tokenizer(path))
+    if _HUB_ID.match(str(source)):
+        local = hf.resolve_hub_id(str(source))
+        cfg, params = hf.load_hf_dir(local, dtype)
+        return LM(cfg, params, load_tokenizer(local))
+    raise LoadError(f"{source}: no such directory, and not a hub id like "
+                    "'cerebras/Cerebras-GPT-111M'")
+
+
+def save_hf(lm: LM, out_dir: str | Path) -> Path:
+    """Write `lm` as a Hugging Face GPT-2 directory (`GPT2LMHeadModel.from_pretrained` loads it)."""
+    params = jax.tree.map(np.asarray, lm.params)
+    return hf.save_hf_dir(params, lm.config.replace(compute_dtype="float32"), Path(out_dir),
+                          lm.tokenizer)

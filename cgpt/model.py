@@ -1,0 +1,244 @@
+"""The Cerebras-GPT decoder in Flax NNX: a GPT-3-style pre-LN transformer.
+
+Read top to bottom: the NNX module `GPT` owns the parameters (f32, published init), and the
+pure functions below it (`embed`, `apply_layers`, `head`, `forward`) compute with a plain
+nested dict of arrays. Layers are stacked on a leading `layers` axis and applied with
+`jax.lax.scan`, so one compiled block serves every depth and every execution mode
+(data parallel, weight streaming, layer pipelined) reuses the same functions.
+
+Architecture (all seven published models): learned positions, pre-LN blocks with a final
+LN, exact erf GELU, LayerNorm eps 1e-5, dense causal attention, biases everywhere except
+the LM head, LM head tied to the token embedding, no dropout. μP (embedding x10,
+logits x 1/m_w, QK^T / d_head, μP init) is a config switch.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from cgpt.config import ModelConfig
+
+Params = dict  # nested dict of arrays, the layout of `nnx.state(GPT).to_pure_dict()`
+# `constrain(x, logical_axes)` lets the sharding layer pin activations; identity by default.
+Constrain = Callable[[jax.Array, tuple], jax.Array]
+
+
+def _no_constraint(x, axes):
+    return x
+
+
+# ---- parameters ------------------------------------------------------------------------
+def _tn(rngs: nnx.Rngs, shape: tuple, std: float) -> nnx.Param:
+    """Truncated normal cut at +-2 sigma, as in the published init."""
+    return nnx.Param(std * jax.random.truncated_normal(rngs.params(), -2.0, 2.0, shape, jnp.float32))
+
+
+def _zeros(*shape) -> nnx.Param:
+    return nnx.Param(jnp.zeros(shape, jnp.float32))
+
+
+def _ones(*shape) -> nnx.Param:
+    return nnx.Param(jnp.ones(shape, jnp.float32))
+
+
+class LayerNorm(nnx.Module):
+    def __init__(self, *lead: int, d: int):
+        self.scale = _ones(*lead, d)
+        self.bias = _zeros(*lead, d)
+
+
+class Linear(nnx.Module):
+    """Kernel stored [in, out] (the HF GPT-2 Conv1D layout), optionally stacked over layers."""
+
+    def __init__(self, *lead: int, d_in: int, d_out: int, std: float, rngs: nnx.Rngs):
+        self.kernel = _tn(rngs, (*lead, d_in, d_out), std)
+        self.bias = _zeros(*lead, d_out)
+
+
+class Attention(nnx.Module):
+    def __init__(self, cfg: ModelConfig, L: int, rngs: nnx.Rngs):
+        inner = cfg.n_head * cfg.d_head
+        self.c_attn = Linear(L, d_in=cfg.d_model, d_out=3 * inner, std=cfg.hidden_std, rngs=rngs)
+        self.c_proj = Linear(L, d_in=inner, d_out=cfg.d_model, std=cfg.resid_out_std, rngs=rngs)
+
+
+class MLP(nnx.Module):
+    def __init__(self, cfg: ModelConfig, L: int, rngs: nnx.Rngs):
+        self.c_fc = Linear(L, d_in=cfg.d_model, d_out=cfg.d_ffn, std=cfg.hidden_std, rngs=rngs)
+        self.c_proj = Linear(L, d_in=cfg.d_ffn, d_out=cfg.d_model, std=cfg.resid_out_std, rngs=rngs)
+
+
+class Blocks(nnx.Module):
+    """All n_layer blocks, every parameter stacked on a leading `layers` axis."""
+
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+        L = cfg.n_layer
+        self.ln_1 = LayerNorm(L, d=cfg.d_model)
+        self.attn = Attention(cfg, L, rngs)
+        self.ln_2 = LayerNorm(L, d=cfg.d_model)
+        self.mlp = MLP(cfg, L, rngs)
+
+
+class GPT(nnx.Module):
+    """Cerebras-GPT. `GPT(cfg, rngs=nnx.Rngs(0))(ids)` returns float32 logits [B, T, V]."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.config = cfg
+        self.wte = _tn(rngs, (cfg.vocab_size, cfg.d_model), cfg.embed_std)
+        self.wpe = _tn(rngs, (cfg.n_ctx, cfg.d_model), cfg.embed_std)
+        self.h = Blocks(cfg, rngs)
+        self.ln_f = LayerNorm(d=cfg.d_model)
+
+    def params(self) -> Params:
+        return nnx.state(self, nnx.Param).to_pure_dict()
+
+    def __call__(self, ids: jax.Array) -> jax.Array:
+        return forward(self.params(), ids, self.config)[0]
+
+
+def init_params(cfg: ModelConfig, seed: int | jax.Array = 0) -> Params:
+    """Freshly initialized parameters as a nested dict (jit/eval_shape friendly)."""
+    return GPT(cfg, rngs=nnx.Rngs(params=seed)).params()
+
+
+def param_axes(cfg: ModelConfig) -> Params:
+    """Logical axis names of every parameter, same tree as `init_params`.
+
+    Weight names (`vocab`, `embed`, `heads`, `mlp`, `layers`, `pos`) are distinct from the
+    activation names (`act_*`) so that a rules table can shard weights and activations
+    differently (FSDP shards weights' embed dim while activations shard on batch).
+    """
+    ln = {"scale": ("layers", "embed"), "bias": ("layers", "embed")}
+    return {
+        "wte": ("vocab", "embed"),
+        "wpe": ("pos", "embed"),
+        "h": {
+            "ln_1": ln,
+            "attn": {
+                "c_attn": {"kernel": ("layers", "embed", "heads"), "bias": ("layers", "heads")},
+                "c_proj": {"kernel": ("layers", "heads", "embed"), "bias": ("layers", "embed")},
+            },
+            "ln_2": ln,
+            "mlp": {
+                "c_fc": {"kernel": ("layers", "embed", "mlp"), "bias": ("layers", "mlp")},
+                "c_proj": {"kernel": ("layers", "mlp", "embed"), "bias": ("layers", "embed")},
+            },
+        },
+        "ln_f": {"scale": ("embed",), "bias": ("embed",)},
+    }
+
+
+# ---- computation -----------------------------------------------------------------------
+def _dtype(cfg: ModelConfig):
+    return jnp.bfloat16 if cfg.compute_dtype == "bfloat16" else jnp.float32
+
+
+def layer_norm(x: jax.Array, p: Params, eps: float) -> jax.Array:
+    """LayerNorm computed in f32 whatever the compute dtype."""
+    xf = x.astype(jnp.float32)
+    mean = xf.mean(-1, keepdims=True)
+    var = jnp.square(xf - mean).mean(-1, keepdims=True)
+    y = (xf - mean) * jax.lax.rsqrt(var + eps) * p["scale"] + p["bias"]
+    return y.astype(x.dtype)
+
+
+def _linear(x: jax.Array, p: Params) -> jax.Array:
+    return x @ p["kernel"].astype(x.dtype) + p["bias"].astype(x.dtype)
+
+
+def block(p: Params, x: jax.Array, cfg: ModelConfig, kv: tuple | None = None,
+          start: jax.Array | int = 0, constrain: Constrain = _no_constraint):
+    """One pre-LN transformer block on x [B, T, d].
+
+    With `kv = (k_cache, v_cache)` ([B, S, H, Dh]) the new keys/values are written at
+    `start` and queries attend over the whole cache (KV-cache decoding); otherwise plain
+    causal self-attention over x. Returns (x, new_kv).
+    """
+    B, T, _ = x.shape
+    H, Dh = cfg.n_head, cfg.d_head
+    h = layer_norm(x, p["ln_1"], cfg.ln_eps)
+    qkv = _linear(h, p["attn"]["c_attn"])  # columns ordered [Q | K | V], head-major inside
+    q, k, v = jnp.split(qkv, 3, axis=-1)
+    q, k, v = (t.reshape(B, T, H, Dh) for t in (q, k, v))
+    q_pos = start + jnp.arange(T)
+    if kv is not None:
+        k = jax.lax.dynamic_update_slice_in_dim(kv[0], k.astype(kv[0].dtype), start, axis=1)
+        v = jax.lax.dynamic_update_slice_in_dim(kv[1], v.astype(kv[1].dtype), start, axis=1)
+        kv = (k, v)
+    k_pos = jnp.arange(k.shape[1])
+    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k.astype(q.dtype),
+                        preferred_element_type=jnp.float32) * cfg.attn_scale
+    mask = k_pos[None, :] <= q_pos[:, None]
+    scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
+    att = jnp.einsum("bhqk,bkhd->bqhd", probs, v.astype(x.dtype)).reshape(B, T, H * Dh)
+    x = x + constrain(_linear(att, p["attn"]["c_proj"]), ("act_batch", "act_seq", "act_embed"))
+    h = layer_norm(x, p["ln_2"], cfg.ln_eps)
+    h = jax.nn.gelu(_linear(h, p["mlp"]["c_fc"]), approximate=False)  # exact erf GELU
+    h = constrain(h, ("act_batch", "act_seq", "act_mlp"))
+    x = x + constrain(_linear(h, p["mlp"]["c_proj"]), ("act_batch", "act_seq", "act_embed"))
+    return x, kv
+
+
+def embed(params: Params, ids: jax.Array, cfg: ModelConfig, start: jax.Array | int = 0,
+          constrain: Constrain = _no_constraint) -> jax.Array:
+    T = ids.shape[1]
+    pos = jax.lax.dynamic_slice_in_dim(params["wpe"], start, T, axis=0)
+    x = (params["wte"][ids] + pos[None]) * cfg.embed_mult
+    return constrain(x.astype(_dtype(cfg)), ("act_batch", "act_seq", "act_embed"))
+
+
+def apply_layers(layers: Params, x: jax.Array, cfg: ModelConfig, cache: dict | None = None,
+                 start: jax.Array | int = 0, constrain: Constrain = _no_constraint):
+    """Scan the stacked blocks over x. `layers` may hold any contiguous slice of the stack."""
+
+    def body(x, xs):
+        p, kv = xs
+        x, kv = block(p, x, cfg, kv, start, constrain)
+        return x, kv
+
+    if cfg.remat:
+        body = jax.checkpoint(body, prevent_cse=False)
+    kv = None if cache is None else (cache["k"], cache["v"])
+    x, kv = jax.lax.scan(body, x, (layers, kv))
+    return x, (None if cache is None else {"k": kv[0], "v": kv[1]})
+
+
+def head(params: Params, x: jax.Array, cfg: ModelConfig) -> jax.Array:
+    """Final LN and the tied LM head (no bias); float32 logits."""
+    x = layer_norm(x, params["ln_f"], cfg.ln_eps)
+    logits = jnp.einsum("btd,vd->btv", x, params["wte"].astype(x.dtype),
+                        preferred_element_type=jnp.float32)
+    return logits * cfg.logits_mult
+
+
+def forward(params: Params, ids: jax.Array, cfg: ModelConfig, cache: dict | None = None,
+            start: jax.Array | int = 0, constrain: Constrain = _no_constraint):
+    """ids [B, T] -> (float32 logits [B, T, V], updated cache or None)."""
+    x = embed(params, ids, cfg, start, constrain)
+    x, cache = apply_layers(params["h"], x, cfg, cache, start, constrain)
+    return head(params, x, cfg), cache
+
+
+def init_cache(cfg: ModelConfig, batch: int, length: int | None = None) -> dict:
+    """Empty KV cache [L, B, S, H, Dh] in the compute dtype."""
+    S = length or cfg.n_ctx
+    shape = (cfg.n_layer, batch, S, cfg.n_head, cfg.d_head)
+    return {"k": jnp.zeros(shape, _dtype(cfg)), "v": jnp.zeros(shape, _dtype(cfg))}
+
+
+def cross_entropy(logits: jax.Array, targets: jax.Array) -> jax.Array:
+    """Mean next-token cross-entropy in nats (logits [..., V] float32, targets int)."""
+    logz = jax.nn.logsumexp(logits, axis=-1)
+    tgt = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+    return jnp.mean(logz - tgt)
+
+
+def loss_fn(params: Params, tokens: jax.Array, cfg: ModelConfig,
+            constrain: Constrain = _no_constraint) -> jax.Array:
+    """tokens [B, T+1]: predict tokens[:, 1:] from tokens[:, :-1]."""
+    logits, _ = forward(params, tokens[:, :-1], cfg, constrain=constrain)
+    return cross_entropy(logits, tokens[:, 1:])
