@@ -124,8 +124,10 @@ class ModelConfig:
         return n
 
     def chinchilla_tokens(self) -> int:
-        """Chinchilla-optimal budget: 20 tokens per (total) parameter."""
-        return 20 * self.num_params()
+        """Chinchilla-optimal budget: 20 tokens per (total) parameter (see `cgpt.flops`)."""
+        from cgpt.flops import chinchilla_tokens  # budgets live with the FLOPs accounting
+
+        return chinchilla_tokens(self)
 
     def replace(self, **changes) -> "ModelConfig":
         """A copy with fields changed; unknown field names are an error, not ignored."""

@@ -316,7 +316,9 @@ def resolve_hub_id(repo_id: str) -> Path:
     patterns = ["config.json", "*.safetensors", "*.safetensors.index.json", "*.bin",
                 "*.bin.index.json", "tokenizer.json", "vocab.json", "merges.txt"]
     try:
-        return Path(snapshot_download(repo_id, allow_patterns=patterns))
+        # HF_HUB_CACHE is read at call time so a caller (or test) can point at another cache.
+        return Path(snapshot_download(repo_id, allow_patterns=patterns,
+                                      cache_dir=os.environ.get("HF_HUB_CACHE")))
     except LocalEntryNotFoundError as e:
         raise LoadError(
             f"{repo_id!r} is not in the local Hugging Face cache and the hub is unreachable "
