@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 import tempfile
 from dataclasses import asdict, dataclass
 from itertools import chain
@@ -257,7 +258,8 @@ def train_tokenizer(ds, vocab_size: int) -> "tokenizers.Tokenizer":  # noqa: F82
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOT],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=True)
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=sys.stderr.isatty())
     tok.train_from_iterator(_texts(ds), trainer, length=-(-len(ds) // _TOKENIZE_BATCH))
     return tok
 

@@ -48,12 +48,15 @@ def cfg_for(source, tmp_path, **kw) -> DataConfig:
 
 # ------------------------------------------------------------------------------ config
 
-@pytest.mark.parametrize("field,value", [
-    ("vocab_size", 100), ("vocab_size", 2.5), ("seq_len", 0), ("val_sequences", 0), ("seed", -1),
-    ("source", ""), ("text_column", ""), ("tokenizer", " "), ("source", "hf:"), ("seq_len", True),
+@pytest.mark.parametrize("field,value,message", [
+    ("vocab_size", 100, "vocab_size must be an int >= 257"), ("vocab_size", 2.5, "vocab_size"),
+    ("seq_len", 0, "seq_len must be an int >= 1"), ("seq_len", True, "seq_len"),
+    ("val_sequences", 0, "val_sequences"), ("seed", -1, "seed"),
+    ("source", "", "source must be a non-empty string"), ("source", "hf:", "no dataset name"),
+    ("text_column", "", "text_column"), ("tokenizer", " ", "tokenizer"),
 ])
-def test_config_rejects_bad_values_naming_the_field(field, value):
-    with pytest.raises(ValueError, match=field if field != "source" or value == "" else "dataset name"):
+def test_config_rejects_bad_values_naming_the_field(field, value, message):
+    with pytest.raises(ValueError, match=message):
         DataConfig(**{field: value})
 
 
@@ -209,6 +212,7 @@ def test_exact_resume_from_any_step(docs, tmp_path):
     n = full.num_train_sequences
     for e in range(len(stream) // n):
         assert sorted(stream[e * n : (e + 1) * n].tolist()) == list(range(n))
+    assert not np.array_equal(stream[:n], stream[n : 2 * n])  # each epoch is reshuffled
     # a batch at step s depends only on (seed, s, B): querying out of order changes nothing
     np.testing.assert_array_equal(load_data(cfg).train_batch(n_steps - 1, B), uninterrupted[-1])
 
@@ -285,6 +289,21 @@ def test_gpt2_style_vocab_and_merges_directory(docs, tmp_path):
     (gpt2_dir / "vocab.json").write_text(json.dumps(vocab))
     with pytest.raises(DataError, match="endoftext"):
         load_data(cfg_for(folder, tmp_path, tokenizer=str(gpt2_dir)))
+
+
+def test_tokenizer_training_is_deterministic(docs, tmp_path):
+    folder, _ = docs
+    a = load_data(cfg_for(folder, tmp_path / "a"))
+    b = load_data(cfg_for(folder, tmp_path / "b"))  # separate caches: trained twice
+    assert a.info["cache_file"] != b.info["cache_file"]
+    assert a.tokenizer.to_str() == b.tokenizer.to_str()
+    np.testing.assert_array_equal(a.tokens, b.tokens)
+
+
+def test_token_dtype_fits_vocab():
+    assert data_mod._token_dtype(65535) == np.uint16
+    assert data_mod._token_dtype(65536) == np.uint32
+    assert data_mod._token_dtype(50257) == np.uint16
 
 
 def test_bad_tokenizer_path(docs, tmp_path):
