@@ -130,6 +130,7 @@ def materialize(cache_dir: str | os.PathLike) -> Path:
                 f.write(json.dumps({"path": rel, "text": text}, ensure_ascii=False) + "\n")
         if digest.hexdigest() != _scan()[1]:
             raise RuntimeError(f"stdlib files changed while writing the corpus to {path}; run again")
+        os.chmod(tmp, 0o644)  # mkstemp makes it owner-only; a cache may be shared
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):

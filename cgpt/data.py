@@ -119,6 +119,7 @@ def _atomic_write(path: Path, write: Callable[[Path], None]) -> None:
     os.close(fd)
     try:
         write(Path(tmp))
+        os.chmod(tmp, 0o644)  # mkstemp makes it owner-only; a cache may be shared
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
