@@ -25,23 +25,19 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
 def load_tokenizer(d: Path):
-    """`tokenizer.json`, else GPT-2 `vocab.json` + `merges.txt`, else None."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    """The checkpoint's tokenizer (tokenizer.json or GPT-2 vocab.json + merges.txt), else None."""
+    from cgpt.data import load_tokenizer as read_tokenizer
 
     d = Path(d)
+    if not ((d / "tokenizer.json").exists() or (d / "vocab.json").exists()):
+        return None
     try:
-        if (d / "tokenizer.json").exists():
-            return Tokenizer.from_file(str(d / "tokenizer.json"))
-        if (d / "vocab.json").exists() and (d / "merges.txt").exists():
-            tok = Tokenizer(models.BPE.from_file(str(d / "vocab.json"), str(d / "merges.txt")))
-            tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-            tok.decoder = decoders.ByteLevel()
-            if tok.token_to_id("<|endoftext|>") is not None:
-                tok.add_special_tokens(["<|endoftext|>"])
-            return tok
+        tok = read_tokenizer(d)
     except Exception as e:  # tokenizers raises plain Exception subclasses on bad files
         raise LoadError(f"{d}: tokenizer files are unreadable ({e})") from e
-    return None
+    if tok.token_to_id("<|endoftext|>") is not None:
+        tok.add_special_tokens(["<|endoftext|>"])
+    return tok
 
 
 def _next_pow2(n: int) -> int:
