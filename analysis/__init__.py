@@ -1,0 +1,28 @@
+"""Scaling-law analysis for cgpt sweeps. Pure numpy/scipy/pandas/matplotlib: never imports jax
+or cgpt, so it runs anywhere a results.csv can be read.
+
+Conventions (see analysis.results and docs/analysis.md): parameters are total (embeddings
+included) and compute is counted FLOPs (attention included) unless params="nonembed" or
+flops="6nd" is passed.
+"""
+from .chinchilla import ChinchillaFit, ChinchillaLaw, fit_chinchilla
+from .extrapolate import Extrapolation, extrapolation_check
+from .fit import PowerLaw, PowerLawFit, fit_power_law
+from .isoflop import IsoFlopFit, fit_isoflop
+from .plots import plot_isoflop, plot_loss_vs_compute, plot_mup_vs_sp
+from .published import (CEREBRAS_GPT, CHINCHILLA, CHINCHILLA_UNROUNDED, EPOCH, KAPLAN_C,
+                        KAPLAN_D, KAPLAN_N, cerebras_gpt_table)
+from .report import sweep_report
+from .results import COLUMNS, compute, finished, load_results, n_params
+
+__all__ = [
+    "load_results", "finished", "compute", "n_params", "COLUMNS",
+    "PowerLaw", "PowerLawFit", "fit_power_law",
+    "ChinchillaLaw", "ChinchillaFit", "fit_chinchilla",
+    "IsoFlopFit", "fit_isoflop",
+    "Extrapolation", "extrapolation_check",
+    "CEREBRAS_GPT", "CHINCHILLA", "CHINCHILLA_UNROUNDED", "EPOCH", "KAPLAN_N", "KAPLAN_D",
+    "KAPLAN_C", "cerebras_gpt_table",
+    "plot_loss_vs_compute", "plot_isoflop", "plot_mup_vs_sp",
+    "sweep_report",
+]

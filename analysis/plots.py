@@ -1,0 +1,115 @@
+"""Plots for scaling-law analysis. Figures are built directly on the Agg canvas (no pyplot, no
+screen, no global state), returned, and optionally saved as PNG. In a notebook, display(fig).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.ticker import FormatStrFormatter
+
+from .fit import PowerLawFit, fit_power_law
+from .isoflop import IsoFlopFit
+from .published import CEREBRAS_GPT
+
+
+def _figure(ncols: int = 1) -> tuple[Figure, list]:
+    fig = Figure(figsize=(5.5 * ncols, 4.2), layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig, [fig.add_subplot(1, ncols, i + 1) for i in range(ncols)]
+
+
+def _plain_y(ax) -> None:
+    """Log-scaled loss axes read better as 2.4, 2.6 than as 2.4x10^0."""
+    ax.yaxis.set_major_formatter(FormatStrFormatter("%.3g"))
+    ax.yaxis.set_minor_formatter(FormatStrFormatter("%.3g"))
+
+
+def _save(fig: Figure, path) -> Figure:
+    if path is not None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=120)
+    return fig
+
+
+def _grid(x, lo_factor=0.5, hi_factor=4.0, n=200) -> np.ndarray:
+    return np.geomspace(np.min(x) * lo_factor, np.max(x) * hi_factor, n)
+
+
+def plot_loss_vs_compute(x, y, fit: PowerLawFit | None = None, *, overlays=(CEREBRAS_GPT,),
+                         band: bool = True, path=None, title: str | None = None,
+                         xlabel: str = "training FLOPs (counted)",
+                         ylabel: str = "validation loss (nats/token)") -> Figure:
+    """Runs as points, the fitted law with its bootstrap band, and published laws as dashed
+    lines (default: Cerebras-GPT; pass overlays=() for none). Log-log axes."""
+    fig, (ax,) = _figure()
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    xx = _grid(x)
+    ax.scatter(x, y, s=18, color="k", zorder=3, label=f"runs ({x.size})")
+    if fit is not None:
+        p = fit.params
+        ax.plot(xx, fit.predict(xx), color="C0",
+                label=f"fit: b={p['b']:.4f}, c={p['c']:.3f}")
+        if band and len(fit.boot.dropna()):
+            lo, hi = fit.predict_interval(xx)
+            ax.fill_between(xx, lo, hi, color="C0", alpha=0.2,
+                            label=f"{int(100 * fit.level)}% bootstrap band")
+    for i, law in enumerate(overlays):
+        ax.plot(xx, law.predict(xx), ls="--", color=f"C{i + 1}", label=law.name or "published")
+    ax.set(xscale="log", yscale="log", xlabel=xlabel, ylabel=ylabel, title=title)
+    _plain_y(ax)
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def plot_isoflop(iso: IsoFlopFit, *, path=None, title: str | None = None) -> Figure:
+    """Left: loss vs N per budget with the fitted parabolas and minima.
+    Right: N_opt and D_opt against C with the fitted power laws."""
+    fig, (ax, ax2) = _figure(2)
+    for i, (key, g) in enumerate(iso.data.groupby("budget", sort=False)):
+        c2, c1, c0 = iso.parabolas[key]
+        u = np.linspace(np.log(g["N"].min()) - 0.3, np.log(g["N"].max()) + 0.3, 100)
+        ax.scatter(g["N"], g["loss"], s=14, color=f"C{i % 10}")
+        ax.plot(np.exp(u), c2 * u ** 2 + c1 * u + c0, color=f"C{i % 10}",
+                label=f"C={g['C'].median():.2g}")
+    m = iso.minima
+    ax.scatter(m["N_opt"], m["loss_opt"], marker="*", s=80, color="k", zorder=3, label="minima")
+    ax.set(xscale="log", xlabel="parameters N", ylabel="loss", title=title or "isoFLOP profiles")
+    ax.legend(fontsize=7)
+    cc = _grid(m["C"], 0.5, 2.0)
+    ax2.scatter(m["C"], m["N_opt"], color="C0")
+    ax2.plot(cc, iso.n_opt(cc), color="C0", label=f"N_opt ~ C^{iso.a:.3f}")
+    ax2.scatter(m["C"], m["D_opt"], color="C1")
+    ax2.plot(cc, iso.d_opt(cc), color="C1", label=f"D_opt ~ C^{iso.b:.3f}")
+    ax2.set(xscale="log", yscale="log", xlabel="compute C (FLOPs)", ylabel="N_opt, D_opt")
+    ax2.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def plot_mup_vs_sp(x, y, mup, *, reference=None, path=None, title: str | None = None,
+                   xlabel: str = "training FLOPs (counted)") -> Figure:
+    """muP vs standard parametrisation. Left: loss vs compute for both. Right: each run's
+    deviation (%) from `reference` (anything with .predict; default: a power law fitted to the
+    SP runs), the comparison Cerebras-GPT reports (muP 0.43% below the SP law)."""
+    x, y, mup = np.asarray(x, float), np.asarray(y, float), np.asarray(mup, bool)
+    if mup.all() or not mup.any():
+        raise ValueError("mup must mark some runs True (muP) and some False (SP)")
+    if reference is None:
+        sp_x = x[~mup]
+        reference = fit_power_law(sp_x, y[~mup], offset=np.unique(sp_x).size >= 3, n_boot=0)
+    fig, (ax, ax2) = _figure(2)
+    xx = _grid(x, 0.7, 1.4)
+    ax.plot(xx, reference.predict(xx), color="0.5", ls="--", label="SP reference law")
+    for sel, name, col in ((~mup, "SP", "C0"), (mup, "muP", "C3")):
+        ax.scatter(x[sel], y[sel], color=col, label=name, zorder=3)
+        dev = 100 * (y[sel] / reference.predict(x[sel]) - 1)
+        ax2.scatter(x[sel], dev, color=col, label=f"{name}: mean {dev.mean():+.2f}%")
+    ax.set(xscale="log", yscale="log", xlabel=xlabel, ylabel="loss", title=title or "muP vs SP")
+    _plain_y(ax)
+    ax.legend(fontsize=8)
+    ax2.axhline(0, color="0.5", ls="--")
+    ax2.set(xscale="log", xlabel=xlabel, ylabel="loss vs SP law (%)")
+    ax2.legend(fontsize=8)
+    return _save(fig, path)

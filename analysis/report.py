@@ -1,0 +1,60 @@
+"""End-of-sweep summary: the text the sweep CLI prints, plus a loss-vs-compute plot."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from .fit import fit_power_law
+from .plots import plot_loss_vs_compute
+from .published import CEREBRAS_GPT
+from .results import FLOPS, compute, finished, load_results
+
+
+def sweep_report(sweep_dir: str | Path, out_png: str | Path | None = None, *,
+                 flops: str = "counted", n_boot: int = 1000, seed: int = 0) -> str:
+    """Fit L = A * C^(-b) + c to a sweep's finished runs and describe it in a few lines.
+
+    sweep_dir: sweep directory (or its results.csv). out_png: where to write the plot
+    (default: <sweep dir>/loss_vs_compute.png). flops: "counted" (default) or "6nd".
+    Only runs with status "done" and a val_loss are fitted. If the sweep mixes muP and SP
+    runs, the law is fitted to the SP runs and muP is reported as a deviation from it.
+    Assumes one (compute-optimal) size per compute budget; for isoFLOP grids see fit_isoflop.
+    """
+    df = load_results(sweep_dir)
+    src = Path(df.attrs["source"])
+    done = finished(df)
+    counts = df["status"].value_counts().to_dict()
+    sp = done[~done["mup"]] if done["mup"].any() and (~done["mup"]).any() else done
+    if len(sp) < 3:
+        raise ValueError(f"{src}: {len(sp)} finished run(s) with a val_loss, need at least 3 to "
+                         "fit the 3 parameters (A, b, c); wait for more runs to finish")
+    x, y = compute(sp, flops), sp["val_loss"].to_numpy(float)
+    fit = fit_power_law(x, y, offset=True, n_boot=n_boot, seed=seed)
+    out_png = Path(out_png) if out_png is not None else src.parent / "loss_vs_compute.png"
+    plot_loss_vs_compute(x, y, fit, path=out_png, xlabel=f"training FLOPs ({flops})",
+                         title=f"{src.parent.name}: loss vs compute")
+
+    status = ", ".join(f"{counts[s]} {s}" for s in ("done", "failed", "running", "pending")
+                       if s in counts)
+    p, ci = fit.params, fit.ci
+    cg = CEREBRAS_GPT.params
+    dev = 100 * (y / CEREBRAS_GPT.predict(x) - 1)
+    lines = [
+        f"sweep {src.parent}: {len(df)} runs ({status}); fitted {len(sp)} "
+        f"{'SP ' if len(sp) < len(done) else ''}runs, x = {FLOPS[flops]} ({flops})",
+        f"  L(C) = A * C^(-b) + c,  {int(100 * fit.level)}% bootstrap CI from {n_boot} resamples",
+        f"    b  = {p['b']:.4f}  [{ci['b'][0]:.4f}, {ci['b'][1]:.4f}]   (Cerebras-GPT: {cg['b']:.4f})",
+        f"    c  = {p['c']:.4f}  [{ci['c'][0]:.4f}, {ci['c'][1]:.4f}]   (Cerebras-GPT: {cg['c']:.4f})",
+        f"    A  = {p['A']:.4g}  [{ci['A'][0]:.4g}, {ci['A'][1]:.4g}]   (x0 = A^(1/b) = {fit.x0:.3g})",
+        f"  Cerebras-GPT law at these budgets: runs are {dev.mean():+.1f}% "
+        f"(min {dev.min():+.1f}%, max {dev.max():+.1f}%) vs Pile-trained Cerebras-GPT "
+        "(different data and tokenizer: compare slopes, not levels)",
+    ]
+    if len(sp) < len(done):
+        mu = done[done["mup"]]
+        d = 100 * (mu["val_loss"].to_numpy(float) / fit.predict(compute(mu, flops)) - 1)
+        lines.append(f"  muP: {len(mu)} runs, mean {d.mean():+.2f}% vs the SP fit "
+                     "(Cerebras-GPT reports -0.43%)")
+    lines.append(f"  plot: {out_png}")
+    return "\n".join(lines)

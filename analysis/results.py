@@ -1,0 +1,87 @@
+"""Load a sweep's results.csv and pick the parameter / FLOPs convention.
+
+Conventions (stated once, used everywhere in this package):
+  params="total"    counts every parameter, embeddings included (Cerebras-GPT, Chinchilla).
+  params="nonembed" drops token/position embeddings (Kaplan et al. 2020).
+  flops="counted"   algorithmic FLOPs including the attention matmuls (Cerebras-GPT).
+  flops="6nd"       6 * n_params * tokens (Kaplan/Chinchilla approximation).
+Defaults are total params and counted FLOPs, the convention behind the Cerebras-GPT law.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+COLUMNS = (
+    "run_id", "model", "seed", "status", "error", "n_params", "n_params_nonembed", "tokens",
+    "flops_6nd", "flops", "train_loss", "val_loss", "wall_time_s", "tokens_per_s", "mfu",
+    "epochs", "mup", "run_dir",
+)
+STATUSES = ("done", "failed", "running", "pending")
+NUMERIC = ("seed", "n_params", "n_params_nonembed", "tokens", "flops_6nd", "flops", "train_loss",
+           "val_loss", "wall_time_s", "tokens_per_s", "mfu", "epochs")
+PARAMS = {"total": "n_params", "nonembed": "n_params_nonembed"}
+FLOPS = {"counted": "flops", "6nd": "flops_6nd"}
+
+
+def load_results(path: str | Path, finished_only: bool = False) -> pd.DataFrame:
+    """Read a sweep's results (a sweep directory holding results.csv, or the CSV itself).
+
+    Validates the column contract so a malformed file fails here, not inside a fit.
+    finished_only=True keeps runs with status "done" and a finite val_loss (see `finished`).
+    """
+    path = Path(path)
+    csv = path / "results.csv" if path.is_dir() else path
+    if not csv.is_file():
+        raise FileNotFoundError(f"no results file at {csv}: pass a sweep directory containing "
+                                "results.csv, or the path of the CSV itself")
+    df = pd.read_csv(csv)
+    missing = [c for c in COLUMNS if c not in df.columns]
+    if missing:
+        raise ValueError(f"{csv}: missing required column(s) {missing}; "
+                         f"results.csv must have columns {list(COLUMNS)}")
+    bad = sorted(set(df["status"].dropna().astype(str)) - set(STATUSES))
+    if bad or df["status"].isna().any():
+        raise ValueError(f"{csv}: column 'status' has values {bad or ['<empty>']}; "
+                         f"allowed are {list(STATUSES)}")
+    for col in NUMERIC:
+        try:
+            df[col] = pd.to_numeric(df[col])
+        except (ValueError, TypeError) as e:
+            raise ValueError(f"{csv}: column '{col}' must be numeric ({e})") from None
+    df["mup"] = df["mup"].map(_as_bool)
+    df.attrs["source"] = str(csv)
+    return finished(df) if finished_only else df
+
+
+def finished(df: pd.DataFrame) -> pd.DataFrame:
+    """Runs that completed and have a validation loss: the only rows a fit should see."""
+    keep = (df["status"] == "done") & np.isfinite(df["val_loss"].astype(float))
+    return df.loc[keep].reset_index(drop=True)
+
+
+def n_params(df: pd.DataFrame, params: str = "total") -> np.ndarray:
+    """Parameter counts under the chosen convention ("total" default, or "nonembed")."""
+    if params not in PARAMS:
+        raise ValueError(f"params={params!r}: use one of {list(PARAMS)}")
+    return df[PARAMS[params]].to_numpy(float)
+
+
+def compute(df: pd.DataFrame, flops: str = "counted") -> np.ndarray:
+    """Training compute under the chosen convention ("counted" default, or "6nd")."""
+    if flops not in FLOPS:
+        raise ValueError(f"flops={flops!r}: use one of {list(FLOPS)}")
+    return df[FLOPS[flops]].to_numpy(float)
+
+
+def _as_bool(v) -> bool:
+    if isinstance(v, str):
+        s = v.strip().lower()
+        if s in ("true", "1", "yes"):
+            return True
+        if s in ("false", "0", "no", ""):
+            return False
+        raise ValueError(f"column 'mup': cannot read {v!r} as a boolean (use true/false)")
+    return bool(v) if not pd.isna(v) else False
