@@ -1,0 +1,90 @@
+"""analysis.results: the results.csv contract, conventions, the fixture, and import hygiene."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import analysis
+from analysis import COLUMNS, compute, finished, load_results, n_params
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURE = ROOT / "tests" / "fixtures" / "analysis"
+sys.path.insert(0, str(FIXTURE))
+import make_sweep  # noqa: E402  (the documented fixture generator)
+
+
+def test_import_does_not_pull_jax():
+    code = "import sys, analysis; sys.exit(1 if 'jax' in sys.modules or 'cgpt' in sys.modules else 0)"
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr or "importing analysis imported jax or cgpt"
+
+
+def test_fixture_matches_its_generator():
+    committed = pd.read_csv(FIXTURE / "sweep" / "results.csv")
+    fresh = make_sweep.make_sweep()
+    assert list(committed.columns) == list(COLUMNS)
+    pd.testing.assert_frame_equal(committed[list(fresh.select_dtypes("number"))],
+                                  fresh.select_dtypes("number"), check_dtype=False)
+    assert list(committed["run_id"]) == list(fresh["run_id"])
+
+
+def test_load_dir_or_csv_and_finished():
+    a = load_results(FIXTURE / "sweep")
+    b = load_results(FIXTURE / "sweep" / "results.csv")
+    pd.testing.assert_frame_equal(a, b)
+    assert set(a["status"]) == {"done", "failed", "running", "pending"}
+    assert a["mup"].dtype == bool and a["mup"].sum() == 4
+    done = load_results(FIXTURE / "sweep", finished_only=True)
+    assert len(done) == (a["status"] == "done").sum() == 18
+    assert np.isfinite(done["val_loss"]).all()
+    pd.testing.assert_frame_equal(done, finished(a))
+
+
+def test_conventions():
+    df = load_results(FIXTURE / "sweep", finished_only=True)
+    np.testing.assert_array_equal(n_params(df), df["n_params"])          # default: total
+    np.testing.assert_array_equal(n_params(df, "nonembed"), df["n_params_nonembed"])
+    np.testing.assert_array_equal(compute(df), df["flops"])               # default: counted
+    np.testing.assert_allclose(compute(df, "6nd"), 6 * df["n_params"] * df["tokens"])
+    assert (n_params(df, "nonembed") < n_params(df)).all()
+    with pytest.raises(ValueError, match="params='embed'"):
+        n_params(df, "embed")
+    with pytest.raises(ValueError, match="flops='6ND'"):
+        compute(df, "6ND")
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match="results.csv"):
+        load_results(tmp_path)
+    with pytest.raises(FileNotFoundError, match="nope.csv"):
+        load_results(tmp_path / "nope.csv")
+
+
+def test_missing_column_names_file_and_column(tmp_path):
+    df = make_sweep.make_sweep().drop(columns=["val_loss"])
+    df.to_csv(tmp_path / "results.csv", index=False)
+    with pytest.raises(ValueError, match=r"results\.csv.*'val_loss'"):
+        load_results(tmp_path)
+
+
+def test_bad_status_and_non_numeric(tmp_path):
+    df = make_sweep.make_sweep()
+    df.loc[0, "status"] = "crashed"
+    df.to_csv(tmp_path / "results.csv", index=False)
+    with pytest.raises(ValueError, match="'status'.*crashed"):
+        load_results(tmp_path)
+    df = make_sweep.make_sweep().astype({"flops": object})
+    df.loc[0, "flops"] = "lots"
+    df.to_csv(tmp_path / "results.csv", index=False)
+    with pytest.raises(ValueError, match="'flops' must be numeric"):
+        load_results(tmp_path)
+
+
+def test_public_names():
+    for name in analysis.__all__:
+        assert hasattr(analysis, name), name
