@@ -101,7 +101,9 @@ class GPT(nnx.Module):
 
 def init_params(cfg: ModelConfig, seed: int | jax.Array = 0) -> Params:
     """Freshly initialized parameters as a nested dict (jit/eval_shape friendly)."""
-    return GPT(cfg, rngs=nnx.Rngs(params=seed)).params()
+    key = seed if jax.dtypes.issubdtype(getattr(seed, "dtype", None), jax.dtypes.prng_key) \
+        else jax.random.key(seed)
+    return GPT(cfg, rngs=nnx.Rngs(params=key)).params()
 
 
 def param_axes(cfg: ModelConfig) -> Params:

@@ -1,0 +1,5 @@
+import sys
+
+from cgpt.cli import main
+
+sys.exit(main())

@@ -1,0 +1,150 @@
+"""`python -m cgpt {train,list,eval,generate}` (also the `cgpt` console script)."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def _add_train(sub) -> None:
+    p = sub.add_parser("train", help="train one model (Chinchilla-optimal by default)",
+                       description="Train one model. Extra section.key=value arguments override "
+                       "the config, e.g. train.peak_lr=1e-3 model.remat=true data.seq_len=128.")
+    p.add_argument("--model", help="preset name (see `cgpt list`); overrides the config's preset")
+    p.add_argument("--config", help="YAML file with preset/model/data/train sections")
+    p.add_argument("--tokens", help="'chinchilla' (20 tokens/parameter) or a token count, e.g. 2e6")
+    p.add_argument("--data", help="'default', a local file/folder, or hf:<name>[:<config>]")
+    p.add_argument("--out", help="run directory (default: runs/<model>)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the run in --out from its last complete checkpoint")
+    p.add_argument("--mode", help="single | data_parallel | weight_streaming | layer_pipelined | auto")
+    p.add_argument("--mesh", help="device mesh, e.g. data=2,stage=4")
+    p.add_argument("--seed", type=int, help="training seed (init and data order)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("overrides", nargs="*", metavar="section.key=value")
+
+
+def build_run(args):
+    from cgpt.runconfig import apply_overrides, from_dict, load_yaml
+
+    raw = load_yaml(args.config) if args.config else {}
+    if args.model:
+        raw["preset"] = args.model
+    flags = []
+    if args.tokens is not None:
+        flags.append(f"train.tokens={args.tokens}")
+    if args.data is not None:
+        flags.append(f"data.source={args.data}")
+    if args.mode is not None:
+        flags.append(f"train.mode={args.mode}")
+    if args.mesh is not None:
+        flags.append(f"train.mesh={args.mesh}")
+    if args.seed is not None:
+        flags.append(f"train.seed={args.seed}")
+    if not raw.get("preset") and not (raw.get("model") or {}).get("name"):
+        raise ValueError("--model is required (or a config with 'preset'); "
+                         "see `python -m cgpt list` for names")
+    raw = apply_overrides(raw, flags + list(args.overrides))
+    # data.source must stay a string even if it looks like a number or a bool in YAML
+    if "data" in raw and "source" in raw["data"]:
+        raw["data"]["source"] = str(raw["data"]["source"])
+    return from_dict(raw, args.config or "command line")
+
+
+def cmd_train(args) -> int:
+    from cgpt.train import train
+
+    run = build_run(args)
+    out = Path(args.out or f"runs/{run.model.name}")
+    summary = train(run, out, resume=args.resume, progress=not args.no_progress)
+    keys = ("model", "n_params", "tokens", "flops", "train_loss", "val_loss", "tokens_per_s",
+            "mfu", "epochs", "wall_time_s")
+    print(json.dumps({k: summary[k] for k in keys}, indent=2))
+    print(f"run directory: {out}")
+    return 0
+
+
+def cmd_list(args) -> int:
+    from cgpt import flops
+    from cgpt.config import get_config, list_configs
+
+    print(f"{'name':14s} {'layers':>6s} {'d_model':>7s} {'heads':>5s} {'params':>15s} "
+          f"{'non-emb':>15s} {'chinchilla D':>15s} {'FLOPs':>9s}")
+    for n in list_configs():
+        c = get_config(n)
+        D = c.chinchilla_tokens()
+        print(f"{n:14s} {c.n_layer:6d} {c.d_model:7d} {c.n_head:5d} {c.num_params():15,d} "
+              f"{c.num_params(embedding=False):15,d} {D:15,d} {flops.train_flops(c, D):9.2e}")
+    return 0
+
+
+def cmd_generate(args) -> int:
+    import cgpt
+
+    lm = cgpt.load(args.source, dtype=args.dtype)
+    print(lm.generate(args.prompt, args.max_new_tokens, temperature=args.temperature,
+                      top_k=args.top_k, top_p=args.top_p, seed=args.seed))
+    return 0
+
+
+def cmd_eval(args) -> int:
+    import numpy as np
+
+    import cgpt
+    from cgpt.data import DataConfig, load_data
+
+    lm = cgpt.load(args.source, dtype=args.dtype)
+    if lm.tokenizer is None:
+        raise ValueError(f"{args.source}: no tokenizer files, so text cannot be evaluated")
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "tokenizer.json").write_text(lm.tokenizer.to_str())
+        data = load_data(DataConfig(source=args.data, seq_len=args.seq_len,
+                                    val_sequences=args.sequences, tokenizer=tmp), tmp)
+        losses = [lm.loss(b) for b in data.val_batches(args.batch_size, drop_last=True)]
+    print(json.dumps({"source": str(args.source), "data": args.data,
+                      "val_loss": float(np.mean(losses)), "sequences": args.sequences}))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="cgpt", description="Cerebras-GPT scaling-law studies")
+    sub = ap.add_subparsers(dest="command", required=True)
+    _add_train(sub)
+    sub.add_parser("list", help="list model presets with N, D and FLOPs")
+    g = sub.add_parser("generate", help="generate text from a checkpoint or run directory")
+    g.add_argument("source")
+    g.add_argument("prompt")
+    g.add_argument("--max-new-tokens", type=int, default=64)
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--top-k", type=int)
+    g.add_argument("--top-p", type=float)
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--dtype", default="float32")
+    e = sub.add_parser("eval", help="validation loss of a checkpoint on a corpus")
+    e.add_argument("source")
+    e.add_argument("--data", default="default")
+    e.add_argument("--seq-len", type=int, default=256)
+    e.add_argument("--sequences", type=int, default=128)
+    e.add_argument("--batch-size", type=int, default=16)
+    e.add_argument("--dtype", default="float32")
+    args = ap.parse_args(argv)
+    from cgpt.data import DataError
+    from cgpt.hf import LoadError
+    from cgpt.train import TrainError
+
+    handlers = {"train": cmd_train, "list": cmd_list, "generate": cmd_generate, "eval": cmd_eval}
+    try:
+        return handlers[args.command](args)
+    except (ValueError, TrainError, LoadError, DataError) as e:
+        print(f"cgpt {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"cgpt {args.command}: interrupted; rerun with --resume to continue",
+              file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

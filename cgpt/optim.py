@@ -1,0 +1,133 @@
+"""The published Cerebras-GPT optimizer recipe: AdamW, warmup, decay to 10%, clipping, μP LR.
+
+Published values (modelzoo yaml, per preset): AdamW β = (0.9, 0.95), weight decay 0.1,
+global-norm clipping 1.0, linear warmup from 0 over ≈375M tokens, then linear or cosine
+decay to 10% of the peak at the last step; eps 1e-8 (1e-9 for 6.7B and 13B).
+
+Weight decay applies to the weight matrices (the blocks' kernels and the token/position
+embeddings) and not to biases or LayerNorm parameters: the usual GPT-2/3 practice (the
+exact Cerebras exclusion list lives in a closed package).
+
+CPU-scale runs are too short for a 375M-token warmup, so warmup scales with the budget:
+`warmup = 10%` of the total steps (at least 1), which sits between the published ratios
+(17% of the 111M budget, 1.3% of the 1.3B budget).
+
+μP: every model uses the proxy's tuned peak LR (6e-3) and the decoder kernels (QKV, attention
+output, both MLP matrices) get LR x 1/m_w; embeddings, biases and LN keep the base LR.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from cgpt.config import ModelConfig
+
+WARMUP_TOKENS = 375_000_000  # ≈ every published run's warmup
+CPU_WARMUP_FRACTION = 0.10
+END_LR_FRACTION = 0.10
+
+# Published per-preset recipe (peak LR, decay shape, Adam eps, global batch in sequences).
+PUBLISHED_RECIPE = {
+    "111M": (6.0e-4, "linear", 1e-8, 120),
+    "256M": (6.0e-4, "linear", 1e-8, 264),
+    "590M": (2.0e-4, "linear", 1e-8, 264),
+    "1.3B": (2.0e-4, "cosine", 1e-8, 528),
+    "2.7B": (2.0e-4, "cosine", 1e-8, 528),
+    "6.7B": (1.2e-4, "linear", 1e-9, 1040),
+    "13B": (1.2e-4, "cosine", 1e-9, 720),
+}
+MUP_PEAK_LR = 6e-3
+CPU_PEAK_LR = 2e-3  # SP CPU family; chosen on cpu-1.7m, see README "Recipe"
+CPU_BATCH = 32
+
+
+@dataclass(frozen=True)
+class Recipe:
+    peak_lr: float
+    decay: str  # "linear" | "cosine"
+    adam_eps: float
+    batch_size: int
+    warmup_steps: int
+    total_steps: int
+    end_lr_fraction: float = END_LR_FRACTION
+    b1: float = 0.9
+    b2: float = 0.95
+    weight_decay: float = 0.1
+    clip_norm: float = 1.0
+
+
+def published_defaults(cfg: ModelConfig) -> dict:
+    """Peak LR, decay shape, eps and batch of a preset (CPU family: the CPU rule)."""
+    base = cfg.name.removesuffix("-mup")
+    if base in PUBLISHED_RECIPE:
+        lr, decay, eps, batch = PUBLISHED_RECIPE[base]
+        if cfg.mup:  # μP twins: proxy-tuned LR, eps 1e-8, same schedule shape and batch
+            lr, eps = MUP_PEAK_LR, 1e-8
+        return dict(peak_lr=lr, decay=decay, adam_eps=eps, batch_size=batch, published=True)
+    return dict(peak_lr=MUP_PEAK_LR if cfg.mup else CPU_PEAK_LR, decay="linear", adam_eps=1e-8,
+                batch_size=CPU_BATCH, published=False)
+
+
+def warmup_steps_for(total_steps: int, tokens_per_step: int, published: bool) -> int:
+    """375M tokens for published presets; 10% of the run for CPU-scale budgets."""
+    if published:
+        return max(1, min(total_steps, round(WARMUP_TOKENS / tokens_per_step)))
+    return max(1, round(CPU_WARMUP_FRACTION * total_steps))
+
+
+def schedule(r: Recipe) -> optax.Schedule:
+    """Linear warmup 0 -> peak, then linear or cosine decay to `end_lr_fraction * peak`."""
+    end = r.peak_lr * r.end_lr_fraction
+    decay_steps = max(1, r.total_steps - r.warmup_steps)
+    if r.decay == "linear":
+        decay = optax.linear_schedule(r.peak_lr, end, decay_steps)
+    elif r.decay == "cosine":
+        decay = optax.cosine_decay_schedule(r.peak_lr, decay_steps, alpha=r.end_lr_fraction)
+    else:
+        raise ValueError(f"decay={r.decay!r}; use 'linear' or 'cosine'")
+    warm = optax.linear_schedule(0.0, r.peak_lr, r.warmup_steps)
+    return optax.join_schedules([warm, decay], [r.warmup_steps])
+
+
+def _path_names(path) -> tuple[str, ...]:
+    return tuple(str(getattr(k, "key", k)) for k in path)
+
+
+def decay_mask(params) -> dict:
+    """True for weight matrices (kernels, embeddings); False for biases and LayerNorm."""
+    return jax.tree_util.tree_map_with_path(
+        lambda p, _: _path_names(p)[-1] in ("kernel", "wte", "wpe"), params)
+
+
+def decoder_kernel_mask(params) -> dict:
+    """True for the blocks' kernels: the μP group that gets LR x 1/m_w."""
+    return jax.tree_util.tree_map_with_path(
+        lambda p, _: _path_names(p)[0] == "h" and _path_names(p)[-1] == "kernel", params)
+
+
+def make_optimizer(r: Recipe, cfg: ModelConfig) -> optax.GradientTransformation:
+    parts = [
+        optax.clip_by_global_norm(r.clip_norm),
+        optax.scale_by_adam(b1=r.b1, b2=r.b2, eps=r.adam_eps),
+        optax.add_decayed_weights(r.weight_decay, mask=decay_mask),
+        optax.scale_by_learning_rate(schedule(r)),
+    ]
+    if cfg.mup:
+        parts.append(optax.masked(optax.scale(1.0 / cfg.width_mult), decoder_kernel_mask))
+    return optax.chain(*parts)
+
+
+def lr_at(r: Recipe, step: int) -> float:
+    return float(schedule(r)(step))
+
+
+def steps_for_tokens(tokens: int, batch_size: int, seq_len: int) -> int:
+    return max(1, math.ceil(tokens / (batch_size * seq_len)))
+
+
+def global_norm(tree) -> jax.Array:
+    return jnp.sqrt(sum(jnp.sum(jnp.square(x)) for x in jax.tree.leaves(tree)))

@@ -1,0 +1,162 @@
+"""One training run's full configuration: model + data + training, YAML in, `key=value` overrides.
+
+A run directory's `config.yaml` is exactly `RunConfig.to_dict()`, so a run can be reproduced
+or resumed from it alone. Unknown keys and bad values are errors that name the key.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from cgpt.config import ModelConfig, get_config
+from cgpt.data import DataConfig
+
+MODES = ("single", "data_parallel", "weight_streaming", "layer_pipelined", "auto")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Training knobs. `None` means "the preset's published value" (see `cgpt.optim`)."""
+
+    tokens: int | str = "chinchilla"  # "chinchilla" = 20 tokens/parameter, or a token count
+    batch_size: int | None = None  # global batch in sequences
+    micro_batch: int | None = None  # per-replica micro-batch; accumulation fills the rest
+    peak_lr: float | None = None
+    decay: str | None = None  # "linear" | "cosine"
+    warmup_steps: int | None = None
+    adam_eps: float | None = None
+    weight_decay: float = 0.1
+    clip_norm: float = 1.0
+    end_lr_fraction: float = 0.1
+    seed: int = 0
+    log_every: int = 10
+    eval_every: int | None = None  # None: ~10 evaluations per run
+    eval_batches: int | None = None  # None: the whole validation split
+    ckpt_every: int | None = None  # None: ~10 checkpoints per run
+    keep_checkpoints: int = 2
+    mode: str = "single"
+    mesh: str = ""  # e.g. "data=2,stage=4"; empty = all devices on the mode's main axis
+    micro_batches: int | None = None  # layer_pipelined: micro-batches streamed per step
+
+    def __post_init__(self) -> None:
+        t = self.tokens
+        if isinstance(t, str):
+            if t != "chinchilla":
+                try:
+                    object.__setattr__(self, "tokens", int(float(t)))
+                except ValueError:
+                    raise ValueError(f"train.tokens={t!r}: use 'chinchilla' or a token count "
+                                     "such as 2e6") from None
+        elif isinstance(t, float) and t.is_integer():
+            object.__setattr__(self, "tokens", int(t))
+        if not isinstance(self.tokens, (int, str)) or (isinstance(self.tokens, int) and self.tokens < 1):
+            raise ValueError(f"train.tokens must be 'chinchilla' or a positive count, got {t!r}")
+        for name in ("batch_size", "micro_batch", "warmup_steps", "eval_every", "eval_batches",
+                     "ckpt_every", "micro_batches"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+                raise ValueError(f"train.{name} must be a positive int or null, got {v!r}")
+        for name in ("log_every", "keep_checkpoints"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"train.{name} must be a positive int, got {v!r}")
+        if self.peak_lr is not None and not self.peak_lr > 0:
+            raise ValueError(f"train.peak_lr must be > 0, got {self.peak_lr}")
+        if self.decay not in (None, "linear", "cosine"):
+            raise ValueError(f"train.decay={self.decay!r}; use 'linear' or 'cosine'")
+        if self.mode not in MODES:
+            raise ValueError(f"train.mode={self.mode!r}; use one of {', '.join(MODES)}")
+        if self.batch_size and self.micro_batch and self.batch_size % self.micro_batch:
+            raise ValueError(f"train.batch_size={self.batch_size} is not a multiple of "
+                             f"train.micro_batch={self.micro_batch}")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    preset: str
+    model: ModelConfig
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+    def to_dict(self) -> dict:
+        return {"preset": self.preset, "model": dataclasses.asdict(self.model),
+                "data": dataclasses.asdict(self.data), "train": dataclasses.asdict(self.train)}
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+
+def _coerce(section: str, cls, values: dict):
+    names = {f.name for f in dataclasses.fields(cls)}
+    bad = sorted(set(values) - names)
+    if bad:
+        raise ValueError(f"unknown key(s) {', '.join(f'{section}.{b}' for b in bad)}; "
+                         f"valid {section} keys: {', '.join(sorted(names))}")
+    return values
+
+
+def _parse_value(text: str):
+    """YAML scalar parsing, so `true`, `1e-3`, `null` and `[1, 2]` mean what they look like."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def apply_overrides(raw: dict, overrides: list[str]) -> dict:
+    """`section.key=value` strings applied onto a raw config dict (a new dict)."""
+    out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in raw.items()}
+    for item in overrides:
+        key, eq, value = item.partition("=")
+        if not eq or "." not in key:
+            raise ValueError(f"override {item!r}: expected section.key=value, e.g. "
+                             "train.peak_lr=1e-3 or model.remat=true")
+        section, _, name = key.partition(".")
+        if section not in ("model", "data", "train"):
+            raise ValueError(f"override {item!r}: section must be model, data or train")
+        out.setdefault(section, {})
+        if not isinstance(out[section], dict):
+            out[section] = {}
+        out[section][name] = _parse_value(value)
+    return out
+
+
+def from_dict(raw: dict, where: str = "config") -> RunConfig:
+    """Build a RunConfig from a raw dict ({preset, model, data, train}), validating every key."""
+    if not isinstance(raw, dict):
+        raise ValueError(f"{where}: expected a mapping with keys preset/model/data/train")
+    bad = sorted(set(raw) - {"preset", "model", "data", "train"})
+    if bad:
+        raise ValueError(f"{where}: unknown top-level key(s) {bad}; use preset, model, data, train")
+    model_raw = dict(raw.get("model") or {})
+    preset = raw.get("preset") or model_raw.pop("preset", None) or model_raw.get("name")
+    if not preset:
+        raise ValueError(f"{where}: set 'preset' (a model name such as cpu-1.7m or 111M; "
+                         "see `python -m cgpt list`)")
+    try:
+        model = get_config(str(preset)).replace(**_coerce("model", ModelConfig, model_raw))
+        data = DataConfig(**_coerce("data", DataConfig, dict(raw.get("data") or {})))
+        train = TrainConfig(**_coerce("train", TrainConfig, dict(raw.get("train") or {})))
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{where}: {e}") from e
+    if data.seq_len > model.n_ctx:
+        raise ValueError(f"{where}: data.seq_len={data.seq_len} exceeds model.n_ctx={model.n_ctx}")
+    return RunConfig(preset=str(preset), model=model, data=data, train=train)
+
+
+def load_yaml(path: str | Path) -> dict:
+    p = Path(path)
+    try:
+        raw = yaml.safe_load(p.read_text())
+    except FileNotFoundError:
+        raise ValueError(f"{p}: config file not found") from None
+    except yaml.YAMLError as e:
+        raise ValueError(f"{p}: not valid YAML ({e})") from e
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ValueError(f"{p}: expected a mapping with keys preset/model/data/train")
+    return raw
