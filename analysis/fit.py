@@ -129,7 +129,8 @@ class PowerLawFit:
                 np.percentile(preds, 50 * (1 + level), axis=0))
 
     def summary(self) -> str:
-        lines = [f"L = A * x^(-b) + c, {self.n} points, Huber delta={self.delta:g} on "
+        loss = "least squares" if np.isinf(self.delta) else f"Huber delta={self.delta:g}"
+        lines = [f"L = A * x^(-b) + c, {self.n} points, {loss} on "
                  f"{self.extra.get('space', 'log')} y, "
                  f"{int(100 * self.level)}% bootstrap CI ({len(self.boot)} resamples)"]
         for k, v in self.params.items():

@@ -1,0 +1,75 @@
+"""The analysis notebooks: committed stripped, in sync with their generator, and they run
+top to bottom (nbclient) on the fixture sweep."""
+import shutil
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = ROOT / "notebooks"
+FIXTURE = ROOT / "tests" / "fixtures" / "analysis"
+sys.path.insert(0, str(FIXTURE))
+import make_notebooks  # noqa: E402  (the notebooks' generator)
+
+CASES = {"01_scaling_law.ipynb": make_notebooks.NB01,
+         "02_cerebras_gpt_published.ipynb": make_notebooks.NB02}
+
+
+@pytest.fixture(scope="module")
+def kernel(tmp_path_factory):
+    """A kernelspec for this very interpreter, installed into a temp prefix: works on a fresh
+    machine with only `pip install ipykernel`, and never picks up some other Python."""
+    from ipykernel.kernelspec import install
+    prefix = tmp_path_factory.mktemp("jupyter")
+    name = "cgpt-analysis-test"
+    install(kernel_name=name, prefix=str(prefix))
+    mp = pytest.MonkeyPatch()
+    mp.setenv("JUPYTER_PATH", str(prefix / "share" / "jupyter"))
+    yield name
+    mp.undo()
+
+
+def run(name, kernel, env, monkeypatch):
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    nb = nbformat.read(NOTEBOOKS / name, as_version=4)
+    NotebookClient(nb, timeout=300, kernel_name=kernel,
+                   resources={"metadata": {"path": str(NOTEBOOKS)}}).execute()
+    text = "".join(o.get("text", "") + str(o.get("data", {}).get("text/plain", ""))
+                   for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+    images = sum("image/png" in o.get("data", {})
+                 for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+    return text, images
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_committed_stripped_and_in_sync(name):
+    nb = nbformat.read(NOTEBOOKS / name, as_version=4)
+    nbformat.validate(nb)
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            assert cell.outputs == [] and cell.execution_count is None
+    assert [c.source for c in nb.cells] == [c.source for c in CASES[name]], \
+        "notebook differs from tests/fixtures/analysis/make_notebooks.py: rerun it"
+
+
+def test_01_scaling_law_on_fixture_sweep(kernel, tmp_path, monkeypatch):
+    sweep = tmp_path / "sweep"
+    shutil.copytree(FIXTURE / "sweep", sweep)
+    text, images = run("01_scaling_law.ipynb", kernel,
+                       {"CGPT_SWEEP_DIR": str(sweep), "CGPT_N_BOOT": "50"}, monkeypatch)
+    assert images >= 2
+    assert "21 runs (18 done, 1 failed, 1 running, 1 pending)" in text
+    assert "fit on 12 runs" in text                          # extrapolation check ran
+    assert (sweep / "loss_vs_compute.png").stat().st_size > 0
+
+
+def test_02_cerebras_gpt_published(kernel, monkeypatch):
+    text, images = run("02_cerebras_gpt_published.ipynb", kernel, {"CGPT_N_BOOT": "50"},
+                       monkeypatch)
+    assert images >= 2
+    assert "b = 0.073293" in text                             # paper: 0.0737
+    assert "muP vs SP law: mean -0.43%" in text               # paper: 0.43% better
