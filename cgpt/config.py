@@ -181,6 +181,21 @@ _CPU = {
     "cpu-19m": dict(n_layer=10, d_model=384, n_head=6),
 }
 
+# ---- tiny family: the same shape rules again, with a 512-token BPE vocabulary and 128-token
+# context, so that a whole Chinchilla-optimal sweep (>= 2 decades of compute) fits in minutes
+# on a 2-core laptop. With a 4096 vocabulary the embeddings alone would outweigh these blocks.
+TINY_VOCAB = 512
+TINY_CTX = 128
+_TINY = {
+    "tiny-17k": dict(n_layer=2, d_model=16, n_head=2),
+    "tiny-45k": dict(n_layer=2, d_model=32, n_head=2),
+    "tiny-116k": dict(n_layer=3, d_model=48, n_head=3),
+    "tiny-240k": dict(n_layer=4, d_model=64, n_head=4),
+    "tiny-518k": dict(n_layer=6, d_model=80, n_head=5),
+    "tiny-956k": dict(n_layer=8, d_model=96, n_head=6),
+}
+_SMALL = {**_CPU, **_TINY}
+
 
 def _canonical(name: str) -> str:
     key = name.strip().lower()
@@ -188,16 +203,16 @@ def _canonical(name: str) -> str:
     mup = key.endswith("-mup")
     if mup:
         key = key[: -len("-mup")]
-    for preset in list(_PUBLISHED) + list(_CPU):
+    for preset in list(_PUBLISHED) + list(_SMALL):
         if preset.lower() == key:
             return preset + ("-mup" if mup else "")
     return ""
 
 
 def list_configs() -> list[str]:
-    """Every preset name: the seven published, their μP twins, and the CPU family (+μP)."""
+    """Every preset name: the seven published, their μP twins, the CPU and tiny families (+μP)."""
     return (list(_PUBLISHED) + [f"{p}-mup" for p in MUP_PRESETS]
-            + list(_CPU) + [f"{p}-mup" for p in _CPU])
+            + list(_CPU) + [f"{p}-mup" for p in _CPU] + list(_TINY) + [f"{p}-mup" for p in _TINY])
 
 
 def get_config(name: str, **overrides) -> ModelConfig:
@@ -211,8 +226,10 @@ def get_config(name: str, **overrides) -> ModelConfig:
     base = canon[:-4] if mup else canon
     if base in _PUBLISHED:
         fields = dict(_PUBLISHED[base])
-    else:
+    elif base in _CPU:
         # The CPU family's μP proxy is its 64-wide member (cpu-380k), as d=256 was for 111M+.
         fields = dict(_CPU[base], vocab_size=CPU_VOCAB, n_ctx=CPU_CTX, mup_base_width=64)
+    else:  # tiny family: proxy tiny-45k (d=32)
+        fields = dict(_TINY[base], vocab_size=TINY_VOCAB, n_ctx=TINY_CTX, mup_base_width=32)
     cfg = ModelConfig(name=canon, mup=mup, **fields)
     return cfg.replace(**overrides) if overrides else cfg

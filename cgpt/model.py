@@ -171,12 +171,14 @@ def block(p: Params, x: jax.Array, cfg: ModelConfig, kv: tuple | None = None,
         v = jax.lax.dynamic_update_slice_in_dim(kv[1], v.astype(kv[1].dtype), start, axis=1)
         kv = (k, v)
     k_pos = jnp.arange(k.shape[1])
-    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k.astype(q.dtype),
-                        preferred_element_type=jnp.float32) * cfg.attn_scale
+    # Head-major [B, H, T, Dh] layout: XLA's CPU backward is ~2x faster than for [B, T, H, Dh].
+    q, k, v = (t.astype(x.dtype).transpose(0, 2, 1, 3) for t in (q, k, v))
+    scores = jnp.einsum("bhqd,bhkd->bhqk", q, k, preferred_element_type=jnp.float32)
+    scores = scores * cfg.attn_scale
     mask = k_pos[None, :] <= q_pos[:, None]
     scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
-    att = jnp.einsum("bhqk,bkhd->bqhd", probs, v.astype(x.dtype)).reshape(B, T, H * Dh)
+    att = jnp.einsum("bhqk,bhkd->bhqd", probs, v).transpose(0, 2, 1, 3).reshape(B, T, H * Dh)
     x = x + constrain(_linear(att, p["attn"]["c_proj"]), ("act_batch", "act_seq", "act_embed"))
     h = layer_norm(x, p["ln_2"], cfg.ln_eps)
     h = jax.nn.gelu(_linear(h, p["mlp"]["c_fc"]), approximate=False)  # exact erf GELU
