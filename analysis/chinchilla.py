@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import minimize
 
+from ._blas import one_blas_thread
 from .fit import bootstrap_indices, check_xy, huber_loss, percentile_ci
 
 NAMES = ("E", "A", "B", "alpha", "beta")
@@ -149,6 +150,7 @@ def _screen(starts, lN, lD, lL, delta, n_refine):
     return starts[np.argsort(f0, kind="stable")[:n_refine]]
 
 
+@one_blas_thread()
 def fit_chinchilla(N, D, L, *, delta: float = 1e-3, grid: dict | None = None,
                    n_refine: int | None = 64, n_boot: int = 200, seed: int = 0,
                    level: float = 0.95, groups=None) -> ChinchillaFit:

@@ -17,6 +17,8 @@ import pandas as pd
 from scipy.optimize import minimize
 from scipy.special import huber
 
+from ._blas import one_blas_thread
+
 
 def huber_loss(r: np.ndarray, delta: float) -> tuple[float, np.ndarray]:
     """Summed Huber loss of residuals r and its derivative with respect to r."""
@@ -182,6 +184,7 @@ def _starts(u, y, offset):
     return out
 
 
+@one_blas_thread()
 def fit_power_law(x, y, offset: bool = True, *, delta: float = 1e-3, space: str = "log",
                   n_boot: int = 1000, seed: int = 0, level: float = 0.95,
                   groups=None) -> PowerLawFit:

@@ -19,7 +19,7 @@ def noisy(law, x, sigma, seed):
 def test_recovers_offset_power_law_with_ci_covering_truth():
     x = np.repeat(np.geomspace(1e15, 1e23, 12), 2)   # 8 decades, 2 seeds each
     y = noisy(TRUE, x, 0.01, seed=1)
-    fit = fit_power_law(x, y, n_boot=200, seed=0)
+    fit = fit_power_law(x, y, n_boot=400, seed=0)
     p, ci = fit.params, fit.ci
     assert abs(p["b"] - TRUE.b) < 0.01 and abs(p["c"] - TRUE.c) < 0.1
     assert abs(np.log(p["A"] / TRUE.A)) < 0.5

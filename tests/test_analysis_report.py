@@ -60,7 +60,7 @@ def test_plot_mup_vs_sp(tmp_path):
 def test_sweep_report(tmp_path):
     sweep = tmp_path / "sweep"
     shutil.copytree(FIXTURE, sweep)
-    text = sweep_report(sweep, n_boot=100)
+    text = sweep_report(sweep, n_boot=200)
     assert_png(sweep / "loss_vs_compute.png")
     assert "21 runs (18 done, 1 failed, 1 running, 1 pending)" in text
     assert "fitted 14 SP runs" in text and "muP: 4 runs" in text
