@@ -97,3 +97,19 @@ def test_isoflop_custom_columns_and_errors():
     assert not iso.minima["in_range"].any()
     with pytest.raises(ValueError, match="distinct model sizes"):
         fit_isoflop(isoflop_grid(EPOCH, [1e18, 1e19], n=2))
+
+
+def central_diff(f, theta, eps=1e-6):
+    """Central finite differences, the reference for the analytic gradients."""
+    e = np.eye(theta.size) * eps
+    return np.array([(f(theta + d) - f(theta - d)) / (2 * eps) for d in e])
+
+
+def test_analytic_gradient_matches_finite_differences():
+    from analysis.chinchilla import _objective
+    df = isoflop_grid(EPOCH, [1e18, 1e20], n=5)
+    loss = df["loss"].to_numpy() * np.exp(0.02 * np.random.default_rng(0).standard_normal(len(df)))
+    args = (np.log(df["N"].to_numpy()), np.log(df["D"].to_numpy()), np.log(loss), 0.01)
+    theta = np.array([6.0, 7.5, 0.6, 0.33, 0.37])
+    num = central_diff(lambda t: _objective(t, *args)[0], theta)
+    np.testing.assert_allclose(_objective(theta, *args)[1], num, rtol=1e-4, atol=1e-6)

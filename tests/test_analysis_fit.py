@@ -132,3 +132,22 @@ def test_cluster_bootstrap_resamples_whole_groups():
     assert len(fit.boot.dropna()) > 40
     with pytest.raises(ValueError, match="groups"):
         fit_power_law(x, y, n_boot=5, groups=x[:3])
+
+
+def central_diff(f, theta, eps=1e-6):
+    """Central finite differences, the reference for the analytic gradients."""
+    e = np.eye(theta.size) * eps
+    return np.array([(f(theta + d) - f(theta - d)) / (2 * eps) for d in e])
+
+
+@pytest.mark.parametrize("offset", [True, False])
+@pytest.mark.parametrize("space", ["log", "linear"])
+def test_analytic_gradient_matches_finite_differences(offset, space):
+    from analysis.fit import _objective
+    x = np.geomspace(1e15, 1e23, 9)
+    y = noisy(TRUE, x, 0.02, seed=2)
+    u = np.log(x) - np.log(x).mean()
+    theta = np.array([0.9, 0.08, 0.5][: 3 if offset else 2])
+    args = (u, y, 0.05, offset, space)          # delta large enough that residuals straddle it
+    num = central_diff(lambda t: _objective(t, *args)[0], theta)
+    np.testing.assert_allclose(_objective(theta, *args)[1], num, rtol=1e-4, atol=1e-6)
