@@ -8,10 +8,12 @@ Conditioning: x spans 1e15..1e23, so A * x^(-b) is never formed directly. The op
 (l, b, e) with log y_hat = logsumexp(l - b * (log x - log x_ref), e), where x_ref is the
 geometric mean of x: l is the log amplitude at the middle of the data and e = log c.
 The result is reported both as A and as the Cerebras-style scale x0 = A^(1/b).
+space="linear" puts the residuals on y instead, to compare with fits published that way.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
 import numpy as np
 import pandas as pd
 from scipy.optimize import minimize

@@ -3,8 +3,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
-
 from .fit import fit_power_law
 from .plots import plot_loss_vs_compute
 from .published import CEREBRAS_GPT

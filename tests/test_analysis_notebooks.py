@@ -60,7 +60,7 @@ def test_01_scaling_law_on_fixture_sweep(kernel, tmp_path, monkeypatch):
     sweep = tmp_path / "sweep"
     shutil.copytree(FIXTURE / "sweep", sweep)
     text, images = run("01_scaling_law.ipynb", kernel,
-                       {"CGPT_SWEEP_DIR": str(sweep), "CGPT_N_BOOT": "200"}, monkeypatch)
+                       {"CGPT_SWEEP_DIR": str(sweep), "CGPT_N_BOOT": "100"}, monkeypatch)
     assert images >= 2
     assert "21 runs (18 done, 1 failed, 1 running, 1 pending)" in text
     assert "fit on 12 runs" in text                          # extrapolation check ran
@@ -68,7 +68,7 @@ def test_01_scaling_law_on_fixture_sweep(kernel, tmp_path, monkeypatch):
 
 
 def test_02_cerebras_gpt_published(kernel, monkeypatch):
-    text, images = run("02_cerebras_gpt_published.ipynb", kernel, {"CGPT_N_BOOT": "200"},
+    text, images = run("02_cerebras_gpt_published.ipynb", kernel, {"CGPT_N_BOOT": "100"},
                        monkeypatch)
     assert images >= 2
     assert "b = 0.073293" in text                             # paper: 0.0737
