@@ -1,0 +1,407 @@
+"""`cgpt plan`: what one training step costs per device under a mode and mesh, without running it.
+
+The real train step (`cgpt.train.make_step` with the published optimizer) is lowered and
+compiled for `jax.ShapeDtypeStruct` inputs that carry the mode's shardings, over emulated
+CPU devices: nothing is allocated, so a 13B model plans on a laptop. From the compiled
+program it reports, per device:
+
+  params / optimizer   bytes of this device's shards of the parameters and optimizer state
+                       (from each array's sharding), and `temp`, XLA's scratch for one step
+                       (`memory_analysis().temp_size_in_bytes`: activations, gradients,
+                       gathered weights). total = arguments + outputs + temp - aliased
+                       (donated) buffers, the peak estimate that also holds on CPU, where
+                       XLA's own `peak_memory_in_bytes` leaves temp out.
+  flops_per_step       the analytic count (`cgpt.flops`, whole step, all devices) beside
+                       the count read from the compiled HLO: 2 x M x N x K of every `dot`,
+                       multiplied by the trip counts of the while loops it sits in and
+                       summed over devices (it includes remat recomputation and pipeline
+                       bubbles). XLA's `cost_analysis()['flops']` is shown raw: it counts a
+                       while-loop body once, so it undercounts scanned layers.
+  collective bytes     every all-gather / all-reduce / reduce-scatter / collective-permute /
+                       all-to-all in the compiled HLO, sized as the full buffer one device
+                       holds (the gathered result of an all-gather, the unreduced input of
+                       a reduce-scatter, the operand of the others), multiplied by the trip
+                       counts (`known_trip_count`) of the loops enclosing it: the layer
+                       scan, the accumulation scan and the pipeline's tick scan. It is the
+                       volume each device sends or receives per step to first order; a ring
+                       all-reduce moves up to 2(n-1)/n of it over each link.
+  bubble               layer_pipelined's idle fraction (S-1)/(M+S-1).
+
+CPU caveats: memory kinds are not modelled (host offload shows as device bytes), CPU XLA
+all-reduces gradients where GPU/TPU XLA would reduce-scatter, and fusion decisions differ
+from an accelerator's, so temp is an estimate of the same order, not a promise.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import time
+from collections import defaultdict
+
+COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "collective-permute", "all-to-all")
+_DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "f8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2,
+                "s32": 4, "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8,
+                "c128": 16}
+_SHAPE = re.compile(r"\b(pred|[sufc]\d+|bf16|f8\w*)\[([\d,]*)\]")
+_INSTR = re.compile(r"^\s*(?:ROOT\s+)?%([\w.\-]+)\s*=\s*(.*)$")
+_OP = re.compile(r"(?:^|[\s}\])])([a-z][a-z0-9\-]*)\(")
+_HEADER = re.compile(r"^(?:ENTRY\s+)?%([\w.\-]+)\s*\((.*)\)\s*->.*\{\s*$")
+
+
+# ---- reading the compiled HLO ----------------------------------------------------------
+def _shapes(text: str) -> list[tuple[str, tuple[int, ...]]]:
+    return [(dt, tuple(int(d) for d in dims.split(",") if d)) for dt, dims in _SHAPE.findall(text)]
+
+
+def _bytes(shape: tuple[str, tuple[int, ...]]) -> int:
+    dt, dims = shape
+    return _DTYPE_BYTES.get(dt, _DTYPE_BYTES.get(dt[:2], 4)) * math.prod(dims)
+
+
+def _group_size(line: str) -> int:
+    m = re.search(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}", line)
+    if m:
+        sizes = dict((k.strip("' "), int(v)) for k, v in
+                     (kv.split("=") for kv in m.group(1).split(",") if "=" in kv))
+        return math.prod(sizes.get(a.strip("' "), 1) for a in m.group(2).split(",") if a.strip())
+    m = re.search(r"replica_groups=\[([\d,]+)\]<=", line)
+    if m:
+        return int(m.group(1).split(",")[-1])
+    m = re.search(r"replica_groups=\{\{([\d,]*)\}", line)
+    if m:
+        return len([x for x in m.group(1).split(",") if x])
+    return 1
+
+
+def parse_hlo(text: str) -> dict:
+    """Per computation: its collectives, dot FLOPs and the computations it calls (with the
+    trip count for while bodies), from `compiled.as_text()`."""
+    comps: dict[str, dict] = {}
+    cur = None
+    entry = None
+    for raw in text.splitlines():
+        h = _HEADER.match(raw)
+        if h:
+            cur = {"ops": [], "flops": 0, "calls": [], "types": {}}
+            comps[h.group(1)] = cur
+            if raw.startswith("ENTRY"):
+                entry = h.group(1)
+            for pname, ptype in re.findall(r"([\w.\-]+):\s*((?:pred|[sufc]\d+|bf16)\[[\d,]*\])",
+                                           h.group(2)):
+                cur["types"][pname] = _shapes(ptype)[0]
+            continue
+        m = _INSTR.match(raw) if cur is not None else None
+        if not m:
+            continue
+        name, rest = m.groups()
+        op_m = _OP.search(rest)
+        if not op_m:
+            continue
+        op = op_m.group(1)
+        result = _shapes(rest[:op_m.start(1)])
+        if result:
+            cur["types"][name] = result[0]
+        base = op.removesuffix("-start")
+        if base in COLLECTIVES and not op.endswith("-done"):
+            sizes = [_bytes(s) for s in result]
+            nbytes = max(sizes) if op.endswith("-start") else sum(sizes)
+            if base == "reduce-scatter":
+                nbytes *= _group_size(rest)
+            cur["ops"].append((base, nbytes))
+        elif op == "dot" and result:
+            args = re.match(r"\s*%([\w.\-]+)", rest[op_m.end():])
+            lhs = cur["types"].get(args.group(1)) if args else None
+            cdims = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", rest)
+            if lhs and cdims:
+                k = math.prod(lhs[1][int(i)] for i in cdims.group(1).split(",") if i)
+                cur["flops"] += 2 * math.prod(result[0][1]) * k
+        if op == "while":
+            trip = re.search(r'"known_trip_count":\{"n":"(\d+)"\}', rest)
+            body = re.search(r"body=%([\w.\-]+)", rest)
+            if body:
+                cur["calls"].append((body.group(1), int(trip.group(1)) if trip else 1, True))
+        else:
+            for callee in re.findall(r"(?:calls|to_apply|true_computation|false_computation)="
+                                     r"%([\w.\-]+)", rest):
+                cur["calls"].append((callee, 1, False))
+            br = re.search(r"branch_computations=\{([^}]*)\}", rest)
+            if br:
+                for callee in re.findall(r"%([\w.\-]+)", br.group(1)):
+                    cur["calls"].append((callee, 1, False))
+    return {"computations": comps, "entry": entry}
+
+
+def hlo_totals(text: str) -> dict:
+    """Trip-count-weighted totals per device: collective bytes by kind (and how much of it
+    sits inside while loops), collective op counts, and dot FLOPs."""
+    parsed = parse_hlo(text)
+    comps = parsed["computations"]
+    by_kind: dict[str, int] = defaultdict(int)
+    in_loop: dict[str, int] = defaultdict(int)
+    count: dict[str, int] = defaultdict(int)
+    flops = 0
+
+    def walk(name: str, mult: int, looped: bool, depth: int = 0) -> None:
+        nonlocal flops
+        c = comps.get(name)
+        if c is None or depth > 64:
+            return
+        flops += mult * c["flops"]
+        for kind, nbytes in c["ops"]:
+            by_kind[kind] += mult * nbytes
+            count[kind] += 1
+            if looped:
+                in_loop[kind] += mult * nbytes
+        for callee, trips, is_loop in c["calls"]:
+            walk(callee, mult * trips, looped or is_loop, depth + 1)
+
+    if parsed["entry"]:
+        walk(parsed["entry"], 1, False)
+    return {"collective_bytes": dict(by_kind), "collective_bytes_in_loops": dict(in_loop),
+            "collective_ops": dict(count), "dot_flops": flops}
+
+
+# ---- arguments ----------------------------------------------------------------------------
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+
+
+def parse_bytes(text: str) -> int:
+    """'80GB' -> 80e9, '16GiB' -> 16 * 2**30, '1024' -> 1024."""
+    m = re.fullmatch(r"\s*([\d.]+)\s*([KMGT]?I?B?)\s*", str(text).upper())
+    if not m or m.group(2) not in _UNITS:
+        raise ValueError(f"--device-memory {text!r}: expected a size such as 80GB, 40GiB or "
+                         "512MB")
+    value = float(m.group(1)) * _UNITS[m.group(2)]
+    if value <= 0:
+        raise ValueError(f"--device-memory {text!r} must be positive")
+    return int(value)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help="preset name (see `cgpt list`)")
+    p.add_argument("--mode", required=True,
+                   help="data_parallel | weight_streaming | layer_pipelined | auto")
+    p.add_argument("--mesh", default="", help="device mesh, e.g. data=16 or stage=8,data=2")
+    p.add_argument("--devices", type=int, default=8,
+                   help="emulated devices when --mesh is empty (default 8)")
+    p.add_argument("--device-memory", default="80GB", help="memory per device (default 80GB)")
+    p.add_argument("--batch", type=int, help="global batch in sequences (default: published)")
+    p.add_argument("--micro-batch", type=int,
+                   help="sequences per data replica per accumulation step (default: no "
+                        "accumulation)")
+    p.add_argument("--micro-batches", type=int,
+                   help="layer_pipelined: micro-batches per step (default: up to 4 x stages)")
+    p.add_argument("--seq-len", type=int, help="tokens per sequence (default: n_ctx)")
+    p.add_argument("--dtype", default="float32", help="compute dtype: float32 | bfloat16")
+    p.add_argument("--no-remat", action="store_true", help="keep every activation (no remat)")
+    p.add_argument("--host-offload", action="store_true",
+                   help="weight_streaming: keep params/optimizer in pinned_host memory")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def register(subparsers) -> argparse.ArgumentParser:
+    """Add `plan` to the `cgpt` CLI's subparsers (handler in `args.func`)."""
+    p = subparsers.add_parser("plan", help="per-device memory, FLOPs and communication of a "
+                              "train step under a mode and mesh (compiled, not run)",
+                              description=__doc__.split("\n\n")[0])
+    add_arguments(p)
+    p.set_defaults(func=cmd_plan)
+    return p
+
+
+def _needed_devices(args) -> int:
+    spec = (args.mesh or "").strip()
+    if not spec:
+        if args.devices < 1:
+            raise ValueError(f"--devices {args.devices} must be >= 1")
+        return args.devices
+    n = 1
+    for item in spec.split(","):
+        _, eq, size = item.partition("=")
+        if not eq or not size.strip().isdigit() or int(size) < 1:
+            raise ValueError(f"--mesh {spec!r}: expected axis=size pairs separated by commas, "
+                             "e.g. --mesh data=16 or --mesh stage=4,data=2")
+        n *= int(size)
+    return n
+
+
+def _cpu_devices(n: int):
+    """n CPU devices, emulated. Sets the count before JAX starts its backends; if they are
+    already up with fewer devices, returns None (the caller re-runs itself in a subprocess)."""
+    import jax
+    from jax._src import xla_bridge
+
+    if not xla_bridge.backends_are_initialized():
+        jax.config.update("jax_num_cpu_devices", max(n, 1))
+    cpu = jax.devices("cpu")
+    return cpu[:n] if len(cpu) >= n else None
+
+
+# ---- the plan -----------------------------------------------------------------------------
+def plan(model: str, mode: str, mesh: str = "", devices: int = 8,
+         device_memory: int | str = "80GB", batch: int | None = None,
+         micro_batch: int | None = None, micro_batches: int | None = None,
+         seq_len: int | None = None, dtype: str = "float32", remat: bool = True,
+         host_offload: bool = False, cpu_devices=None) -> dict:
+    """Compile one train step on abstract arrays and report its per-device costs."""
+    import jax
+
+    from cgpt import flops, optim, sharding
+    from cgpt.config import get_config
+    from cgpt.data import DataConfig
+    from cgpt.model import init_params
+    from cgpt.runconfig import MODES, RunConfig, TrainConfig
+    from cgpt.train import TrainError, make_plan, make_step
+
+    if mode not in MODES or mode == "single":
+        raise ValueError(f"--mode {mode!r}; use one of {', '.join(sharding.SHARDED_MODES)}")
+    memory = parse_bytes(device_memory) if isinstance(device_memory, str) else int(device_memory)
+    cfg = get_config(model).replace(remat=remat, compute_dtype=dtype)
+    T = seq_len or cfg.n_ctx
+    if not 1 <= T <= cfg.n_ctx:
+        raise ValueError(f"--seq-len {T}: must be between 1 and the model's n_ctx={cfg.n_ctx}")
+    if cpu_devices is None:
+        cpu_devices = jax.devices("cpu")[:devices]
+    B = batch or optim.published_defaults(cfg)["batch_size"]
+    train_cfg = TrainConfig(batch_size=B, micro_batch=micro_batch, micro_batches=micro_batches,
+                            mode=mode, mesh=mesh)
+    strategy = sharding.make_strategy(mode, mesh, cfg, train_cfg, devices=cpu_devices,
+                                      device_memory=memory, seq_len=T,
+                                      host_offload=host_offload)
+    run = RunConfig(preset=model, model=cfg, data=DataConfig(seq_len=T), train=train_cfg)
+    try:
+        p = make_plan(run, strategy.data_replicas)
+    except TrainError as e:
+        raise ValueError(str(e).replace("train.batch_size", "--batch")
+                         .replace("train.micro_batch", "--micro-batch")) from None
+    strategy.prepare(p)
+    optimizer = optim.make_optimizer(p.recipe, cfg)
+    abstract_p = jax.eval_shape(lambda: init_params(cfg))
+    abstract_o = jax.eval_shape(optimizer.init, abstract_p)
+    a_params, a_opt = strategy.abstract_state(abstract_p, abstract_o)
+    a_batch = jax.ShapeDtypeStruct((p.accum, p.micro_batch * p.replicas, T + 1), jax.numpy.int32,
+                                   sharding=strategy.batch_sharding(3))
+    step = strategy.jit_step(make_step(cfg, optimizer, strategy.loss), abstract_p, abstract_o)
+    t0 = time.perf_counter()
+    compiled = step.lower(a_params, a_opt, a_batch).compile()
+    compile_s = time.perf_counter() - t0
+
+    def shard_bytes(tree) -> int:
+        return sum(math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize
+                   for x in jax.tree.leaves(tree))
+
+    mem = compiled.memory_analysis()
+    temp = int(mem.temp_size_in_bytes)
+    total = int(mem.argument_size_in_bytes + mem.output_size_in_bytes + temp
+                - mem.alias_size_in_bytes)
+    hlo = hlo_totals(compiled.as_text())
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    n = strategy.num_devices
+    return {
+        "model": cfg.name, "mode": strategy.mode, "requested_mode": mode,
+        "auto_reason": getattr(strategy, "auto_reason", None),
+        "mesh": dict(strategy.mesh.shape), "num_devices": n,
+        "n_params": cfg.num_params(), "batch": p.batch_size, "seq_len": T,
+        "micro_batch": p.micro_batch, "accum": p.accum, "remat": remat, "dtype": dtype,
+        "per_device_bytes": {
+            "params": shard_bytes(a_params), "optimizer": shard_bytes(a_opt), "temp": temp,
+            "total": total, "argument": int(mem.argument_size_in_bytes),
+            "output": int(mem.output_size_in_bytes), "alias": int(mem.alias_size_in_bytes)},
+        "device_memory": memory, "fits": total <= memory,
+        "flops_per_step": hlo["dot_flops"] * n,
+        "flops_per_step_analytic": flops.train_flops_per_token(cfg, T) * p.batch_size * T,
+        "xla_cost_analysis_flops_per_device": float((cost or {}).get("flops", 0.0)),
+        "collective_bytes_per_step": sum(hlo["collective_bytes"].values()),
+        "collective_bytes_by_kind": hlo["collective_bytes"],
+        "collective_bytes_in_loops": hlo["collective_bytes_in_loops"],
+        "collective_ops": hlo["collective_ops"],
+        "bubble_fraction": strategy.bubble_fraction,
+        "micro_batches": (strategy._micro(p.micro_batch * p.replicas)
+                          if strategy.mode == "layer_pipelined" else None),
+        "compile_s": round(compile_s, 2),
+    }
+
+
+def _gb(x: float) -> str:
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if abs(x) >= scale:
+            return f"{x / scale:.2f} {unit}"
+    return f"{x:.0f} B"
+
+
+def format_plan(r: dict) -> str:
+    b = r["per_device_bytes"]
+    mesh = ",".join(f"{k}={v}" for k, v in r["mesh"].items())
+    lines = [
+        f"{r['model']} ({r['n_params'] / 1e9:.3g}B params), {r['mode']} on {mesh} "
+        f"({r['num_devices']} devices); batch {r['batch']} x {r['seq_len']} tokens, "
+        f"micro-batch {r['micro_batch']} x {r['accum']} accumulation steps, "
+        f"remat {'on' if r['remat'] else 'off'}",
+        "per device:",
+        f"  params      {_gb(b['params'])}",
+        f"  optimizer   {_gb(b['optimizer'])}",
+        f"  temp        {_gb(b['temp'])}",
+        f"  total       {_gb(b['total'])} of {_gb(r['device_memory'])}: "
+        f"{'fits' if r['fits'] else 'does NOT fit'}",
+        f"FLOPs/step    {r['flops_per_step']:.3e} (compiled HLO, all devices)   "
+        f"{r['flops_per_step_analytic']:.3e} (analytic)",
+        f"collectives   {_gb(r['collective_bytes_per_step'])} per device per step"
+        + "".join(f"\n  {k:19s} {_gb(v)}" for k, v in sorted(r["collective_bytes_by_kind"].items())),
+    ]
+    if r["bubble_fraction"] is not None:
+        lines.append(f"bubble        {r['bubble_fraction']:.1%} ({r['micro_batches']} "
+                     f"micro-batches, {r['mesh'].get('stage', 1)} stages)")
+    if r.get("auto_reason"):
+        lines.append(f"auto          {r['auto_reason']}")
+    lines.append(f"compile       {r['compile_s']:.1f} s")
+    return "\n".join(lines)
+
+
+def _argv(args) -> list[str]:
+    """The command line that reproduces `args` (for the re-run in a fresh process)."""
+    out = []
+    for key in ("model", "mode", "mesh", "devices", "device_memory", "batch", "micro_batch",
+                "micro_batches", "seq_len", "dtype"):
+        v = getattr(args, key)
+        if v is not None and v != "":
+            out += [f"--{key.replace('_', '-')}", str(v)]
+    out += [f"--{k.replace('_', '-')}" for k in ("no_remat", "host_offload", "json")
+            if getattr(args, k)]
+    return out
+
+
+def cmd_plan(args) -> int:
+    n = _needed_devices(args)
+    memory = parse_bytes(args.device_memory)
+    devs = _cpu_devices(n)
+    if devs is None:  # JAX already started with fewer CPU devices: run in a fresh process
+        env = dict(os.environ, JAX_PLATFORMS="cpu",
+                   XLA_FLAGS=f"--xla_force_host_platform_device_count={n}")
+        return subprocess.run([sys.executable, "-m", "cgpt.plan", *_argv(args)], env=env).returncode
+    r = plan(args.model, args.mode, args.mesh, len(devs), memory, args.batch, args.micro_batch,
+             args.micro_batches, args.seq_len, args.dtype, not args.no_remat,
+             args.host_offload, cpu_devices=devs)
+    print(json.dumps(r) if args.json else format_plan(r))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="cgpt plan", description=__doc__.split("\n\n")[0])
+    add_arguments(ap)
+    args = ap.parse_args(argv)
+    try:
+        return cmd_plan(args)
+    except ValueError as e:
+        print(f"cgpt plan: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

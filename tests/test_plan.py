@@ -1,0 +1,109 @@
+"""`cgpt plan` on 8 emulated CPU devices: schema, per-device bytes, collectives, bubble, errors."""
+import json
+
+import jax
+import pytest
+
+from cgpt import model, plan
+from cgpt.config import get_config
+
+# cpu-870k: 4 layers, d_model 96, vocab 4096 -> every weight dim divides by 8
+BASE = ["--model", "cpu-870k", "--batch", "16", "--seq-len", "32", "--json"]
+N_PARAMS = get_config("cpu-870k").num_params()
+
+
+def _plan(capsys, *args) -> dict:
+    assert plan.main([*BASE, *args]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.fixture(scope="module")
+def results():
+    return {}
+
+
+def test_weight_streaming_shards_params_and_gathers_per_layer(capsys, results):
+    r = _plan(capsys, "--mode", "weight_streaming", "--mesh", "data=8")
+    results["ws"] = r
+    b = r["per_device_bytes"]
+    assert set(b) >= {"params", "optimizer", "temp", "total"}
+    assert all(isinstance(b[k], int) and b[k] > 0 for k in ("params", "optimizer", "temp", "total"))
+    assert isinstance(r["flops_per_step"], int) and r["flops_per_step"] > 0
+    assert r["fits"] is True and r["bubble_fraction"] is None
+    # every weight dim of cpu-870k divides by 8: each device holds exactly 1/8 of the params
+    assert b["params"] == N_PARAMS * 4 // 8
+    assert b["optimizer"] == pytest.approx(2 * b["params"], abs=64)  # Adam mu, nu (+ counts)
+    # the weights are gathered inside the layer scan: per layer, just before use. Over one
+    # step the in-loop all-gathers move at least every layer's full weights once.
+    layer_bytes = 4 * sum(x.size for x in jax.tree.leaves(
+        jax.eval_shape(lambda: model.init_params(get_config("cpu-870k")))["h"]))
+    assert r["collective_bytes_in_loops"]["all-gather"] >= layer_bytes
+    assert r["collective_bytes_per_step"] > 0
+    # compiled-HLO FLOPs agree with the analytic count up to remat's extra forward
+    assert 1.0 <= r["flops_per_step"] / r["flops_per_step_analytic"] < 1.5
+
+
+def test_data_parallel_replicates_params(capsys, results):
+    r = _plan(capsys, "--mode", "data_parallel", "--mesh", "data=8")
+    assert r["per_device_bytes"]["params"] == N_PARAMS * 4
+    assert r["collective_bytes_by_kind"].get("all-reduce", 0) > 0  # the gradient all-reduce
+    ws = results.get("ws")
+    if ws:
+        assert ws["per_device_bytes"]["params"] * 8 == r["per_device_bytes"]["params"]
+
+
+def test_layer_pipelined_bubble_and_permutes(capsys):
+    r = _plan(capsys, "--mode", "layer_pipelined", "--mesh", "stage=4,data=2",
+              "--micro-batches", "8")
+    assert r["mesh"] == {"stage": 4, "data": 2}
+    assert r["micro_batches"] == 8
+    assert r["bubble_fraction"] == pytest.approx(3 / 11)
+    assert r["collective_bytes_by_kind"]["collective-permute"] > 0  # stage -> stage
+    assert r["collective_bytes_per_step"] > 0
+    # the stage holds a quarter of the layers, and the replicated embeddings
+    cfg = get_config("cpu-870k")
+    blocks = cfg.num_params(embedding=False) - 2 * cfg.d_model  # the stacked layers
+    rest = N_PARAMS - blocks
+    assert r["per_device_bytes"]["params"] == 4 * (blocks // 4 + rest)
+
+
+def test_fits_compares_total_to_device_memory(capsys):
+    r = _plan(capsys, "--mode", "weight_streaming", "--mesh", "data=8", "--device-memory", "1MB")
+    assert r["device_memory"] == 10**6 and r["fits"] is False
+    assert r["per_device_bytes"]["total"] > 10**6
+
+
+@pytest.mark.parametrize("args,flag", [
+    (["--mode", "weight_streaming", "--mesh", "data:8"], "--mesh"),
+    (["--mode", "weight_streaming", "--mesh", "stage=8"], "--mesh"),
+    (["--mode", "layer_pipelined", "--mesh", "stage=3"], "--mesh stage=3"),
+    (["--mode", "warp", "--mesh", "data=8"], "--mode"),
+    (["--mode", "weight_streaming", "--device-memory", "lots"], "--device-memory"),
+    (["--mode", "weight_streaming", "--mesh", "data=8", "--batch", "12"], "--batch"),
+])
+def test_bad_arguments_name_the_flag(capsys, args, flag):
+    assert plan.main([*BASE, *args]) == 2
+    err = capsys.readouterr().err
+    assert flag in err and "error" in err
+
+
+def test_parse_bytes_and_hlo_reader():
+    assert plan.parse_bytes("80GB") == 80 * 10**9
+    assert plan.parse_bytes("16GiB") == 16 * 2**30
+    assert plan.parse_bytes("512") == 512
+    hlo = """HloModule m
+%body (p: (s32[], f32[8,4])) -> (s32[], f32[8,4]) {
+  %ag = f32[8,4]{1,0} all-gather(%x), replica_groups=[1,8]<=[8], dimensions={0}
+  %rs = f32[1,4]{1,0} reduce-scatter(%y), replica_groups=[1,8]<=[8], dimensions={0}
+  ROOT %d = f32[8,8]{1,0} dot(%ag, %ag), lhs_contracting_dims={1}, rhs_contracting_dims={1}
+}
+ENTRY %main (a: f32[8,4]) -> f32[8,4] {
+  %w = (s32[], f32[8,4]{1,0}) while(%t), condition=%cond, body=%body, backend_config={"known_trip_count":{"n":"5"}}
+  ROOT %ar = f32[8,4]{1,0} all-reduce(%a), replica_groups={{0,1,2,3}}, to_apply=%add
+}
+"""
+    t = plan.hlo_totals(hlo)
+    assert t["collective_bytes"] == {"all-gather": 5 * 128, "reduce-scatter": 5 * 16 * 8,
+                                     "all-reduce": 128}
+    assert t["collective_bytes_in_loops"] == {"all-gather": 640, "reduce-scatter": 640}
+    assert t["dot_flops"] == 5 * 2 * 64 * 4
