@@ -10,6 +10,7 @@ only the parameters.
 from __future__ import annotations
 
 import logging
+import shutil
 import warnings
 from pathlib import Path
 
@@ -70,9 +71,15 @@ class Checkpointer:
                     opt_state=ocp.args.StandardRestore(abstract_opt_state)))
                 return step, out["params"], out["opt_state"]
             except Exception as e:  # orbax/tensorstore raise many types for bad files
-                warnings.warn(f"{self.run_dir / CKPT_DIR / str(step)}: checkpoint is unreadable "
-                              f"({type(e).__name__}: {e}); falling back to the previous one",
+                bad = self.run_dir / CKPT_DIR / str(step)
+                aside = self.run_dir / "corrupt_checkpoints" / str(step)
+                warnings.warn(f"{bad}: checkpoint is unreadable ({type(e).__name__}: {e}); "
+                              f"falling back to the previous one (moved it to {aside})",
                               stacklevel=2)
+                aside.parent.mkdir(exist_ok=True)
+                shutil.rmtree(aside, ignore_errors=True)
+                shutil.move(str(bad), str(aside))  # so the step can be written again
+                self.mngr.reload()
         return None
 
     def close(self) -> None:

@@ -17,7 +17,6 @@ output, both MLP matrices) get LR x 1/m_w; embeddings, biases and LN keep the ba
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import jax
@@ -126,7 +125,8 @@ def lr_at(r: Recipe, step: int) -> float:
 
 
 def steps_for_tokens(tokens: int, batch_size: int, seq_len: int) -> int:
-    return max(1, math.ceil(tokens / (batch_size * seq_len)))
+    """Whole steps within the budget, rounded down as in the published runs (111M: 9,037)."""
+    return max(1, tokens // (batch_size * seq_len))
 
 
 def global_norm(tree) -> jax.Array:

@@ -90,12 +90,21 @@ class RunConfig:
 
 
 def _coerce(section: str, cls, values: dict):
-    names = {f.name for f in dataclasses.fields(cls)}
-    bad = sorted(set(values) - names)
+    """Check keys, and read numbers that YAML 1.1 left as strings ("6e-4") as numbers."""
+    types = {f.name: str(f.type) for f in dataclasses.fields(cls)}
+    bad = sorted(set(values) - set(types))
     if bad:
         raise ValueError(f"unknown key(s) {', '.join(f'{section}.{b}' for b in bad)}; "
-                         f"valid {section} keys: {', '.join(sorted(names))}")
-    return values
+                         f"valid {section} keys: {', '.join(sorted(types))}")
+    out = dict(values)
+    for k, v in values.items():
+        numeric = ("float" in types[k] or "int" in types[k]) and "str" not in types[k]
+        if numeric and isinstance(v, str):
+            try:
+                out[k] = float(v) if "float" in types[k] else int(float(v))
+            except ValueError:
+                raise ValueError(f"{section}.{k}={v!r} is not a number") from None
+    return out
 
 
 def _parse_value(text: str):
