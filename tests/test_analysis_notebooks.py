@@ -18,20 +18,6 @@ CASES = {"01_scaling_law.ipynb": make_notebooks.NB01,
          "02_cerebras_gpt_published.ipynb": make_notebooks.NB02}
 
 
-@pytest.fixture(scope="module")
-def kernel(tmp_path_factory):
-    """A kernelspec for this very interpreter, installed into a temp prefix: works on a fresh
-    machine with only `pip install ipykernel`, and never picks up some other Python."""
-    from ipykernel.kernelspec import install
-    prefix = tmp_path_factory.mktemp("jupyter")
-    name = "cgpt-analysis-test"
-    install(kernel_name=name, prefix=str(prefix))
-    mp = pytest.MonkeyPatch()
-    mp.setenv("JUPYTER_PATH", str(prefix / "share" / "jupyter"))
-    yield name
-    mp.undo()
-
-
 def run(name, kernel, env, monkeypatch):
     for k, v in env.items():
         monkeypatch.setenv(k, v)

@@ -1,0 +1,261 @@
+"""Sweep launcher: grid expansion, dry-run, skip/resume/failure isolation, results contract,
+the submitit path. Real `python -m cgpt train` subprocesses on a tiny corpus the test writes."""
+import csv
+import json
+import math
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from cgpt import sweep as sw
+from cgpt.config import get_config
+
+REPO = Path(__file__).resolve().parents[1]
+SPECS = REPO / "sweeps"
+TOKENS = 20_000  # tiny-17k, batch 8 x seq 32 -> 78 steps
+
+
+def _write_corpus(folder: Path) -> Path:
+    """~60 KB of seeded pseudo-text in 24 .txt files: enough for 78 steps + 4 val sequences."""
+    rng = random.Random(0)
+    words = ["the", "model", "loss", "token", "scaling", "law", "compute", "data", "train",
+             "jax", "layer", "width", "depth", "optimal", "budget", "param", "step", "batch"]
+    folder.mkdir(parents=True, exist_ok=True)
+    for i in range(24):
+        lines = [" ".join(rng.choice(words) for _ in range(rng.randint(6, 14))) + "."
+                 for _ in range(30)]
+        (folder / f"doc{i:02d}.txt").write_text("\n".join(lines) + "\n")
+    return folder
+
+
+def _spec(tmp: Path, name: str, grid: dict, base: dict | None = None, **extra) -> Path:
+    corpus = _write_corpus(tmp / "corpus")
+    b = {"data": {"source": str(corpus), "vocab_size": 300, "seq_len": 32, "val_sequences": 4,
+                  "cache_dir": str(tmp / "cache")},
+         "train": {"batch_size": 8, "tokens": TOKENS}}
+    for k, v in (base or {}).items():
+        b.setdefault(k, {}).update(v)
+    p = tmp / f"{name}.yaml"
+    p.write_text(yaml.safe_dump({"name": name, "base": b, "grid": grid, **extra}, sort_keys=False))
+    return p
+
+
+def _rows(out: Path) -> dict[str, dict]:
+    with open(out / "results.csv", newline="") as f:
+        return {r["run_id"]: r for r in csv.DictReader(f)}
+
+
+# ---- expansion (no training) ------------------------------------------------------------
+def test_grid_expansion_counts_ids_and_overrides(tmp_path):
+    spec = _spec(tmp_path, "g", {
+        "model": ["tiny-17k", "tiny-45k"], "tokens": ["chinchilla", 1e5],
+        "seed": [0, 3], "overrides": [{"name": "lo", "train.peak_lr": 1e-3},
+                                      {"train.peak_lr": 4e-3, "model.remat": True}]},
+        per_model={"tiny-45k": {"train.batch_size": 16}})
+    s = sw.load_sweep(spec, ["train.warmup_steps=5"])
+    assert len(s.runs) == 2 * 2 * 2 * 2
+    ids = [r.run_id for r in s.runs]
+    assert len(set(ids)) == len(ids)
+    assert ids[0] == "tiny-17k_d337k_s0_lo"  # 20 x 16,832 params
+    assert "tiny-45k_d100k_s3_peak_lr0.004-rematTrue" in ids
+    r = next(r for r in s.runs if r.run_id == "tiny-45k_d100k_s3_peak_lr0.004-rematTrue")
+    assert r.config.train.peak_lr == 4e-3 and r.config.model.remat and r.seed == 3
+    assert r.config.train.batch_size == 16  # per_model
+    assert r.config.train.warmup_steps == 5  # --set reaches every run
+    assert r.tokens == r.steps * 16 * 32 and r.config.train.tokens == 100_000
+    c = next(r for r in s.runs if r.run_id == "tiny-17k_d337k_s0_lo")
+    assert c.config.train.tokens == get_config("tiny-17k").chinchilla_tokens()
+    assert c.flops == pytest.approx(sw.flops_mod.train_flops(c.config.model, c.tokens, 32))
+    one = _spec(tmp_path, "one", {"model": ["tiny-17k"], "tokens": ["chinchilla"]})
+    assert sw.load_sweep(one, ["train.tokens=5e4"]).runs[0].config.train.tokens == 50_000
+    with pytest.raises(ValueError, match="duplicate run ids"):  # --set collapses the budgets
+        sw.load_sweep(spec, ["train.tokens=5e4"])
+    assert [r.run_id for r in sw.select(s.runs, "tiny-45k*_s0_*")] == [
+        i for i in ids if i.startswith("tiny-45k") and "_s0_" in i]
+    assert len(sw.select(s.runs, "d100k,_lo")) == 12
+
+
+def test_flops_budget_key_and_filter(tmp_path):
+    spec = _spec(tmp_path, "iso", {"model": ["tiny-17k", "tiny-45k", "tiny-116k"],
+                                   "flops": [1e11, 1e12]},
+                 filter={"tokens_per_param": [2, 1000]})
+    s = sw.load_sweep(spec)
+    for r in s.runs:
+        budget = float(r.run_id.split("_")[1][1:])
+        assert r.config.train.tokens == round(budget / (6 * r.n_params))
+        assert 2 <= r.config.train.tokens / r.n_params <= 1000
+    assert {r.run_id for r in s.runs} == {"tiny-17k_c1e11_s0", "tiny-45k_c1e11_s0",
+                                          "tiny-17k_c1e12_s0", "tiny-45k_c1e12_s0",
+                                          "tiny-116k_c1e12_s0"}
+    assert s.dropped == 1  # tiny-116k at 1e11: 1.25 tokens/param
+
+
+def test_spec_errors_name_file_and_key(tmp_path):
+    bad = _spec(tmp_path, "bad", {"model": ["tiny-17k", "tiny-99k"]})
+    with pytest.raises(ValueError, match=r"bad\.yaml: grid\.model: unknown model preset 'tiny-99k'"):
+        sw.load_sweep(bad)
+    with pytest.raises(ValueError, match=r"unknown grid key\(s\) \['modles'\]"):
+        sw.load_sweep(_spec(tmp_path, "typo", {"modles": ["tiny-17k"]}))
+    with pytest.raises(ValueError, match=r"unknown key\(s\) train.peak_learning_rate"):
+        sw.load_sweep(_spec(tmp_path, "key", {"model": ["tiny-17k"],
+                                              "overrides": [{"train.peak_learning_rate": 1}]}))
+    with pytest.raises(ValueError, match="duplicate run ids"):
+        sw.load_sweep(_spec(tmp_path, "dup", {"model": ["tiny-17k"],
+                                              "tokens": ["chinchilla"], "tokens_per_param": [20]}))
+    req = _spec(tmp_path, "req", {"model": ["tiny-17k"]}, require=["data.tokenizer"])
+    with pytest.raises(ValueError, match=r"--set data.tokenizer=\.\.\."):
+        sw.launch(sw.load_sweep(req), tmp_path / "out")
+    assert not sw.missing_required(sw.load_sweep(req, ["data.tokenizer=train"]))
+
+
+def test_dry_run_table_and_bundled_specs(tmp_path, capsys):
+    rc = sw.main([str(SPECS / "cerebras_gpt.yaml"), "--dry-run", "--out", str(tmp_path / "cg")])
+    out = capsys.readouterr().out
+    assert rc == 0 and not (tmp_path / "cg").exists()
+    for preset, batch in (("111M", 120), ("256M", 264), ("590M", 264), ("1.3B", 528),
+                          ("2.7B", 528), ("6.7B", 1040), ("13B", 720)):
+        line = next(l for l in out.splitlines() if l.startswith(f"{preset}_"))
+        assert f" {batch} " in line
+    assert "--set data.source=..." in out and "--set data.tokenizer=..." in out
+    cg = sw.load_sweep(SPECS / "cerebras_gpt.yaml")
+    assert all(r.config.data.seq_len == 2048 and r.tokens / r.n_params == pytest.approx(20, rel=0.01)
+               for r in cg.runs)
+
+    tiny = sw.load_sweep(SPECS / "cpu_tiny.yaml")
+    sizes = {r.n_params for r in tiny.runs}
+    fl = [r.flops for r in tiny.runs]
+    assert len(sizes) >= 6 and max(fl) / min(fl) >= 100
+    assert all(r.tokens / r.n_params == pytest.approx(20, rel=0.02) for r in tiny.runs)
+    demo = sw.load_sweep(SPECS / "demo.yaml")
+    assert len({r.n_params for r in demo.runs}) >= 4
+    mup = sw.load_sweep(SPECS / "mup.yaml")
+    names = {r.model for r in mup.runs}
+    assert any(n.endswith("-mup") for n in names)
+    assert all(n + "-mup" in names for n in names if not n.endswith("-mup"))
+    iso = sw.load_sweep(SPECS / "isoflop.yaml")
+    per_budget: dict[str, set] = {}
+    for r in iso.runs:
+        per_budget.setdefault(r.run_id.split("_")[1], set()).add(r.n_params)
+        c = float(r.run_id.split("_")[1][1:])
+        assert 6 * r.n_params * r.config.train.tokens == pytest.approx(c, rel=1e-3)
+    assert len(per_budget) >= 3 and all(len(v) >= 5 for v in per_budget.values())
+
+    sw.main([str(SPECS / "demo.yaml"), "--dry-run", "--only", "tiny-17k"])
+    out = capsys.readouterr().out
+    assert "1 runs (of" in out and "tiny-17k_d337k_s0" in out and "tiny-45k" not in out
+
+
+# ---- launching (real training subprocesses) -----------------------------------------------
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory):
+    """Two good runs and two with a bad override (a data source that does not exist)."""
+    tmp = tmp_path_factory.mktemp("sweep")
+    spec = _spec(tmp, "fx", {"model": ["tiny-17k"], "seed": [0, 1], "overrides": [
+        {"name": "ok"}, {"name": "bad", "data.source": str(tmp / "no-such-corpus")}]})
+    out = tmp / "out"
+    t0 = time.time()
+    rc = sw.main([str(spec), "--out", str(out), "--parallel", "2"])
+    return spec, out, rc, time.time() - t0
+
+
+def test_failure_isolation_and_results_schema(launched):
+    spec, out, rc, _ = launched
+    assert rc == 1  # some runs failed, and the sweep said so
+    with open(out / "results.csv", newline="") as f:
+        assert tuple(next(csv.reader(f))) == sw.COLUMNS
+    rows = _rows(out)
+    assert set(rows) == {"tiny-17k_d20k_s0_ok", "tiny-17k_d20k_s1_ok",
+                         "tiny-17k_d20k_s0_bad", "tiny-17k_d20k_s1_bad"}
+    for rid in ("tiny-17k_d20k_s0_ok", "tiny-17k_d20k_s1_ok"):
+        r = rows[rid]
+        summary = json.loads((out / rid / "summary.json").read_text())
+        assert r["status"] == "done" and r["error"] == ""
+        assert math.isfinite(float(r["val_loss"])) and float(r["val_loss"]) == summary["val_loss"]
+        assert int(r["n_params"]) == 16832 and int(r["tokens"]) == 78 * 8 * 32
+        assert r["run_dir"] == str(out / rid) and r["mup"] == "False"
+        assert "python -m cgpt train --config" in (out / rid / "train.log").read_text()
+    for rid in ("tiny-17k_d20k_s0_bad", "tiny-17k_d20k_s1_bad"):
+        r = rows[rid]
+        assert r["status"] == "failed" and "no-such-corpus" in r["error"]
+        assert r["val_loss"] == "" and int(r["n_params"]) == 16832
+    analysis = pytest.importorskip("analysis")
+    df = analysis.load_results(out)
+    assert list(df.columns[: len(sw.COLUMNS)]) == list(sw.COLUMNS)
+    assert len(analysis.finished(df)) == 2
+
+
+def test_relaunch_skips_finished_and_rebuilds_results(launched, capsys):
+    spec, out, _, _ = launched
+    rid = "tiny-17k_d20k_s0_ok"
+    mtime = (out / rid / "summary.json").stat().st_mtime_ns
+    log = (out / rid / "train.log").read_text()
+    (out / "results.csv").unlink()  # the run dirs are the source of truth
+    assert sw.main([str(spec), "--out", str(out), "--only", "_ok"]) == 0
+    assert (out / rid / "summary.json").stat().st_mtime_ns == mtime
+    assert (out / rid / "train.log").read_text() == log  # not relaunched at all
+    rows = _rows(out)
+    assert rows[rid]["status"] == "done" and rows["tiny-17k_d20k_s1_bad"]["status"] == "failed"
+    assert "2 done, 0 to resume, 0 to retry, 0 new" in capsys.readouterr().out
+
+
+def test_resume_interrupted_run(launched):
+    """An interrupted run (config + checkpoints, no summary) is resumed with --resume."""
+    spec, out, _, _ = launched
+    rid = "tiny-17k_d20k_s1_ok"
+    d = out / rid
+    (d / "summary.json").unlink()
+    steps = sorted(int(p.name) for p in (d / "checkpoints").iterdir() if p.name.isdigit())
+    shutil.rmtree(d / "checkpoints" / str(steps[-1]))  # as if killed after steps[-2]
+    assert sw.run_state(d) == "interrupted"
+    assert sw.main([str(spec), "--out", str(out), "--only", rid]) == 0
+    summary = json.loads((d / "summary.json").read_text())
+    assert summary["resumed_from_step"] == steps[-2] > 0 and summary["steps"] == 78
+    assert "--no-progress --resume" in (d / "train.log").read_text()
+    assert _rows(out)[rid]["status"] == "done"
+
+
+def test_submitit_local_executor(tmp_path):
+    """The SLURM code path (submitit job array of `execute_run`) on submitit's local executor."""
+    spec = _spec(tmp_path, "sub", {"model": ["tiny-17k"], "seed": [5]},
+                 slurm={"partition": "gpu", "gpus_per_node": 1, "array_parallelism": 4})
+    s = sw.load_sweep(spec, ["slurm.timeout_min=30"])
+    assert sw._slurm_params(s, None, 1) == {
+        "slurm_partition": "gpu", "gpus_per_node": 1, "timeout_min": 30,
+        "slurm_array_parallelism": 4, "name": "cgpt-sub"}
+    out = tmp_path / "out"
+    assert sw.launch(s, out, executor="submitit-local", poll_s=0.5, report=False) == 0
+    rid = "tiny-17k_d20k_s5"
+    assert json.loads((out / rid / "summary.json").read_text())["steps"] == 78
+    assert _rows(out)[rid]["status"] == "done"
+    assert any((out / ".submitit").rglob("*_result.pkl"))
+
+
+@pytest.mark.slow
+def test_sigkill_of_the_sweep_then_relaunch_resumes(tmp_path):
+    """SIGKILL the sweep mid-run: its train child dies with it, the relaunch resumes it."""
+    spec = _spec(tmp_path, "kill", {"model": ["tiny-17k"]},
+                 base={"train": {"tokens": 200_000, "ckpt_every": 20}})
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "cgpt.sweep", str(spec), "--out", str(out)]
+    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ck = out / "tiny-17k_d200k_s0" / "checkpoints"
+    deadline = time.time() + 120
+    while time.time() < deadline and not any(x.name.isdigit() for x in ck.glob("*")):
+        time.sleep(0.5)
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    time.sleep(2)  # PR_SET_PDEATHSIG delivers SIGTERM to the orphaned train
+    d = out / "tiny-17k_d200k_s0"
+    assert sw.run_state(d) == "interrupted"
+    assert subprocess.run(cmd, capture_output=True).returncode == 0
+    summary = json.loads((d / "summary.json").read_text())
+    assert summary["resumed_from_step"] > 0
+    assert _rows(out)["tiny-17k_d200k_s0"]["status"] == "done"
