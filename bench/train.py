@@ -1,0 +1,108 @@
+"""Training throughput and MFU: cgpt (JAX) vs the same model in PyTorch, same machine, same run.
+
+Model: the `cpu-19m` preset (~19.4M parameters, seq_len 256) unless --model says otherwise.
+Both sides train the same architecture (PyTorch side: transformers' GPT2LMHeadModel with the
+same config) with AdamW, global-norm clipping and the same batch and dtype (f32). MFU is
+measured against this machine's f32 matmul peak, measured in the same run.
+
+    python bench/train.py [--model cpu-19m] [--batch 8] [--seq-len 256] [--steps 5]
+Targets: cgpt >= 1.5x the PyTorch step, and >= 40% of the measured matmul peak.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+
+def _best(fn, steps: int) -> float:
+    fn()  # warm-up: compilation / allocator
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
+def bench_cgpt(cfg, tokens, steps):
+    import jax
+
+    from cgpt import model, optim
+    from cgpt.train import make_step
+
+    r = optim.Recipe(peak_lr=1e-3, decay="linear", adam_eps=1e-8, batch_size=tokens.shape[0],
+                     warmup_steps=10, total_steps=1000)
+    opt = optim.make_optimizer(r, cfg)
+    state = {"p": model.init_params(cfg, 0)}
+    state["o"] = opt.init(state["p"])
+    step = jax.jit(make_step(cfg, opt), donate_argnums=(0, 1))
+    batch = jax.numpy.asarray(tokens[None])
+
+    def run():
+        state["p"], state["o"], m = step(state["p"], state["o"], batch)
+        return float(m["loss"])
+
+    return _best(run, steps), run()
+
+
+def bench_torch(cfg, tokens, steps, threads):
+    import torch
+    import transformers
+
+    from cgpt.hf import config_to_hf
+
+    if threads:
+        torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    m = transformers.GPT2LMHeadModel(transformers.GPT2Config(**config_to_hf(cfg))).train()
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-3, betas=(0.9, 0.95), eps=1e-8,
+                            weight_decay=0.1)
+    x = torch.tensor(tokens)
+
+    def run():
+        out = m(x[:, :-1], labels=None)
+        loss = torch.nn.functional.cross_entropy(out.logits.flatten(0, 1), x[:, 1:].flatten())
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
+        opt.step()
+        return float(loss)
+
+    return _best(run, steps), run(), torch.get_num_threads(), torch.__version__
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="cpu-19m")
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--seq-len", type=int, default=256)
+    ap.add_argument("--steps", type=int, default=5, help="timed steps per side (median)")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
+    args = ap.parse_args()
+
+    import cgpt
+    from cgpt import flops
+    from cgpt.perf import measured_matmul_peak
+
+    cfg = cgpt.get_config(args.model)
+    tokens = np.random.default_rng(0).integers(0, cfg.vocab_size, (args.batch, args.seq_len + 1))
+    n_tok = args.batch * args.seq_len
+    step_flops = flops.train_flops_per_token(cfg, args.seq_len) * n_tok
+    peak = measured_matmul_peak("float32", n=2048)
+    t_jax, l_jax = bench_cgpt(cfg, tokens, args.steps)
+    t_pt, l_pt, threads, tv = bench_torch(cfg, tokens, args.steps, args.threads)
+    peak = max(peak, measured_matmul_peak("float32", n=2048, repeats=6))  # re-measure, keep best
+    print(f"model {args.model} ({cfg.num_params():,} params), batch {args.batch} x seq "
+          f"{args.seq_len}, f32, {step_flops / 1e9:.1f} GFLOP/step (counted, full attention)")
+    print(f"measured f32 matmul peak: {peak / 1e9:.1f} GFLOP/s")
+    for name, t in (("cgpt (jax)", t_jax), (f"pytorch {tv} ({threads} thr)", t_pt)):
+        print(f"{name:28s} {t * 1e3:8.1f} ms/step {n_tok / t:9,.0f} tokens/s "
+              f"MFU {step_flops / t / peak:6.1%}")
+    print(f"speed ratio cgpt / pytorch: {t_pt / t_jax:.2f}x   (loss after the timed steps "
+          f"{l_jax:.3f} / {l_pt:.3f})")
+
+
+if __name__ == "__main__":
+    main()
