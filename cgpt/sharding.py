@@ -38,12 +38,12 @@ import warnings
 from typing import Callable, Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 from cgpt import model
 from cgpt.config import ModelConfig
+from cgpt.pipeline import bubble_fraction, pipelined_loss
 
 log = logging.getLogger(__name__)
 
@@ -97,9 +97,7 @@ def maybe_initialize_distributed() -> bool:
     SLURM allocation of more than one task (SLURM_NTASKS > 1, where JAX detects the rest), or
     on a TPU pod (Cloud TPU metadata; set CGPT_DISTRIBUTED=1). Single-host runs skip it.
     """
-    from jax._src import distributed
-
-    if distributed.global_state.client is not None:
+    if jax.distributed.is_initialized():
         return True
     env = os.environ
     if env.get("JAX_COORDINATOR_ADDRESS"):
@@ -232,6 +230,7 @@ class Sharded:
     mode = ""
     rules: Rules = []
     bubble_fraction: float | None = None
+    auto_reason: str | None = None  # why `--mode auto` chose this mode
 
     def __init__(self, cfg: ModelConfig, mesh: Mesh, host_offload: bool = False):
         self.cfg = cfg
@@ -397,16 +396,18 @@ class LayerPipelined(Sharded):
                              f"{cfg.n_layer}; layer_pipelined needs equal stages, use a stage "
                              f"size in {divisors}")
         self.micro_batches = micro_batches
-        from cgpt.pipeline import pipelined_loss
-
         self.loss = pipelined_loss(cfg, mesh, self._micro, self.constrain)
 
     def _micro(self, rows: int) -> int:
-        """Micro-batches for a batch of `rows`: the configured M if it divides the per-replica
-        rows (checked in `prepare` for training), else the largest divisor <= M (eval)."""
-        per = rows // self.data_replicas
-        target = self.micro_batches or 4 * self.stages  # GPipe: M >= 4S keeps the bubble small
-        return max(m for m in range(1, min(target, per) + 1) if per % m == 0)
+        """Micro-batches for a batch of `rows`. Configured M: used when it divides the
+        per-replica rows (`prepare` insists for training), else the largest divisor below it
+        (eval batches). Default: the fewest that reach 4 x stages (GPipe's rule of thumb
+        for a small bubble), else one sequence per micro-batch."""
+        per = max(1, rows // self.data_replicas)
+        divisors = [m for m in range(1, per + 1) if per % m == 0]
+        if self.micro_batches:
+            return max(m for m in divisors if m <= self.micro_batches)
+        return min([m for m in divisors if m >= 4 * self.stages] or [per])
 
     def prepare(self, plan) -> None:
         M = self.micro_batches
@@ -418,12 +419,6 @@ class LayerPipelined(Sharded):
         self.bubble_fraction = bubble_fraction(self.stages, m)
         log.info("layer_pipelined: %d stages x %d micro-batches, bubble %.1f%%", self.stages,
                  m, 100 * self.bubble_fraction)
-
-
-def bubble_fraction(stages: int, micro_batches: int) -> float:
-    from cgpt.pipeline import bubble_fraction as bf
-
-    return bf(stages, micro_batches)
 
 
 # ---- auto: pipeline when it fits, stream weights otherwise -------------------------------
@@ -448,28 +443,32 @@ def pipeline_bytes_per_device(cfg: ModelConfig, stages: int, rows: int, seq_len:
     """Rough per-device footprint of layer_pipelined (what `auto` compares to memory).
 
     Weights, gradients and Adam state of one stage's layers plus the replicated embeddings,
-    plus the activations GPipe keeps for the backward pass: for each of the stage's layers
-    and each of the `rows` sequences a data replica holds per step, ~d floats per token with
-    remat (the layer input) or ~16 d + 2 H T floats without (Korthikanti et al.'s count, f32).
+    plus the activations GPipe keeps for the backward pass of the `rows` sequences a data
+    replica holds per step: a layer's full set is ~16 d + 2 H T floats per token
+    (Korthikanti et al.'s count, f32); every layer keeps it without remat, with remat each
+    keeps only its input (d floats) and one layer at a time rebuilds the full set.
     """
     n_blocks = cfg.num_params(embedding=False) - 2 * cfg.d_model  # the stacked layers only
     n_rest = cfg.num_params() - n_blocks
     state = BYTES_PER_PARAM_STATE * (n_blocks // stages + n_rest)
-    per_token = cfg.d_model if cfg.remat else 16 * cfg.d_model + 2 * cfg.n_head * seq_len
-    acts = 4 * (cfg.n_layer // stages) * rows * seq_len * per_token
-    return state + acts
+    full = 16 * cfg.d_model + 2 * cfg.n_head * seq_len
+    per_token = (cfg.n_layer // stages) * (cfg.d_model if cfg.remat else full)
+    per_token += full if cfg.remat else 0
+    return state + 4 * rows * seq_len * per_token
 
 
-def choose_auto(cfg: ModelConfig, num_devices: int, memory: int, rows: int,
-                seq_len: int) -> tuple[str, dict[str, int], str]:
+def choose_auto(cfg: ModelConfig, num_devices: int, memory: int, batch: int, seq_len: int,
+                micro_batch: int | None = None) -> tuple[str, dict[str, int], str]:
     """(mode, mesh axes, reason). Pipeline over as many stages as divide n_layer and the
-    device count (the rest as `data`) when its footprint fits `memory`; else stream weights
-    over every device. On one 40 GB device (a WSE-2's SRAM) the line falls near Cerebras'
-    ~1B parameters: see docs/plan.md."""
+    device count (the rest as `data`) when its footprint, with `micro_batch` sequences per
+    data replica in flight (default: the replica's whole share of `batch`), fits `memory`;
+    else stream weights over every device. Where the line falls for a 40 GB device (a
+    WSE-2's SRAM) is tabulated in docs/plan.md; Cerebras drew it near 1B parameters."""
     stages = max(s for s in range(1, num_devices + 1)
                  if num_devices % s == 0 and cfg.n_layer % s == 0)
     data = num_devices // stages
-    need = pipeline_bytes_per_device(cfg, stages, max(1, rows // data), seq_len)
+    rows = micro_batch or max(1, batch // data)
+    need = pipeline_bytes_per_device(cfg, stages, rows, seq_len)
     axes = {"stage": stages, "data": data} if data > 1 else {"stage": stages}
     if need <= memory:
         return "layer_pipelined", axes, (f"layer_pipelined fits: ~{need / 2**30:.2f} GiB per "
@@ -506,9 +505,10 @@ def make_strategy(mode: str, mesh_spec: str, cfg: ModelConfig, train_cfg=None, *
                                      else "weight_streaming", n).values())
         from cgpt.optim import published_defaults
 
-        rows = (getattr(train_cfg, "batch_size", None) or published_defaults(cfg)["batch_size"])
+        batch = getattr(train_cfg, "batch_size", None) or published_defaults(cfg)["batch_size"]
         memory = device_memory or device_memory_bytes(devices[0])
-        mode, axes, reason = choose_auto(cfg, n, memory, rows, seq_len or cfg.n_ctx)
+        mode, axes, reason = choose_auto(cfg, n, memory, batch, seq_len or cfg.n_ctx,
+                                         getattr(train_cfg, "micro_batch", None))
         log.info("--mode auto: %s", reason)
     else:
         axes = parse_mesh(mesh_spec, mode, n)

@@ -63,6 +63,7 @@ def _max_diff(a, b) -> float:
 
 MODES = [("data_parallel", "", {"data": 8}),
          ("weight_streaming", "", {"data": 8}),
+         ("weight_streaming", "host_offload", {"data": 8}),  # params/state in pinned_host
          ("layer_pipelined", "stage=4,data=2", {"stage": 4, "data": 2}),
          ("layer_pipelined", "stage=2", {"stage": 2}),
          ("auto", "", {"stage": 4, "data": 2})]
@@ -70,8 +71,10 @@ MODES = [("data_parallel", "", {"data": 8}),
 
 @pytest.mark.parametrize("mode,spec,mesh", MODES, ids=[f"{m}-{s or 'all'}" for m, s, _ in MODES])
 def test_one_step_matches_single_device(reference, mode, spec, mesh):
-    strategy = sharding.make_strategy(mode, spec, CFG, TrainConfig(mode=mode, mesh=spec))
-    assert dict(strategy.mesh.shape) == mesh
+    offload = spec == "host_offload"
+    strategy = sharding.make_strategy(mode, "" if offload else spec, CFG,
+                                      TrainConfig(mode=mode), host_offload=offload)
+    assert dict(strategy.mesh.shape) == mesh and strategy.host_offload == offload
     losses, params, opt_state = _train(strategy)
     ref_losses, ref_params, ref_opt = reference
     np.testing.assert_allclose(losses, ref_losses, atol=TOL, rtol=0)
@@ -79,9 +82,11 @@ def test_one_step_matches_single_device(reference, mode, spec, mesh):
     assert _max_diff(opt_state, ref_opt) < TOL
     # the state stays in the mode's layout after the step
     specs = strategy.param_specs()
+    kind = "pinned_host" if offload else "device"
     for leaf, spec_ in zip(jax.tree.leaves(params), jax.tree.leaves(
             specs, is_leaf=lambda x: isinstance(x, P))):
-        assert leaf.sharding.is_equivalent_to(NamedSharding(strategy.mesh, spec_), leaf.ndim)
+        want = NamedSharding(strategy.mesh, spec_, memory_kind=kind)
+        assert leaf.sharding.is_equivalent_to(want, leaf.ndim)
     if strategy.mode == "layer_pipelined":
         M = strategy._micro(ROWS)
         assert strategy.bubble_fraction == pytest.approx((mesh["stage"] - 1)
