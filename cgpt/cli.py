@@ -1,4 +1,4 @@
-"""`python -m cgpt {train,list,eval,generate}` (also the `cgpt` console script)."""
+"""`python -m cgpt {train,sweep,plan,list,eval,generate}` (also the `cgpt` console script)."""
 from __future__ import annotations
 
 import argparse
@@ -52,10 +52,26 @@ def build_run(args):
     return from_dict(raw, args.config or "command line")
 
 
+def _emulate_cpu_devices(mesh_spec: str | None) -> None:
+    """On a CPU host, expose as many (emulated) devices as --mesh asks for. Only the CPU
+    backend reads this, and only if no JAX computation has started yet."""
+    if not mesh_spec:
+        return
+    import jax
+    from jax._src import xla_bridge
+
+    from cgpt.plan import _needed_devices
+
+    n = _needed_devices(argparse.Namespace(mesh=mesh_spec, devices=1))
+    if not xla_bridge.backends_are_initialized() and n > 1:
+        jax.config.update("jax_num_cpu_devices", n)
+
+
 def cmd_train(args) -> int:
     from cgpt.train import train
 
     run = build_run(args)
+    _emulate_cpu_devices(run.train.mesh)
     out = Path(args.out or f"runs/{run.model.name}")
     summary = train(run, out, resume=args.resume, progress=not args.no_progress)
     keys = ("model", "n_params", "tokens", "flops", "train_loss", "val_loss", "tokens_per_s",
@@ -129,6 +145,9 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--sequences", type=int, default=128)
     e.add_argument("--batch-size", type=int, default=16)
     e.add_argument("--dtype", default="float32")
+    from cgpt import plan
+
+    plan.register(sub)
     args = ap.parse_args(argv)
     from cgpt.data import DataError
     from cgpt.hf import LoadError
@@ -136,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
 
     handlers = {"train": cmd_train, "list": cmd_list, "generate": cmd_generate, "eval": cmd_eval}
     try:
-        return handlers[args.command](args)
+        return args.func(args) if hasattr(args, "func") else handlers[args.command](args)
     except (ValueError, TrainError, LoadError, DataError) as e:
         print(f"cgpt {args.command}: error: {e}", file=sys.stderr)
         return 2

@@ -164,7 +164,7 @@ def _flat_keys(raw: dict) -> set[str]:
     return {f"{s}.{k}" for s in SECTIONS for k in (raw.get(s) or {})}
 
 
-def _as_list(spec_path: Path, key: str, value) -> list:
+def _as_list(value) -> list:
     if value is None:
         return []
     return list(value) if isinstance(value, (list, tuple)) else [value]
@@ -266,7 +266,7 @@ def load_sweep(path: str | Path, sets: list[str] | None = None) -> Sweep:
     custom = spec.get("models") or {}
     if not isinstance(custom, dict):
         raise ValueError(f"{spec_path}: 'models' maps a new name to {{preset: ..., <model keys>}}")
-    models = [str(m) for m in _as_list(spec_path, "grid.model", grid.get("model"))]
+    models = [str(m) for m in _as_list(grid.get("model"))]
     if not models:
         raise ValueError(f"{spec_path}: grid.model must list at least one preset "
                          "(see `python -m cgpt list`)")
@@ -295,24 +295,24 @@ def load_sweep(path: str | Path, sets: list[str] | None = None) -> Sweep:
 
     # The token-budget axis: fixed counts / 'chinchilla', tokens per parameter, FLOP budgets.
     budgets: list[tuple[str, float, str]] = []  # (kind, value, label)
-    for t in _as_list(spec_path, "grid.tokens", grid.get("tokens")):
+    for t in _as_list(grid.get("tokens")):
         if str(t).strip().lower() == "chinchilla":
             budgets.append(("tpp", float(flops_mod.TOKENS_PER_PARAM), "chinchilla"))
         else:
             budgets.append(("tokens", _number(spec_path, "grid.tokens", t), ""))
-    for r in _as_list(spec_path, "grid.tokens_per_param", grid.get("tokens_per_param")):
+    for r in _as_list(grid.get("tokens_per_param")):
         budgets.append(("tpp", _number(spec_path, "grid.tokens_per_param", r), ""))
-    for c in _as_list(spec_path, "grid.flops", grid.get("flops")):
+    for c in _as_list(grid.get("flops")):
         c = _number(spec_path, "grid.flops", c)
         budgets.append(("flops", c, f"c{_fmt_flops(c)}"))
     if not budgets:
         budgets = [("config", 0.0, "")]  # whatever base/--set say (default: chinchilla)
 
-    seeds = _as_list(spec_path, "grid.seed", grid.get("seed")) or [None]
+    seeds = _as_list(grid.get("seed")) or [None]
     for s in seeds:
         if s is not None and (not isinstance(s, int) or isinstance(s, bool) or s < 0):
             raise ValueError(f"{spec_path}: grid.seed entries must be ints >= 0 (got {s!r})")
-    ovr_list = _as_list(spec_path, "grid.overrides", grid.get("overrides")) or [None]
+    ovr_list = _as_list(grid.get("overrides")) or [None]
     overrides = [_overrides_entry(spec_path, i, e) for i, e in enumerate(ovr_list)]
     label_overrides = len(overrides) > 1 or any(o and "name" in o for o in ovr_list
                                                 if isinstance(o, dict))
@@ -389,7 +389,7 @@ def load_sweep(path: str | Path, sets: list[str] | None = None) -> Sweep:
         raise ValueError(f"{spec_path}: the grid gives duplicate run ids {dup}: two grid "
                          "points resolve to the same model, tokens and seed; remove one, or "
                          "give grid.overrides entries distinct 'name's")
-    require = [str(k) for k in _as_list(spec_path, "require", spec.get("require"))]
+    require = [str(k) for k in _as_list(spec.get("require"))]
     for k in require:
         if k.partition(".")[0] not in SECTIONS or "." not in k:
             raise ValueError(f"{spec_path}: require entry {k!r} must be section.key")
@@ -721,14 +721,14 @@ def _slurm_params(sweep: Sweep, parallel: int | None, n_jobs: int) -> dict:
     return params
 
 
-def launch(sweep: Sweep, out: Path, parallel: int = 1, executor: str = "local",
+def launch(sweep: Sweep, out: Path, parallel: int | None = None, executor: str = "local",
            only: str | None = None, poll_s: float = 10.0, report: bool = True) -> int:
     """Run every selected run that is not done; returns 0 if all are done, else 1 (130: ^C)."""
     from tqdm.auto import tqdm
 
     if executor not in EXECUTORS:
         raise ValueError(f"--executor {executor!r}; use one of {', '.join(EXECUTORS)}")
-    if parallel < 1:
+    if parallel is not None and parallel < 1:
         raise ValueError(f"--parallel {parallel}: must be >= 1")
     miss = missing_required(sweep)
     if miss:
@@ -756,7 +756,8 @@ def launch(sweep: Sweep, out: Path, parallel: int = 1, executor: str = "local",
               f"{sum(states[r.run_id] == 'failed' for r in todo)} to retry, "
               f"{sum(states[r.run_id] == 'new' for r in todo)} new"
               + (f"; {len(elsewhere)} running in another process, skipped: {elsewhere}"
-                 if elsewhere else "") + f" [executor {executor}, parallel {parallel}]")
+                 if elsewhere else "") + f" [executor {executor}"
+              + (f", parallel {parallel or 1}]" if executor == "local" else "]"))
         jobs = []
         for r in todo:
             d = out / r.run_id
@@ -784,7 +785,7 @@ def launch(sweep: Sweep, out: Path, parallel: int = 1, executor: str = "local",
 
         try:
             if executor == "local":
-                _run_local(jobs, parallel, running, finished, lambda: write_results(
+                _run_local(jobs, parallel or 1, running, finished, lambda: write_results(
                     sweep.runs, out, running))
             else:
                 _run_submitit(jobs, sweep, out, parallel, executor, running, finished, poll_s)
@@ -843,7 +844,7 @@ def _run_submitit(jobs: list[Job], sweep: Sweep, out: Path, parallel: int, execu
         return
     cluster = "slurm" if executor == "slurm" else "local"
     ex = submitit.AutoExecutor(folder=out / ".submitit", cluster=cluster)
-    params = _slurm_params(sweep, parallel if parallel > 1 else None, len(jobs))
+    params = _slurm_params(sweep, parallel, len(jobs))
     try:
         ex.update_parameters(**params)
     except (NameError, AssertionError) as e:
@@ -883,8 +884,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", help="sweep directory (default: runs/sweeps/<spec name>)")
     p.add_argument("--dry-run", action="store_true",
                    help="print the runs with N, D, FLOPs and estimated time, then exit")
-    p.add_argument("--parallel", type=int, default=1,
-                   help="runs at a time (local) or the SLURM array parallelism (default 1)")
+    p.add_argument("--parallel", type=int,
+                   help="runs at a time: local default 1; slurm default slurm.array_parallelism "
+                   "or all")
     p.add_argument("--executor", default="local", choices=EXECUTORS,
                    help="local subprocesses, a SLURM job array via submitit, or submitit's "
                    "local executor (the SLURM code path on this machine)")
@@ -912,7 +914,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     out = Path(args.out or f"runs/sweeps/{sweep.name}")
     if args.dry_run:
         print_table(sweep, out if out.exists() else None, select(sweep.runs, args.only),
-                    args.parallel)
+                    args.parallel or 1)
         return 0
     return launch(sweep, out, parallel=args.parallel, executor=args.executor, only=args.only)
 

@@ -12,7 +12,7 @@ import math
 import os
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -25,6 +25,9 @@ from cgpt import checkpoint, flops, model, optim
 from cgpt.config import ModelConfig
 from cgpt.data import load_data
 from cgpt.runconfig import RunConfig, from_dict
+
+
+PLACEMENT_KEYS = ("mode", "mesh", "micro_batches", "host_offload")
 
 
 class TrainError(RuntimeError):
@@ -148,6 +151,9 @@ def resolve_run(run: RunConfig, out: Path, resume: bool) -> RunConfig:
         raise TrainError(f"{out} already holds a run ({saved.name}); pass --resume to continue "
                          "it, or choose a new --out")
     prior = from_dict(checkpoint.read_run_config(out), str(saved))
+    # Placement may change between launches (checkpoints restore into any mode's layout).
+    placement = {k: getattr(run.train, k) for k in PLACEMENT_KEYS}
+    prior = replace(prior, train=replace(prior.train, **placement))
     if prior != run:
         a, b = prior.to_dict(), run.to_dict()
         diff = [f"{s}.{k}" for s in ("model", "data", "train") for k in a[s]
@@ -171,6 +177,8 @@ def train(run: RunConfig, out: str | Path, resume: bool = False, progress: bool 
     out = Path(out)
     _check_writable(out)
     run = resolve_run(run, out, resume)
+    if resume and (out / "summary.json").exists():  # finished already: nothing to redo
+        return json.loads((out / "summary.json").read_text())
     cfg = run.model
     if strategy is None:
         strategy = make_strategy(run.train.mode, run.train.mesh, cfg, run.train)
@@ -280,6 +288,7 @@ def train(run: RunConfig, out: str | Path, resume: bool = False, progress: bool 
         if t_run else math.nan, "mfu": (tokens_seen / t_run) * flops_per_step
         / plan.tokens_per_step / peak_total if t_run else math.nan, "peak_flops_source": peak_src,
         "epochs": epochs, "mup": cfg.mup, "mode": run.train.mode, "devices": strategy.num_devices,
+        "placement": strategy.describe() if hasattr(strategy, "describe") else {},
         "peak_lr": plan.recipe.peak_lr, "warmup_steps": plan.recipe.warmup_steps,
         "decay": plan.recipe.decay, "data": data.describe() if hasattr(data, "describe") else {},
     }
