@@ -758,6 +758,9 @@ def launch(sweep: Sweep, out: Path, parallel: int | None = None, executor: str =
               + (f"; {len(elsewhere)} running in another process, skipped: {elsewhere}"
                  if elsewhere else "") + f" [executor {executor}"
               + (f", parallel {parallel or 1}]" if executor == "local" else "]"))
+        if (parallel or 1) > 1 and executor == "local":
+            # longest first: K workers finish sooner when the long pole starts at once
+            todo.sort(key=lambda r: -sweep.estimate.seconds(r.steps, r.flops))
         jobs = []
         for r in todo:
             d = out / r.run_id
