@@ -145,8 +145,9 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--sequences", type=int, default=128)
     e.add_argument("--batch-size", type=int, default=16)
     e.add_argument("--dtype", default="float32")
-    from cgpt import plan
+    from cgpt import plan, sweep
 
+    sweep.register(sub)
     plan.register(sub)
     args = ap.parse_args(argv)
     from cgpt.data import DataError
