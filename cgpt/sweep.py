@@ -68,13 +68,13 @@ SUBMITIT_GENERIC = ("timeout_min", "mem_gb", "gpus_per_node", "cpus_per_task", "
 class Estimate:
     """time = startup_s + steps * (step_overhead_s + counted FLOPs per step / flops_per_s).
 
-    Defaults were measured on the 2-core development CPU with the tiny family at batch
-    32 x 128 (see docs/sweeps.md); a spec's `estimate:` section overrides them (a GPU cluster
-    is ~10^4 x faster per run).
+    Defaults: a least-squares fit to the demo sweep's runs (tiny family, batch 32 x 128) on
+    the 2-core development CPU, shared with other jobs (see docs/sweeps.md); a spec's
+    `estimate:` section overrides them (a GPU node is ~10^5 x faster per run).
     """
 
-    flops_per_s: float = 2.0e10
-    step_overhead_s: float = 0.03
+    flops_per_s: float = 1.9e10
+    step_overhead_s: float = 0.035
     startup_s: float = 20.0
 
     def seconds(self, steps: int, flops: float) -> float:

@@ -153,6 +153,20 @@ def test_dry_run_table_and_bundled_specs(tmp_path, capsys):
     assert "1 runs (of" in out and "tiny-17k_d337k_s0" in out and "tiny-45k" not in out
 
 
+def test_register_adds_the_sweep_subcommand(capsys):
+    """What cli.py wires: `sweep.register(sub)`, then dispatch to args.func."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="cgpt")
+    sw.register(ap.add_subparsers(dest="command", required=True))
+    args = ap.parse_args(["sweep", str(SPECS / "mup.yaml"), "--dry-run", "--only=*-mup_*",
+                          "--set", "train.batch_size=16", "data.val_sequences=8"])
+    assert args.func is sw.cmd_sweep and args.sets == ["train.batch_size=16", "data.val_sequences=8"]
+    assert args.func(args) == 0
+    out = capsys.readouterr().out
+    assert "4 runs (of 8" in out and " 16 " in out.splitlines()[2]
+
+
 # ---- launching (real training subprocesses) -----------------------------------------------
 @pytest.fixture(scope="module")
 def launched(tmp_path_factory):
