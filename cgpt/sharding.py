@@ -222,6 +222,9 @@ class SingleDevice:
 
     shard_eval_batch = shard_batch
 
+    def describe(self) -> dict:
+        return {"mode": self.mode, "devices": 1, "data_replicas": 1}
+
 
 # ---- sharded strategies --------------------------------------------------------------------
 class Sharded:

@@ -210,6 +210,9 @@ def train(run: RunConfig, out: str | Path, resume: bool = False, progress: bool 
     peak_total = peak * strategy.num_devices
     epochs = data.epochs_for_tokens(total * plan.tokens_per_step)
 
+    def mfu_of(tokens_per_s: float) -> float:
+        return tokens_per_s * flops_per_step / plan.tokens_per_step / peak_total
+
     eval_bs = min(plan.micro_batch * plan.replicas, data.num_val_sequences)
     eval_bs -= eval_bs % plan.replicas
     if eval_bs < 1:
@@ -249,7 +252,7 @@ def train(run: RunConfig, out: str | Path, resume: bool = False, progress: bool 
                 tokens_seen += plan.tokens_per_step
             recent.append(loss)
             tps = tokens_seen / t_run if t_run else 0.0
-            mfu = tps * flops_per_step / plan.tokens_per_step / peak_total if tps else 0.0
+            mfu = mfu_of(tps)
             done = step + 1
             rec = {"step": done, "loss": loss, "grad_norm": float(m["grad_norm"]),
                    "lr": optim.lr_at(plan.recipe, step), "tokens": done * plan.tokens_per_step,
@@ -275,22 +278,26 @@ def train(run: RunConfig, out: str | Path, resume: bool = False, progress: bool 
         tb.close()
         ckpt.close()
 
+    # A run resumed at (or one step before) its end has no fresh numbers: take them from the log.
+    log = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    if math.isnan(val_loss):
+        val_loss = evaluate()
+    train_loss = float(np.mean(recent)) if recent else log[-1]["loss"]
+    tps = tokens_seen / t_run if t_run else log[-1].get("tokens_per_s", math.nan)
+    tokens = total * plan.tokens_per_step
     summary = {
         "model": cfg.name, "n_params": cfg.num_params(),
-        "n_params_nonembed": cfg.num_params(embedding=False),
-        "tokens": total * plan.tokens_per_step, "tokens_budget": plan.tokens,
-        "flops": flops.train_flops(cfg, total * plan.tokens_per_step, plan.seq_len),
-        "flops_6nd": flops.flops_6nd(cfg, total * plan.tokens_per_step),
-        "train_loss": float(np.mean(recent)) if recent else math.nan,
-        "val_loss": val_loss, "steps": total, "batch_size": plan.batch_size,
-        "seq_len": plan.seq_len, "wall_time_s": time.perf_counter() - wall0,
-        "train_time_s": t_run, "resumed_from_step": start, "tokens_per_s": tokens_seen / t_run
-        if t_run else math.nan, "mfu": (tokens_seen / t_run) * flops_per_step
-        / plan.tokens_per_step / peak_total if t_run else math.nan, "peak_flops_source": peak_src,
-        "epochs": epochs, "mup": cfg.mup, "mode": run.train.mode, "devices": strategy.num_devices,
-        "placement": strategy.describe() if hasattr(strategy, "describe") else {},
+        "n_params_nonembed": cfg.num_params(embedding=False), "tokens": tokens,
+        "tokens_budget": plan.tokens, "flops": flops.train_flops(cfg, tokens, plan.seq_len),
+        "flops_6nd": flops.flops_6nd(cfg, tokens), "train_loss": train_loss, "val_loss": val_loss,
+        "steps": total, "batch_size": plan.batch_size, "seq_len": plan.seq_len,
+        "wall_time_s": time.perf_counter() - wall0, "train_time_s": t_run,
+        "resumed_from_step": start, "tokens_per_s": tps, "mfu": mfu_of(tps),
+        "peak_flops_source": peak_src, "epochs": epochs, "mup": cfg.mup,
+        "mode": run.train.mode, "devices": strategy.num_devices,
+        "placement": strategy.describe(),
         "peak_lr": plan.recipe.peak_lr, "warmup_steps": plan.recipe.warmup_steps,
-        "decay": plan.recipe.decay, "data": data.describe() if hasattr(data, "describe") else {},
+        "decay": plan.recipe.decay, "data": data.describe(),
     }
     _atomic_write(out / "summary.json", json.dumps(summary, indent=2, default=str))
     return summary
