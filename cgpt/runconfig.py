@@ -108,12 +108,19 @@ def _coerce(section: str, cls, values: dict):
     return out
 
 
-def _parse_value(text: str):
-    """YAML scalar parsing, so `true`, `1e-3`, `null` and `[1, 2]` mean what they look like."""
+def parse_value(text: str):
+    """YAML scalar parsing, so `true`, `1e-3`, `null` and `[1, 2]` mean what they look like
+    (YAML 1.1 itself reads `1e-3` as a string; numbers are read as numbers here)."""
     try:
-        return yaml.safe_load(text)
+        value = yaml.safe_load(text)
     except yaml.YAMLError:
         return text
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return value
+    return value
 
 
 def apply_overrides(raw: dict, overrides: list[str]) -> dict:
@@ -130,7 +137,7 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
         out.setdefault(section, {})
         if not isinstance(out[section], dict):
             out[section] = {}
-        out[section][name] = _parse_value(value)
+        out[section][name] = parse_value(value)
     return out
 
 
@@ -157,16 +164,18 @@ def from_dict(raw: dict, where: str = "config") -> RunConfig:
     return RunConfig(preset=str(preset), model=model, data=data, train=train)
 
 
-def load_yaml(path: str | Path) -> dict:
+def load_yaml(path: str | Path, what: str = "config file",
+              keys: str = "preset/model/data/train") -> dict:
+    """A YAML mapping from `path`; every failure names the file (and `what` it should be)."""
     p = Path(path)
     try:
         raw = yaml.safe_load(p.read_text())
     except FileNotFoundError:
-        raise ValueError(f"{p}: config file not found") from None
+        raise ValueError(f"{what} {p} not found") from None
     except yaml.YAMLError as e:
         raise ValueError(f"{p}: not valid YAML ({e})") from e
     if raw is None:
         return {}
     if not isinstance(raw, dict):
-        raise ValueError(f"{p}: expected a mapping with keys preset/model/data/train")
+        raise ValueError(f"{p}: a {what} is a mapping with keys {keys}")
     return raw

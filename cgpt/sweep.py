@@ -39,7 +39,7 @@ import yaml
 
 from cgpt import flops as flops_mod
 from cgpt.config import get_config
-from cgpt.runconfig import RunConfig, from_dict
+from cgpt.runconfig import RunConfig, parse_value, from_dict, load_yaml
 
 # The results contract read by `analysis.load_results` (keep in sync with analysis/results.py).
 COLUMNS = (
@@ -141,13 +141,6 @@ def _safe(text: str) -> str:
     return out.strip("-") or "x"
 
 
-def _parse_value(text: str):
-    """YAML scalar parsing, as for train's overrides: `true`, `1e-3`, `null` mean what they look like."""
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError:
-        return text
-
 
 def _set_key(raw: dict, key: str, value, where: str) -> None:
     section, dot, name = key.partition(".")
@@ -200,14 +193,7 @@ def _overrides_entry(spec_path: Path, i: int, entry) -> tuple[str, dict]:
 
 def read_spec(path: str | Path) -> dict:
     p = Path(path)
-    try:
-        spec = yaml.safe_load(p.read_text())
-    except FileNotFoundError:
-        raise ValueError(f"sweep spec {p} not found (bundled specs live in sweeps/*.yaml)") from None
-    except yaml.YAMLError as e:
-        raise ValueError(f"{p}: not valid YAML ({e})") from e
-    if not isinstance(spec, dict):
-        raise ValueError(f"{p}: a sweep spec is a mapping with keys {', '.join(SPEC_KEYS)}")
+    spec = load_yaml(p, "sweep spec (bundled specs live in sweeps/*.yaml)", ", ".join(SPEC_KEYS))
     bad = sorted(set(spec) - set(SPEC_KEYS))
     if bad:
         raise ValueError(f"{p}: unknown key(s) {bad}; valid: {', '.join(SPEC_KEYS)}")
@@ -244,11 +230,11 @@ def load_sweep(path: str | Path, sets: list[str] | None = None) -> Sweep:
                              "data.source=/data/pile or slurm.partition=gpu")
         section, _, k = key.partition(".")
         if section == "slurm" and k:
-            slurm[k] = _parse_value(text)
+            slurm[k] = parse_value(text)
         elif section == "estimate" and k:
-            est[k] = _parse_value(text)
+            est[k] = parse_value(text)
         else:
-            _set_key(set_run, key, _parse_value(text), f"--set {item!r}")
+            _set_key(set_run, key, parse_value(text), f"--set {item!r}")
     try:
         estimate = Estimate(**{k: float(v) for k, v in est.items()})
     except (TypeError, ValueError) as e:
