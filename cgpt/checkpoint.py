@@ -30,11 +30,11 @@ def is_run_dir(path: Path) -> bool:
     return (path / CONFIG_FILE).exists() and (path / CKPT_DIR).is_dir()
 
 
-def _manager(run_dir: Path, keep: int | None = None, read_only: bool = False):
+def _manager(run_dir: Path, keep: int | None = None, create: bool = True):
     import orbax.checkpoint as ocp
 
     opts = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=False,
-                                        read_only=read_only, create=not read_only)
+                                        create=create)
     return ocp.CheckpointManager((run_dir / CKPT_DIR).absolute(), options=opts)
 
 
@@ -109,7 +109,7 @@ def load_run(run_dir: Path, compute_dtype: str = "float32"):
     except (TypeError, ValueError) as e:
         raise LoadError(f"{run_dir / CONFIG_FILE}: key 'model': {e}") from e
     abstract = jax.eval_shape(lambda: init_params(cfg))
-    mngr = _manager(run_dir, read_only=True)
+    mngr = _manager(run_dir, create=False)  # reading only: never creates or deletes
     steps = sorted(mngr.all_steps())
     if not steps:
         raise LoadError(f"{run_dir / CKPT_DIR}: no complete checkpoint yet; train longer or "

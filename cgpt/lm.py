@@ -112,7 +112,7 @@ class LM:
                 f"compute={c.compute_dtype}, tokenizer={'yes' if self.tokenizer else 'no'})")
 
     # ---- inputs ----------------------------------------------------------------------
-    def _ids(self, ids, what: str = "ids") -> jax.Array:
+    def _ids(self, ids, what: str = "ids", max_len: int | None = None) -> jax.Array:
         if isinstance(ids, str):
             ids = self.encode(ids)
         arr = np.asarray(ids)
@@ -124,9 +124,10 @@ class LM:
         if arr.min() < 0 or arr.max() >= self.config.vocab_size:
             raise ValueError(f"{what}: token ids must lie in [0, {self.config.vocab_size}), "
                              f"got range [{arr.min()}, {arr.max()}]")
-        if arr.shape[1] > self.config.n_ctx:
-            raise ValueError(f"{what}: length {arr.shape[1]} exceeds the context "
-                             f"n_ctx={self.config.n_ctx}")
+        limit = max_len or self.config.n_ctx
+        if arr.shape[1] > limit:
+            raise ValueError(f"{what}: length {arr.shape[1]} exceeds {limit} (context "
+                             f"n_ctx={self.config.n_ctx})")
         return jnp.asarray(arr, jnp.int32)
 
     def encode(self, text: str) -> list[int]:
@@ -146,8 +147,9 @@ class LM:
         return np.asarray(_logits(self.params, self._ids(ids), self.config))
 
     def loss(self, ids) -> float:
-        """Mean next-token cross-entropy in nats over ids [B, T] (T >= 2)."""
-        x = self._ids(ids)
+        """Mean next-token cross-entropy in nats over ids [B, T] (2 <= T <= n_ctx + 1: the
+        model reads ids[:, :-1] and predicts ids[:, 1:])."""
+        x = self._ids(ids, max_len=self.config.n_ctx + 1)
         if x.shape[1] < 2:
             raise ValueError("loss: need at least 2 tokens per row to predict a next token")
         return float(_loss(self.params, x, self.config))
