@@ -142,7 +142,7 @@ def test_trains_far_below_unigram_baseline(tmp_path):
     assert s["train_loss"] < h - 1.25, (s["train_loss"], h)
 
 
-def test_run_directory_and_summary(corpus, tmp_path):
+def test_run_directory_and_summary(corpus, tmp_path, capsys):
     out = tmp_path / "run"
     s = train(_run(corpus, tmp_path), out, progress=False)
     for f in ("config.yaml", "tokenizer.json", "metrics.jsonl", "summary.json", "events"):
@@ -162,6 +162,13 @@ def test_run_directory_and_summary(corpus, tmp_path):
     data = load_data(_run(corpus, tmp_path).data, out)
     val = np.concatenate(list(data.val_batches(16)))
     assert lm.loss(val) == pytest.approx(summary["val_loss"], abs=1e-5)
+    # The shell entry points read the same run: eval reproduces the reported loss.
+    assert cli_main(["eval", str(out), "--data", str(corpus), "--seq-len", "16",
+                     "--sequences", "16", "--batch-size", "8"]) == 0
+    assert json.loads(capsys.readouterr().out)["val_loss"] == pytest.approx(summary["val_loss"],
+                                                                           abs=1e-5)
+    assert cli_main(["generate", str(out), "def ", "--max-new-tokens", "5"]) == 0
+    assert capsys.readouterr().out.startswith("def ")
     # A second launch into the same directory without --resume is refused.
     with pytest.raises(TrainError, match="--resume"):
         train(_run(corpus, tmp_path), out, progress=False)
