@@ -14,8 +14,9 @@ The pipeline, in order:
 4. Pack without padding: sequence ``i`` is the window ``tokens[i*L : i*L + L + 1]`` (``L`` =
    seq_len); input = ``w[:-1]``, target = ``w[1:]``, so every token after the first is a
    target exactly once (the < L leftover tokens at the very end are dropped).
-5. Split: the last ``val_sequences`` windows are the validation set (fixed, seed-free);
-   the rest are shuffled per epoch by ``default_rng([seed, epoch])``, and the batch at
+5. Split: ``val_sequences`` windows spread evenly over the whole stream (window
+   ``floor(k * n / val_sequences)``) are the validation set (fixed, seed-free), so it samples
+   the corpus rather than its last few files; the rest are shuffled per epoch by ``default_rng([seed, epoch])``, and the batch at
    step ``s`` is the examples ``s*B .. s*B+B-1`` of that endless shuffled stream, so it is
    a pure function of (seed, s, B): resuming at any step is exact.
 """
@@ -62,7 +63,7 @@ class DataConfig:
     split: the `datasets` split to read (slicing such as "train[:10%]" works too).
     tokenizer: "train" (byte-level BPE trained on the corpus at `vocab_size`) or a path to
         a tokenizer.json file or a directory with tokenizer.json or vocab.json+merges.txt.
-    val_sequences: how many sequences at the end of the token stream are held out.
+    val_sequences: how many sequences, spread evenly over the token stream, are held out.
     cache_dir: where prepared data lives; None = $CGPT_CACHE or ~/.cache/cgpt.
     """
 
@@ -361,6 +362,9 @@ class TokenData:
                 "DataConfig.seq_len / DataConfig.val_sequences")
         self.num_val_sequences: int = val_sequences
         self.num_train_sequences: int = num_sequences - val_sequences
+        # Evenly spaced held-out windows: distinct because num_sequences > val_sequences.
+        self.val_index = np.arange(val_sequences, dtype=np.int64) * num_sequences // val_sequences
+        self.train_index = np.setdiff1d(np.arange(num_sequences, dtype=np.int64), self.val_index)
         self.num_train_tokens: int = self.num_train_sequences * seq_len  # target tokens per epoch
         self.info = dict(info or {})
         self._perms: dict[int, np.ndarray] = {}
@@ -387,7 +391,7 @@ class TokenData:
         out = np.empty(batch_size, dtype=np.int64)
         for e in np.unique(epoch):
             sel = epoch == e
-            out[sel] = self._permutation(int(e))[position[sel]]
+            out[sel] = self.train_index[self._permutation(int(e))[position[sel]]]
         return out
 
     def train_batch(self, step: int, batch_size: int) -> np.ndarray:
@@ -403,12 +407,11 @@ class TokenData:
         """
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1 (got {batch_size})")
-        first = self.num_train_sequences
         for start in range(0, self.num_val_sequences, batch_size):
             stop = min(start + batch_size, self.num_val_sequences)
             if drop_last and stop - start < batch_size:
                 return
-            yield self._windows(np.arange(first + start, first + stop))
+            yield self._windows(self.val_index[start:stop])
 
     # -- bookkeeping
     def epoch_at(self, step: int, batch_size: int) -> float:
@@ -423,11 +426,10 @@ class TokenData:
         """Entropy (nats/token) of the train targets' unigram distribution: the loss of the
         best model that ignores context, which a trained LM must beat."""
         if self._unigram_entropy is None:
-            end = self.num_train_tokens + 1
             counts = np.zeros(max(self.vocab_size, int(self.eot_id) + 1), dtype=np.int64)
-            for start in range(1, end, 1 << 24):  # chunks keep memory flat on big corpora
-                chunk = self.tokens[start:min(start + (1 << 24), end)]
-                counts += np.bincount(chunk, minlength=counts.size)[: counts.size]
+            for i in range(0, len(self.train_index), 1 << 14):  # chunks keep memory flat
+                chunk = self._windows(self.train_index[i:i + (1 << 14)])[:, 1:]
+                counts += np.bincount(chunk.ravel(), minlength=counts.size)[: counts.size]
             p = counts[counts > 0] / counts.sum()
             self._unigram_entropy = float(-(p * np.log(p)).sum())
         return self._unigram_entropy

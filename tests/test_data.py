@@ -84,7 +84,7 @@ def test_packing_has_no_padding_and_every_token_is_a_target_once(docs, tmp_path)
     b = 5
     steps = math.ceil(d.num_train_sequences / b)
     seen = np.concatenate([d.train_indices(s, b) for s in range(steps)])[: d.num_train_sequences]
-    assert sorted(seen.tolist()) == list(range(d.num_train_sequences))
+    assert sorted(seen.tolist()) == d.train_index.tolist()
     assert d.num_train_tokens == d.num_train_sequences * L
 
 
@@ -175,15 +175,17 @@ def test_val_split_is_fixed_disjoint_and_seed_independent(docs, tmp_path):
     assert [len(v) for v in a.val_batches(3, drop_last=True)] == [3]
     for x, y in zip(val_a, val_b):
         np.testing.assert_array_equal(x, y)
-    np.testing.assert_array_equal(np.concatenate(val_a), a._windows(np.arange(a.num_train_sequences,
-                                                                              a.num_train_sequences + 4)))
-    # val = the tail of the stream; training never draws an index from it, under any seed
+    n = a.num_train_sequences + a.num_val_sequences
+    assert a.val_index.tolist() == [k * n // 4 for k in range(4)]  # spread over the stream
+    np.testing.assert_array_equal(np.concatenate(val_a), a._windows(a.val_index))
+    # training never draws a validation window, under any seed, and covers all the others
     for d in (a, b):
         drawn = np.concatenate([d.train_indices(s, 7) for s in range(3 * d.num_train_sequences // 7)])
-        assert drawn.max() < d.num_train_sequences and drawn.min() >= 0
-    # val targets are exactly the tokens after the last train target: disjoint positions
-    first = a.num_train_sequences * a.seq_len + 1  # train targets are tokens[1:first]
-    np.testing.assert_array_equal(np.concatenate(val_a)[:, 1:].reshape(-1), a.tokens[first : first + 4 * a.seq_len])
+        assert not np.isin(drawn, d.val_index).any() and drawn.min() >= 0 and drawn.max() < n
+        assert set(drawn.tolist()) == set(range(n)) - set(d.val_index.tolist())
+    # val targets are disjoint token positions from every train target
+    targets = lambda idx: (idx[:, None] * a.seq_len + np.arange(1, a.seq_len + 1)).ravel()  # noqa: E731
+    assert not np.isin(targets(a.val_index), targets(a.train_index)).any()
 
 
 def test_shuffle_is_deterministic_by_seed(docs, tmp_path):
@@ -211,7 +213,7 @@ def test_exact_resume_from_any_step(docs, tmp_path):
     stream = np.concatenate([full.train_indices(s, B) for s in range(n_steps)])
     n = full.num_train_sequences
     for e in range(len(stream) // n):
-        assert sorted(stream[e * n : (e + 1) * n].tolist()) == list(range(n))
+        assert sorted(stream[e * n : (e + 1) * n].tolist()) == full.train_index.tolist()
     assert not np.array_equal(stream[:n], stream[n : 2 * n])  # each epoch is reshuffled
     # a batch at step s depends only on (seed, s, B): querying out of order changes nothing
     np.testing.assert_array_equal(load_data(cfg).train_batch(n_steps - 1, B), uninterrupted[-1])
@@ -231,7 +233,8 @@ def test_epoch_counting(docs, tmp_path):
 def test_unigram_entropy_matches_train_target_counts(docs, tmp_path):
     folder, _ = docs
     d = load_data(cfg_for(folder, tmp_path))
-    targets = np.asarray(d.tokens[1 : d.num_train_tokens + 1])
+    targets = d._windows(d.train_index)[:, 1:]  # the train split's targets, val excluded
+    assert targets.size == d.num_train_tokens
     _, counts = np.unique(targets, return_counts=True)
     p = counts / counts.sum()
     expected = float(-(p * np.log(p)).sum())
