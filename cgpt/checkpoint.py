@@ -64,22 +64,31 @@ class Checkpointer:
         """
         import orbax.checkpoint as ocp
 
+        bad = []
         for step in reversed(self.steps()):
             try:
                 out = self.mngr.restore(step, args=ocp.args.Composite(
                     params=ocp.args.StandardRestore(abstract_params),
                     opt_state=ocp.args.StandardRestore(abstract_opt_state)))
-                return step, out["params"], out["opt_state"]
             except Exception as e:  # orbax/tensorstore raise many types for bad files
-                bad = self.run_dir / CKPT_DIR / str(step)
-                aside = self.run_dir / "corrupt_checkpoints" / str(step)
-                warnings.warn(f"{bad}: checkpoint is unreadable ({type(e).__name__}: {e}); "
-                              f"falling back to the previous one (moved it to {aside})",
-                              stacklevel=2)
+                bad.append((step, e))
+                continue
+            for b, e in bad:  # newer ones that failed: set aside so their steps can be rewritten
+                src = self.run_dir / CKPT_DIR / str(b)
+                aside = self.run_dir / "corrupt_checkpoints" / str(b)
+                warnings.warn(f"{src}: checkpoint is unreadable ({type(e).__name__}: {e}); "
+                              f"falling back to step {step} (moved it to {aside})", stacklevel=2)
                 aside.parent.mkdir(exist_ok=True)
                 shutil.rmtree(aside, ignore_errors=True)
-                shutil.move(str(bad), str(aside))  # so the step can be written again
+                shutil.move(str(src), str(aside))
+            if bad:
                 self.mngr.reload()
+            return step, out["params"], out["opt_state"]
+        if bad:  # never silently restart a run whose checkpoints all fail to load
+            raise LoadError(
+                f"{self.run_dir / CKPT_DIR}: none of the checkpoints {[b for b, _ in bad]} could "
+                f"be restored (newest error: {type(bad[0][1]).__name__}: {bad[0][1]}); nothing "
+                "was changed. Fix the cause, or move the checkpoints away to start over")
         return None
 
     def close(self) -> None:

@@ -3,8 +3,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
+
+
+_OVERRIDE = re.compile(r"^(model|data|train)\.\w+=")
 
 
 def _add_train(sub) -> None:
@@ -20,7 +24,7 @@ def _add_train(sub) -> None:
                    help="continue the run in --out from its last complete checkpoint")
     p.add_argument("--mode", help="single | data_parallel | weight_streaming | layer_pipelined | auto")
     p.add_argument("--mesh", help="device mesh, e.g. data=2,stage=4")
-    p.add_argument("--seed", type=int, help="training seed (init and data order)")
+    p.add_argument("--seed", type=int, help="replicate seed: sets train.seed (init) and data.seed (data order)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("overrides", nargs="*", metavar="section.key=value")
 
@@ -40,8 +44,8 @@ def build_run(args):
         flags.append(f"train.mode={args.mode}")
     if args.mesh is not None:
         flags.append(f"train.mesh={args.mesh}")
-    if args.seed is not None:
-        flags.append(f"train.seed={args.seed}")
+    if args.seed is not None:  # a replicate: new init and new data order
+        flags += [f"train.seed={args.seed}", f"data.seed={args.seed}"]
     if not raw.get("preset") and not (raw.get("model") or {}).get("name"):
         raise ValueError("--model is required (or a config with 'preset'); "
                          "see `python -m cgpt list` for names")
@@ -105,7 +109,7 @@ def cmd_generate(args) -> int:
 
 
 def cmd_eval(args) -> int:
-    import numpy as np
+    import tempfile
 
     import cgpt
     from cgpt.data import DataConfig, load_data
@@ -113,14 +117,20 @@ def cmd_eval(args) -> int:
     lm = cgpt.load(args.source, dtype=args.dtype)
     if lm.tokenizer is None:
         raise ValueError(f"{args.source}: no tokenizer files, so text cannot be evaluated")
-    import tempfile
+    seq_len = args.seq_len or lm.config.n_ctx
+    if seq_len > lm.config.n_ctx:
+        raise ValueError(f"--seq-len {seq_len} exceeds the model's context n_ctx="
+                         f"{lm.config.n_ctx}")
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "tokenizer.json").write_text(lm.tokenizer.to_str())
-        data = load_data(DataConfig(source=args.data, seq_len=args.seq_len,
+        data = load_data(DataConfig(source=args.data, seq_len=seq_len,
                                     val_sequences=args.sequences, tokenizer=tmp), tmp)
-        losses = [lm.loss(b) for b in data.val_batches(args.batch_size, drop_last=True)]
-    print(json.dumps({"source": str(args.source), "data": args.data,
-                      "val_loss": float(np.mean(losses)), "sequences": args.sequences}))
+        total, n = 0.0, 0
+        for batch in data.val_batches(args.batch_size):  # every held-out sequence, weighted
+            total += lm.loss(batch) * len(batch)
+            n += len(batch)
+    print(json.dumps({"source": str(args.source), "data": args.data, "seq_len": seq_len,
+                      "sequences": n, "val_loss": total / n}))
     return 0
 
 
@@ -141,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     e = sub.add_parser("eval", help="validation loss of a checkpoint on a corpus")
     e.add_argument("source")
     e.add_argument("--data", default="default")
-    e.add_argument("--seq-len", type=int, default=256)
+    e.add_argument("--seq-len", type=int, help="tokens per sequence (default: the model's n_ctx)")
     e.add_argument("--sequences", type=int, default=128)
     e.add_argument("--batch-size", type=int, default=16)
     e.add_argument("--dtype", default="float32")
@@ -149,6 +159,11 @@ def main(argv: list[str] | None = None) -> int:
 
     sweep.register(sub)
     plan.register(sub)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["train"]:  # section.key=value overrides may sit between flags, as in MaxText
+        is_override = [bool(_OVERRIDE.match(a)) for a in argv]
+        argv = [a for a, o in zip(argv, is_override) if not o] + \
+            [a for a, o in zip(argv, is_override) if o]
     args = ap.parse_args(argv)
     from cgpt.data import DataError
     from cgpt.hf import LoadError

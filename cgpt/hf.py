@@ -90,7 +90,9 @@ def config_from_hf(cfg: dict, path: Path, compute_dtype: str = "float32") -> Mod
         raise LoadError(f"{path}: inconsistent GPT-2 config: {e}") from e
 
 
-def config_to_hf(cfg: ModelConfig) -> dict:
+def config_to_hf(cfg: ModelConfig, eot_id: int | None = None) -> dict:
+    """GPT-2 config.json; bos/eos = the tokenizer's <|endoftext|> (GPT-2's 50256 by default)."""
+    eot = eot_id if eot_id is not None else (50256 if cfg.vocab_size > 50256 else None)
     return {
         "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
         "n_layer": cfg.n_layer, "n_embd": cfg.d_model, "n_head": cfg.n_head,
@@ -99,7 +101,7 @@ def config_to_hf(cfg: ModelConfig) -> dict:
         "tie_word_embeddings": True, "scale_attn_weights": True,
         "scale_attn_by_inverse_layer_idx": False, "reorder_and_upcast_attn": False,
         "resid_pdrop": 0.0, "attn_pdrop": 0.0, "embd_pdrop": 0.0,
-        "bos_token_id": 50256, "eos_token_id": 50256, "torch_dtype": "float32",
+        "bos_token_id": eot, "eos_token_id": eot, "torch_dtype": "float32",
     }
 
 
@@ -287,7 +289,8 @@ def save_hf_dir(params: dict, cfg: ModelConfig, out: Path, tokenizer=None) -> Pa
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        (tmp / "config.json").write_text(json.dumps(config_to_hf(cfg), indent=2))
+        eot = tokenizer.token_to_id("<|endoftext|>") if tokenizer is not None else None
+        (tmp / "config.json").write_text(json.dumps(config_to_hf(cfg, eot), indent=2))
         save_file(state_dict_from_params(params, cfg), str(tmp / "model.safetensors"),
                   metadata={"format": "pt"})
         if tokenizer is not None:

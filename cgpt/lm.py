@@ -201,7 +201,7 @@ def load(source: str | Path, dtype: str = "float32") -> LM:
             return LM(cfg, params, tok)
         cfg, params = hf.load_hf_dir(path, dtype)
         return LM(cfg, params, load_tokenizer(path))
-    if _HUB_ID.match(str(source)):
+    if _HUB_ID.match(str(source)) and not Path(str(source).split("/")[0]).is_dir():
         local = hf.resolve_hub_id(str(source))
         cfg, params = hf.load_hf_dir(local, dtype)
         return LM(cfg, params, load_tokenizer(local))

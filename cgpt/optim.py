@@ -74,7 +74,7 @@ def published_defaults(cfg: ModelConfig) -> dict:
 def warmup_steps_for(total_steps: int, tokens_per_step: int, published: bool) -> int:
     """375M tokens for published presets; 10% of the run for CPU-scale budgets."""
     if published:
-        return max(1, min(total_steps, round(WARMUP_TOKENS / tokens_per_step)))
+        return max(1, min(total_steps, WARMUP_TOKENS // tokens_per_step))  # 111M: 1525
     return max(1, round(CPU_WARMUP_FRACTION * total_steps))
 
 

@@ -155,7 +155,11 @@ def from_dict(raw: dict, where: str = "config") -> RunConfig:
                          "see `python -m cgpt list`)")
     try:
         model = get_config(str(preset)).replace(**_coerce("model", ModelConfig, model_raw))
-        data = DataConfig(**_coerce("data", DataConfig, dict(raw.get("data") or {})))
+        data_raw = _coerce("data", DataConfig, dict(raw.get("data") or {}))
+        # A preset implies its data shape: a tokenizer of its vocabulary, its full context.
+        data_raw.setdefault("vocab_size", model.vocab_size)
+        data_raw.setdefault("seq_len", model.n_ctx)
+        data = DataConfig(**data_raw)
         train = TrainConfig(**_coerce("train", TrainConfig, dict(raw.get("train") or {})))
     except (TypeError, ValueError) as e:
         raise ValueError(f"{where}: {e}") from e

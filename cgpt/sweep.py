@@ -93,7 +93,7 @@ class Run:
     config: RunConfig
     n_params: int
     n_params_nonembed: int
-    tokens: int  # actually trained: steps x batch x seq_len (the budget rounded up to a step)
+    tokens: int  # actually trained: steps x batch x seq_len (the budget rounded down to whole steps)
     batch_size: int
     steps: int
     flops: float  # counted (cgpt.flops.train_flops), at the run's seq_len
@@ -324,8 +324,9 @@ def load_sweep(path: str | Path, sets: list[str] | None = None) -> Sweep:
         where = f"{spec_path}"
         for k, v in (per_model.get(m) or {}).items():
             _set_key(raw, k, v, f"{where}: per_model.{m}")
-        if seed is not None:
+        if seed is not None:  # a seed is a replicate: new init and new data order
             _set_key(raw, "train.seed", seed, where)
+            _set_key(raw, "data.seed", seed, where)
         for k, v in ovr.items():
             _set_key(raw, k, v, f"{where}: grid.overrides")
         for s, sec in set_run.items():

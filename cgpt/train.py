@@ -181,13 +181,15 @@ def train(run: RunConfig, out: str | Path, resume: bool = False, progress: bool 
         return json.loads((out / "summary.json").read_text())
     cfg = run.model
     if strategy is None:
-        strategy = make_strategy(run.train.mode, run.train.mesh, cfg, run.train)
+        strategy = make_strategy(run.train.mode, run.train.mesh, cfg, run.train,
+                                 seq_len=run.data.seq_len)
     plan = make_plan(run, strategy.data_replicas)
     data = load_data(run.data, out)
-    if data.vocab_size > cfg.vocab_size:
+    if data.vocab_size != cfg.vocab_size:  # unused rows would inflate N, D and FLOPs
         raise TrainError(f"the tokenizer has {data.vocab_size} tokens but model.vocab_size is "
-                         f"{cfg.vocab_size}; set model.vocab_size={data.vocab_size} or "
-                         f"data.vocab_size<={cfg.vocab_size}")
+                         f"{cfg.vocab_size}; set model.vocab_size={data.vocab_size} (or a "
+                         f"tokenizer of {cfg.vocab_size} tokens, e.g. data.vocab_size="
+                         f"{cfg.vocab_size} with more text)")
     _atomic_write(out / checkpoint.CONFIG_FILE, run.to_yaml())
 
     optimizer = optim.make_optimizer(plan.recipe, cfg)
@@ -207,7 +209,9 @@ def train(run: RunConfig, out: str | Path, resume: bool = False, progress: bool 
     ckpt_every = run.train.ckpt_every or max(1, total // 10)
     flops_per_step = flops.train_flops_per_token(cfg, plan.seq_len) * plan.tokens_per_step
     peak, peak_src = peak_flops(cfg.compute_dtype)
-    peak_total = peak * strategy.num_devices
+    # Emulated CPU devices share the cores the measured peak already used.
+    on_cpu = jax.devices()[0].platform == "cpu"
+    peak_total = peak * (1 if on_cpu else strategy.num_devices)
     epochs = data.epochs_for_tokens(total * plan.tokens_per_step)
 
     def mfu_of(tokens_per_s: float) -> float:
@@ -229,7 +233,7 @@ def train(run: RunConfig, out: str | Path, resume: bool = False, progress: bool 
         return sum(losses) / n
 
     metrics_f = open(out / "metrics.jsonl", "a")
-    tb = SummaryWriter(str(out / "events"))
+    tb = SummaryWriter(str(out / "events"), purge_step=start + 1 if start else None)
     recent = deque(maxlen=max(1, min(50, total // 20)))
     val_loss, last_saved, t_run, tokens_seen = math.nan, start, 0.0, 0
     bar = tqdm(total=total, initial=start, disable=not progress, unit="step", dynamic_ncols=True,
@@ -243,9 +247,11 @@ def train(run: RunConfig, out: str | Path, resume: bool = False, progress: bool 
             loss = float(m["loss"])  # waits for the step: honest timing and a NaN check
             dt = time.perf_counter() - t0
             if not math.isfinite(loss):
+                kept = (f"The last good checkpoint (step {last_saved}) is kept in "
+                        f"{out / checkpoint.CKPT_DIR}" if ckpt.steps() else "No checkpoint was "
+                        "written yet")
                 raise TrainError(
-                    f"loss is {loss} at step {step}; training stopped. The last good checkpoint "
-                    f"(step {last_saved}) is kept in {out / checkpoint.CKPT_DIR}; lower "
+                    f"loss is {loss} at step {step}; training stopped. {kept}; lower "
                     "train.peak_lr or raise train.warmup_steps, then rerun with --resume")
             if step > start:  # the first step includes compilation
                 t_run += dt

@@ -170,6 +170,17 @@ def test_tokenizer_files(small, tmp_path):
     text = lm.generate("hello", max_new_tokens=5)
     assert isinstance(text, str) and text.startswith("hello")
     assert cgpt.load(dirs["st"]).tokenizer is None
+    # save_hf marks the tokenizer's own <|endoftext|> as bos/eos, so HF generation can stop.
+    out = cgpt.save_hf(lm, tmp_path / "saved")
+    eot = tok.token_to_id("<|endoftext|>")
+    assert json.loads((out / "config.json").read_text())["eos_token_id"] == eot
+
+
+def test_relative_typo_is_not_taken_for_a_hub_id(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").mkdir()
+    with pytest.raises(LoadError, match="no such directory"):
+        cgpt.load("runs/typo")
 
 
 @pytest.mark.parametrize("fmt", ["st", "bin"])

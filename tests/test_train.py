@@ -72,7 +72,11 @@ def test_published_recipe_and_cpu_warmup_rule():
     r = plan.recipe
     assert (r.peak_lr, r.decay, r.adam_eps, r.batch_size) == (2e-4, "cosine", 1e-8, 528)
     assert plan.total_steps == 24_334  # the published step count for 26.3B tokens at batch 528
-    assert r.warmup_steps == 347  # 375M tokens / 1,081,344 (yaml: 346)
+    assert r.warmup_steps == 346  # 375M tokens // 1,081,344, as the yaml
+    want = {"111M": 1525, "256M": 693, "590M": 693, "2.7B": 346, "6.7B": 176, "13B": 254}
+    for name, steps in want.items():
+        run = RunConfig(preset=name, model=get_config(name), data=DataConfig(seq_len=2048))
+        assert make_plan(run).recipe.warmup_steps == steps, name
     assert make_plan(RunConfig(preset="13B", model=get_config("13B"),
                                data=DataConfig(seq_len=2048))).recipe.adam_eps == 1e-9
     mup = make_plan(RunConfig(preset="111M-mup", model=get_config("111M-mup"),
@@ -216,6 +220,16 @@ def test_corrupt_latest_checkpoint_falls_back(corpus, tmp_path):
     with pytest.warns(UserWarning, match="checkpoints/30.*falling back"):
         s = train(run, out, resume=True, progress=False)
     assert s["resumed_from_step"] == 20
+    # When no checkpoint can be restored, the run is not silently restarted from step 0.
+    (out / "summary.json").unlink()
+    for step in (out / "checkpoints").iterdir():
+        for f in step.rglob("*"):
+            if f.is_file() and f.stat().st_size > 0 and "params" in str(f):
+                f.write_bytes(b"\x00" * 7)
+    before = sorted(p.name for p in (out / "checkpoints").iterdir())
+    with pytest.raises(cgpt.LoadError, match="none of the checkpoints .* could be restored"):
+        train(run, out, resume=True, progress=False)
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == before
 
 
 def test_nan_loss_stops_and_keeps_last_good_checkpoint(corpus, tmp_path):
@@ -255,6 +269,17 @@ def test_cli_errors_are_clear(corpus, tmp_path, capsys):
     assert "a.txt" in capsys.readouterr().err or True
     with pytest.raises(ValueError, match="data.seq_len=4096 exceeds model.n_ctx=128"):
         from_dict({"preset": "tiny-17k", "data": {"seq_len": 4096}})
+
+
+def test_data_shape_follows_the_preset_and_vocab_must_match(corpus, tmp_path):
+    assert (from_dict({"preset": "tiny-17k"}).data.vocab_size,
+            from_dict({"preset": "tiny-17k"}).data.seq_len) == (512, 128)
+    assert from_dict({"preset": "111M"}).data.seq_len == 2048
+    run = _run(corpus, tmp_path)
+    run = RunConfig(preset=run.preset, model=run.model, train=run.train,
+                    data=DataConfig(**{**run.data.__dict__, "vocab_size": 400}))
+    with pytest.raises(TrainError, match="tokenizer has 400 tokens but model.vocab_size is 512"):
+        train(run, tmp_path / "run", progress=False)
 
 
 def test_overrides_and_yaml(tmp_path):
