@@ -38,7 +38,8 @@ def _write_corpus(folder: Path) -> Path:
 
 def _spec(tmp: Path, name: str, grid: dict, base: dict | None = None, **extra) -> Path:
     corpus = _write_corpus(tmp / "corpus")
-    b = {"data": {"source": str(corpus), "vocab_size": 300, "seq_len": 32, "val_sequences": 4,
+    b = {"model": {"vocab_size": 300},  # the small corpus's tokenizer: model and data agree
+         "data": {"source": str(corpus), "vocab_size": 300, "seq_len": 32, "val_sequences": 4,
                   "cache_dir": str(tmp / "cache")},
          "train": {"batch_size": 8, "tokens": TOKENS}}
     for k, v in (base or {}).items():
@@ -64,15 +65,15 @@ def test_grid_expansion_counts_ids_and_overrides(tmp_path):
     assert len(s.runs) == 2 * 2 * 2 * 2
     ids = [r.run_id for r in s.runs]
     assert len(set(ids)) == len(ids)
-    assert ids[0] == "tiny-17k_d337k_s0_lo"  # 20 x 16,832 params
+    assert ids[0] == "tiny-17k_d269k_s0_lo"  # 20 x 13,440 params (tiny-17k at vocab 300)
     assert "tiny-45k_d100k_s3_peak_lr0.004-rematTrue" in ids
     r = next(r for r in s.runs if r.run_id == "tiny-45k_d100k_s3_peak_lr0.004-rematTrue")
     assert r.config.train.peak_lr == 4e-3 and r.config.model.remat and r.seed == 3
     assert r.config.train.batch_size == 16  # per_model
     assert r.config.train.warmup_steps == 5  # --set reaches every run
     assert r.tokens == r.steps * 16 * 32 and r.config.train.tokens == 100_000
-    c = next(r for r in s.runs if r.run_id == "tiny-17k_d337k_s0_lo")
-    assert c.config.train.tokens == get_config("tiny-17k").chinchilla_tokens()
+    c = next(r for r in s.runs if r.run_id == "tiny-17k_d269k_s0_lo")
+    assert c.config.train.tokens == get_config("tiny-17k", vocab_size=300).chinchilla_tokens()
     assert c.flops == pytest.approx(sw.flops_mod.train_flops(c.config.model, c.tokens, 32))
     one = _spec(tmp_path, "one", {"model": ["tiny-17k"], "tokens": ["chinchilla"]})
     assert sw.load_sweep(one, ["train.tokens=5e4"]).runs[0].config.train.tokens == 50_000
@@ -193,13 +194,13 @@ def test_failure_isolation_and_results_schema(launched):
         summary = json.loads((out / rid / "summary.json").read_text())
         assert r["status"] == "done" and r["error"] == ""
         assert math.isfinite(float(r["val_loss"])) and float(r["val_loss"]) == summary["val_loss"]
-        assert int(r["n_params"]) == 16832 and int(r["tokens"]) == 78 * 8 * 32
+        assert int(r["n_params"]) == 13440 and int(r["tokens"]) == 78 * 8 * 32
         assert r["run_dir"] == str(out / rid) and r["mup"] == "False"
         assert "python -m cgpt train --config" in (out / rid / "train.log").read_text()
     for rid in ("tiny-17k_d20k_s0_bad", "tiny-17k_d20k_s1_bad"):
         r = rows[rid]
         assert r["status"] == "failed" and "no-such-corpus" in r["error"]
-        assert r["val_loss"] == "" and int(r["n_params"]) == 16832
+        assert r["val_loss"] == "" and int(r["n_params"]) == 13440
     analysis = pytest.importorskip("analysis")
     df = analysis.load_results(out)
     assert list(df.columns[: len(sw.COLUMNS)]) == list(sw.COLUMNS)
