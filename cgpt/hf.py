@@ -260,10 +260,6 @@ def state_dict_from_params(params: dict, cfg: ModelConfig) -> dict[str, np.ndarr
 
 
 # ---- directories ---------------------------------------------------------------------------
-def is_hf_dir(d: Path) -> bool:
-    return (d / "config.json").exists() and any((d / n).exists() for n in WEIGHT_FILES)
-
-
 def load_hf_dir(d: Path, compute_dtype: str = "float32") -> tuple[ModelConfig, dict]:
     cfg_file = d / "config.json"
     if not cfg_file.exists():

@@ -20,7 +20,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import jax
-import jax.numpy as jnp
 import optax
 
 from cgpt.config import ModelConfig
@@ -128,6 +127,3 @@ def steps_for_tokens(tokens: int, batch_size: int, seq_len: int) -> int:
     """Whole steps within the budget, rounded down as in the published runs (111M: 9,037)."""
     return max(1, tokens // (batch_size * seq_len))
 
-
-def global_norm(tree) -> jax.Array:
-    return jnp.sqrt(sum(jnp.sum(jnp.square(x)) for x in jax.tree.leaves(tree)))
