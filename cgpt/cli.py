@@ -59,16 +59,10 @@ def build_run(args):
 def _emulate_cpu_devices(mesh_spec: str | None) -> None:
     """On a CPU host, expose as many (emulated) devices as --mesh asks for. Only the CPU
     backend reads this, and only if no JAX computation has started yet."""
-    if not mesh_spec:
-        return
-    import jax
-    from jax._src import xla_bridge
+    if mesh_spec:
+        from cgpt.sharding import emulate_cpu_devices, mesh_size
 
-    from cgpt.plan import _needed_devices
-
-    n = _needed_devices(argparse.Namespace(mesh=mesh_spec, devices=1))
-    if not xla_bridge.backends_are_initialized() and n > 1:
-        jax.config.update("jax_num_cpu_devices", n)
+        emulate_cpu_devices(mesh_size(mesh_spec))
 
 
 def cmd_train(args) -> int:

@@ -28,9 +28,10 @@ import json
 import os
 import platform
 import sysconfig
-import tempfile
 from pathlib import Path
 from typing import Iterator
+
+from cgpt.fileio import atomic_write
 
 NAME = "python-stdlib"
 INCLUDE_TESTS = True  # see module docstring: needed to reach >= 5M tokens
@@ -121,18 +122,14 @@ def materialize(cache_dir: str | os.PathLike) -> Path:
     path = out_dir / f"{identity()}.jsonl"
     if path.exists():
         return path
-    fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=path.name, suffix=".tmp")
-    try:
+    def write(tmp: Path) -> None:
         digest = hashlib.sha256()
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
+        with open(tmp, "w", encoding="utf-8") as f:
             for rel, text in documents():
                 digest.update(text.encode("utf-8"))
                 f.write(json.dumps({"path": rel, "text": text}, ensure_ascii=False) + "\n")
         if digest.hexdigest() != _scan()[1]:
             raise RuntimeError(f"stdlib files changed while writing the corpus to {path}; run again")
-        os.chmod(tmp, 0o644)  # mkstemp makes it owner-only; a cache may be shared
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+
+    atomic_write(path, write)
     return path

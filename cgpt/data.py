@@ -27,7 +27,6 @@ import hashlib
 import json
 import os
 import sys
-import tempfile
 from dataclasses import asdict, dataclass
 from itertools import chain
 from pathlib import Path
@@ -37,6 +36,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from cgpt import corpus
+from cgpt.fileio import atomic_write
 
 EOT = "<|endoftext|>"
 # Extension -> `datasets` packaged builder. Text-like files are one document per file.
@@ -107,24 +107,6 @@ def cache_root(cfg: DataConfig) -> Path:
 
 def _digest(obj: object) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()
-
-
-def _atomic_write(path: Path, write: Callable[[Path], None]) -> None:
-    """Call write(tmp) on a temp file next to `path`, then rename it into place.
-
-    A crash mid-write leaves only a *.tmp file that nothing ever reads, never a
-    truncated `path` that a later run would trust.
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(Path(tmp))
-        os.chmod(tmp, 0o644)  # mkstemp makes it owner-only; a cache may be shared
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 # ----------------------------------------------------------------------------- sources
@@ -292,7 +274,7 @@ def _resolve_tokenizer(cfg: DataConfig, run_dir: Path | None, root: Path, source
         path = root / "tokenizers" / f"bpe{cfg.vocab_size}-{_digest([RECIPE, source.identity])[:20]}.json"
         if not path.is_file():
             tok = train_tokenizer(get_ds(), cfg.vocab_size)
-            _atomic_write(path, lambda tmp: tok.save(str(tmp)))
+            atomic_write(path, lambda tmp: tok.save(str(tmp)))
         tok, origin = load_tokenizer(path), str(path)
     else:
         tok, origin = load_tokenizer(cfg.tokenizer), cfg.tokenizer
@@ -305,7 +287,7 @@ def _resolve_tokenizer(cfg: DataConfig, run_dir: Path | None, root: Path, source
 
 def _save_tokenizer(tok, run_dir: Path) -> Path:
     path = Path(run_dir) / "tokenizer.json"
-    _atomic_write(path, lambda tmp: tok.save(str(tmp)))
+    atomic_write(path, lambda tmp: tok.save(str(tmp)))
     return path
 
 
@@ -337,14 +319,15 @@ def _tokenize_to_file(ds, tok, eot_id: int, dtype, path: Path) -> int:
             raise DataError("the corpus has no text: every document is empty; point DataConfig.source at "
                             "documents with text (or set DataConfig.text_column to the column that has it)")
 
-    _atomic_write(path, write)
+    atomic_write(path, write)
     return n_tokens
 
 
 # ------------------------------------------------------------------------------ data
 
 class TokenData:
-    """A packed token stream with a fixed validation tail and a seeded, resumable train order."""
+    """A packed token stream with fixed, evenly spread validation windows and a seeded,
+    resumable train order."""
 
     def __init__(self, tokens: np.ndarray, tokenizer, seq_len: int, val_sequences: int, seed: int,
                  info: dict | None = None):
@@ -489,7 +472,7 @@ def load_data(cfg: DataConfig, run_dir: str | os.PathLike | None = None) -> Toke
                 "tokenizer": tok_origin, "tokenizer_sha256": tok_sha, "recipe": RECIPE}
         if cfg.source == "default":
             meta["corpus"] = {k: v for k, v in corpus.describe().items() if k != "paths"}
-        _atomic_write(meta_path, lambda tmp: tmp.write_text(json.dumps(meta, indent=1)))
+        atomic_write(meta_path, lambda tmp: tmp.write_text(json.dumps(meta, indent=1)))
     meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
     tokens = np.memmap(path, dtype=dtype, mode="r")
     info = {**meta, "config": asdict(cfg), "cache_file": str(path), "tokenizer": tok_origin}

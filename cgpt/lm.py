@@ -7,7 +7,6 @@ exactly what `transformers.GPT2LMHeadModel` computes (tested to 1e-4 in f32).
 from __future__ import annotations
 
 import functools
-import json
 import re
 from pathlib import Path
 from typing import Sequence

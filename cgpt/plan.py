@@ -216,29 +216,24 @@ def register(subparsers) -> argparse.ArgumentParser:
 
 
 def _needed_devices(args) -> int:
+    from cgpt.sharding import mesh_size
+
     spec = (args.mesh or "").strip()
     if not spec:
         if args.devices < 1:
             raise ValueError(f"--devices {args.devices} must be >= 1")
         return args.devices
-    n = 1
-    for item in spec.split(","):
-        _, eq, size = item.partition("=")
-        if not eq or not size.strip().isdigit() or int(size) < 1:
-            raise ValueError(f"--mesh {spec!r}: expected axis=size pairs separated by commas, "
-                             "e.g. --mesh data=16 or --mesh stage=4,data=2")
-        n *= int(size)
-    return n
+    return mesh_size(spec)
 
 
 def _cpu_devices(n: int):
     """n CPU devices, emulated. Sets the count before JAX starts its backends; if they are
     already up with fewer devices, returns None (the caller re-runs itself in a subprocess)."""
     import jax
-    from jax._src import xla_bridge
 
-    if not xla_bridge.backends_are_initialized():
-        jax.config.update("jax_num_cpu_devices", max(n, 1))
+    from cgpt.sharding import emulate_cpu_devices
+
+    emulate_cpu_devices(n)
     cpu = jax.devices("cpu")
     return cpu[:n] if len(cpu) >= n else None
 
@@ -393,14 +388,10 @@ def cmd_plan(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="cgpt plan", description=__doc__.split("\n\n")[0])
-    add_arguments(ap)
-    args = ap.parse_args(argv)
-    try:
-        return cmd_plan(args)
-    except ValueError as e:
-        print(f"cgpt plan: error: {e}", file=sys.stderr)
-        return 2
+    """`python -m cgpt.plan ...`, the same as `python -m cgpt plan ...`."""
+    from cgpt.cli import main as cli_main
+
+    return cli_main(["plan", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

@@ -112,6 +112,27 @@ def maybe_initialize_distributed() -> bool:
     return False
 
 
+def mesh_size(spec: str) -> int:
+    """Devices a `--mesh` spec asks for (the product of its sizes), checking only its syntax."""
+    n = 1
+    for item in spec.split(","):
+        _, eq, size = item.partition("=")
+        if not eq or not size.strip().isdigit() or int(size) < 1:
+            raise ValueError(f"--mesh {spec!r}: expected axis=size pairs separated by commas, "
+                             "e.g. --mesh data=16 or --mesh stage=4,data=2")
+        n *= int(size)
+    return n
+
+
+def emulate_cpu_devices(n: int) -> None:
+    """Ask JAX's CPU backend for n (emulated) devices. Only possible before any JAX
+    computation starts; accelerator backends ignore it."""
+    from jax._src import xla_bridge
+
+    if not xla_bridge.backends_are_initialized():
+        jax.config.update("jax_num_cpu_devices", max(n, 1))
+
+
 def parse_mesh(spec: str, mode: str, num_devices: int) -> dict[str, int]:
     """`"data=2,stage=4"` -> {"data": 2, "stage": 4}; empty -> every device on the main axis."""
     allowed = MESH_AXES[mode]

@@ -39,6 +39,7 @@ import yaml
 
 from cgpt import flops as flops_mod
 from cgpt.config import get_config
+from cgpt.fileio import atomic_write, atomic_write_text
 from cgpt.runconfig import RunConfig, parse_value, from_dict, load_yaml
 
 # The results contract read by `analysis.load_results` (keep in sync with analysis/results.py).
@@ -483,12 +484,14 @@ def write_results(runs: list[Run], out: Path, running: set[str] = frozenset()) -
     """Rewrite DIR/results.csv atomically (temp file + os.replace) from the run directories."""
     rows = [result_row(r, out, running) for r in runs] + _extra_rows(runs, out)
     path = out / "results.csv"
-    tmp = out / f".results.csv.tmp{os.getpid()}.{threading.get_ident()}"
-    with open(tmp, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=COLUMNS)
-        w.writeheader()
-        w.writerows(rows)
-    os.replace(tmp, path)
+
+    def write(tmp: Path) -> None:
+        with open(tmp, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=COLUMNS)
+            w.writeheader()
+            w.writerows(rows)
+
+    atomic_write(path, write)
     return path
 
 
@@ -596,9 +599,8 @@ def execute_run(job: Job) -> dict:
     elif rc == 0:
         err = f"exited 0 without writing summary.json; {err}"
     if rank == 0:
-        tmp = d / f".{FAILED_FILE}.tmp"
-        tmp.write_text(json.dumps({**result, "error": err, "log": str(log)}, indent=2))
-        os.replace(tmp, d / FAILED_FILE)
+        atomic_write_text(d / FAILED_FILE,
+                          json.dumps({**result, "error": err, "log": str(log)}, indent=2))
     return {**result, "status": "failed", "error": err}
 
 
@@ -910,15 +912,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m cgpt.sweep ...` (the same as `python -m cgpt sweep ...`)."""
-    ap = argparse.ArgumentParser(prog="cgpt sweep", description=register.__doc__)
-    add_arguments(ap)
-    args = ap.parse_args(argv)
-    try:
-        return cmd_sweep(args)
-    except ValueError as e:
-        print(f"cgpt sweep: error: {e}", file=sys.stderr)
-        return 2
+    """`python -m cgpt.sweep ...`, the same as `python -m cgpt sweep ...`."""
+    from cgpt.cli import main as cli_main
+
+    return cli_main(["sweep", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

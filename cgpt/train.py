@@ -24,6 +24,7 @@ import optax
 from cgpt import checkpoint, flops, model, optim
 from cgpt.config import ModelConfig
 from cgpt.data import load_data
+from cgpt.fileio import atomic_write_text
 from cgpt.runconfig import RunConfig, from_dict
 
 
@@ -111,12 +112,6 @@ def make_plan(run: RunConfig, replicas: int = 1) -> Plan:
 
 
 # ---- run directory helpers ---------------------------------------------------------------
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def _check_writable(out: Path) -> None:
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -139,7 +134,7 @@ def _truncate_metrics(path: Path, last_step: int) -> None:
                 keep.append(line)
         except json.JSONDecodeError:
             break  # a torn last line from a kill mid-write
-    _atomic_write(path, "".join(k + "\n" for k in keep))
+    atomic_write_text(path, "".join(k + "\n" for k in keep))
 
 
 def resolve_run(run: RunConfig, out: Path, resume: bool) -> RunConfig:
@@ -190,7 +185,7 @@ def train(run: RunConfig, out: str | Path, resume: bool = False, progress: bool 
                          f"{cfg.vocab_size}; set model.vocab_size={data.vocab_size} (or a "
                          f"tokenizer of {cfg.vocab_size} tokens, e.g. data.vocab_size="
                          f"{cfg.vocab_size} with more text)")
-    _atomic_write(out / checkpoint.CONFIG_FILE, run.to_yaml())
+    atomic_write_text(out / checkpoint.CONFIG_FILE, run.to_yaml())
 
     optimizer = optim.make_optimizer(plan.recipe, cfg)
     step_fn, params, opt_state = strategy.compile_step(
@@ -305,5 +300,5 @@ def train(run: RunConfig, out: str | Path, resume: bool = False, progress: bool 
         "peak_lr": plan.recipe.peak_lr, "warmup_steps": plan.recipe.warmup_steps,
         "decay": plan.recipe.decay, "data": data.describe(),
     }
-    _atomic_write(out / "summary.json", json.dumps(summary, indent=2, default=str))
+    atomic_write_text(out / "summary.json", json.dumps(summary, indent=2, default=str))
     return summary

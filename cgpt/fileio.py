@@ -1,0 +1,29 @@
+"""Atomic file writes: a crash mid-write never leaves a truncated file that a later run trusts."""
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+
+def atomic_write(path: str | os.PathLike, write: Callable[[Path], None]) -> None:
+    """Call write(tmp) on a temp file next to `path`, then rename it into place.
+
+    A crash mid-write leaves only a *.tmp file that nothing ever reads.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    os.close(fd)
+    try:
+        write(Path(tmp))
+        os.chmod(tmp, 0o644)  # mkstemp makes it owner-only; caches and runs may be shared
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    atomic_write(path, lambda tmp: tmp.write_text(text))
