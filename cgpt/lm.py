@@ -18,7 +18,7 @@ import numpy as np
 from cgpt import hf
 from cgpt.config import ModelConfig
 from cgpt.hf import LoadError
-from cgpt.model import cross_entropy, forward, init_cache
+from cgpt.model import cross_entropy, decode_layout, forward, init_cache
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
@@ -102,13 +102,29 @@ class LM:
 
     def __init__(self, config: ModelConfig, params: dict, tokenizer=None):
         self.config = config
-        self.params = jax.tree.map(jnp.asarray, params)
+        self.params = params
         self.tokenizer = tokenizer
 
     def __repr__(self) -> str:
         c = self.config
         return (f"LM({c.name!r}, {c.num_params():,} params, {c.n_layer}x{c.d_model}, "
                 f"compute={c.compute_dtype}, tokenizer={'yes' if self.tokenizer else 'no'})")
+
+    @property
+    def params(self) -> dict:
+        return self._params
+
+    @params.setter
+    def params(self, params: dict) -> None:
+        self._params = jax.tree.map(jnp.asarray, params)
+        self._decode = None
+
+    def _decode_params(self) -> dict:
+        """The weights in the layout decoding streams fastest, made on the first `generate`
+        (one extra copy of the weights, kept until `params` is replaced)."""
+        if self._decode is None:
+            self._decode = decode_layout(self._params)
+        return self._decode
 
     # ---- inputs ----------------------------------------------------------------------
     def _ids(self, ids, what: str = "ids", max_len: int | None = None) -> jax.Array:
@@ -174,7 +190,7 @@ class LM:
         if total > self.config.n_ctx:
             raise ValueError(f"prompt ({ids.shape[1]}) + max_new_tokens ({max_new_tokens}) "
                              f"exceeds the context n_ctx={self.config.n_ctx}")
-        new = _generate(self.params, ids, jax.random.key(seed), jnp.float32(max(temperature, 1e-6)),
+        new = _generate(self._decode_params(), ids, jax.random.key(seed), jnp.float32(max(temperature, 1e-6)),
                         cfg=self.config, max_new=max_new_tokens,
                         cache_len=min(self.config.n_ctx, _next_pow2(total)),
                         greedy=temperature == 0.0, top_k=top_k, top_p=top_p)

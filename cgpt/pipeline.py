@@ -58,7 +58,7 @@ def gpipe(layers: model.Params, x: jax.Array, cfg: ModelConfig, mesh: Mesh,
             state, outs = carry
             # stage 0 reads micro-batch t from the input; the others what came from s-1
             inp = jnp.where(first, xs[jnp.minimum(t, M - 1)], state)
-            y, _ = model.apply_layers(local, inp, cfg)
+            y = model.apply_layers(local, inp, cfg)
             # the last stage finishes micro-batch t - (S-1) at tick t
             j = t - (S - 1)
             jj = jnp.clip(j, 0, M - 1)

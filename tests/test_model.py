@@ -112,10 +112,15 @@ def test_bf16_compute_keeps_f32_params_and_logits():
     np.testing.assert_allclose(lo, hi, atol=0.05)
 
 
-def test_kv_cache_decode_equals_full_forward():
+@pytest.mark.parametrize("layout", ["stacked", "decode"])
+def test_kv_cache_decode_equals_full_forward(layout):
     params = model.init_params(TINY, seed=4)
     ids = jnp.asarray(np.random.default_rng(4).integers(0, 97, (2, 9)))
     full = model.forward(params, ids, TINY)[0]
+    if layout == "decode":
+        params = model.decode_layout(params)
+        assert isinstance(params["h"], list) and len(params["h"]) == TINY.n_layer
+        assert params["h"][0]["mlp"]["c_fc"]["kernel_t"].shape == (TINY.d_ffn, TINY.d_model)
     cache = model.init_cache(TINY, 2, 16)
     step_logits = []
     logits, cache = model.forward(params, ids[:, :5], TINY, cache, 0)
