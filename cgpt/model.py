@@ -147,12 +147,30 @@ def layer_norm(x: jax.Array, p: Params, eps: float) -> jax.Array:
     return y.astype(x.dtype)
 
 
+def gelu(x: jax.Array) -> jax.Array:
+    """Exact GELU, x * Phi(x), through erf: jax.nn.gelu(approximate=False) goes through erfc,
+    which XLA's CPU backend computes ~4x slower (same values to 1e-6)."""
+    return 0.5 * x * (1 + jax.lax.erf(x * jnp.asarray(0.7071067811865476, x.dtype)))
+
+
 def _linear(x: jax.Array, p: Params) -> jax.Array:
     if "kernel_t" in p:  # output-major decode layout, see `decode_layout`
         y = jnp.einsum("...i,oi->...o", x, p["kernel_t"].astype(x.dtype))
     else:
         y = x @ p["kernel"].astype(x.dtype)
     return y + p["bias"].astype(x.dtype)
+
+
+def attend(q: jax.Array, k: jax.Array, v: jax.Array, q_pos: jax.Array,
+           cfg: ModelConfig) -> jax.Array:
+    """Softmax attention of q [B, H, T, Dh] at positions q_pos over k, v [B, H, S, Dh] at
+    positions 0..S-1, causally masked; scores and softmax in f32."""
+    scores = jnp.einsum("bhqd,bhkd->bhqk", q, k, preferred_element_type=jnp.float32)
+    scores = scores * cfg.attn_scale
+    mask = jnp.arange(k.shape[2])[None, :] <= q_pos[:, None]
+    scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
+    return jnp.einsum("bhqk,bhkd->bhqd", probs, v)
 
 
 def block(p: Params, x: jax.Array, cfg: ModelConfig, cache: dict | None = None,
@@ -179,16 +197,18 @@ def block(p: Params, x: jax.Array, cfg: ModelConfig, cache: dict | None = None,
         cache = {n: jax.lax.dynamic_update_slice(cache[n], t[None].astype(cache[n].dtype), at)
                  for n, t in (("k", k), ("v", v))}
         k, v = cache["k"][layer].astype(x.dtype), cache["v"][layer].astype(x.dtype)
-    k_pos = jnp.arange(k.shape[2])
-    scores = jnp.einsum("bhqd,bhkd->bhqk", q, k, preferred_element_type=jnp.float32)
-    scores = scores * cfg.attn_scale
-    mask = k_pos[None, :] <= q_pos[:, None]
-    scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
-    att = jnp.einsum("bhqk,bhkd->bhqd", probs, v).transpose(0, 2, 1, 3).reshape(B, T, H * Dh)
+        att = attend(q, k, v, q_pos, cfg)
+    else:
+        # Causal, in up to 4 query chunks, each over only the keys up to its end: ~3/8 fewer
+        # attention FLOPs, and XLA's CPU backward runs ~2x faster (cpu-19m block: 38 -> 19 ms).
+        step = max(64, -(-T // 4))
+        att = jnp.concatenate([attend(q[:, :, i:i + step], k[:, :, :i + step],
+                                      v[:, :, :i + step], q_pos[i:i + step], cfg)
+                               for i in range(0, T, step)], axis=2)
+    att = att.transpose(0, 2, 1, 3).reshape(B, T, H * Dh)
     x = x + constrain(_linear(att, p["attn"]["c_proj"]), ("act_batch", "act_seq", "act_embed"))
     h = layer_norm(x, p["ln_2"], cfg.ln_eps)
-    h = jax.nn.gelu(_linear(h, p["mlp"]["c_fc"]), approximate=False)  # exact erf GELU
+    h = gelu(_linear(h, p["mlp"]["c_fc"]))
     h = constrain(h, ("act_batch", "act_seq", "act_mlp"))
     x = x + constrain(_linear(h, p["mlp"]["c_proj"]), ("act_batch", "act_seq", "act_embed"))
     return x, cache

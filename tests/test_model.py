@@ -56,6 +56,15 @@ def test_forward_matches_numpy_reference(mup):
     np.testing.assert_allclose(out, _np_forward(params, ids, cfg), atol=2e-5, rtol=1e-5)
 
 
+def test_chunked_causal_attention_matches_numpy_reference():
+    # T=200 runs attention in query chunks of 64 (the last one ragged); T=12 in one chunk.
+    cfg = TINY.replace(n_ctx=256)
+    params = model.init_params(cfg, seed=5)
+    ids = np.random.default_rng(5).integers(0, cfg.vocab_size, (1, 200))
+    out = np.asarray(model.forward(params, jnp.asarray(ids), cfg)[0])
+    np.testing.assert_allclose(out, _np_forward(params, ids, cfg), atol=2e-5, rtol=1e-5)
+
+
 def test_nnx_module_and_param_layout():
     m = model.GPT(TINY, rngs=nnx.Rngs(0))
     ids = jnp.zeros((1, 5), jnp.int32)
