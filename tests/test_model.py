@@ -138,3 +138,17 @@ def test_kv_cache_decode_equals_full_forward(layout):
         logits, cache = model.forward(params, ids[:, t:t + 1], TINY, cache, t)
         step_logits.append(logits)
     np.testing.assert_allclose(jnp.concatenate(step_logits, 1), full, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_dense_backward_equals_autodiff(dtype):
+    rng = np.random.default_rng(6)
+    x, k, b, w = (jnp.asarray(rng.standard_normal(s), dtype)
+                  for s in ((2, 5, 8), (8, 3), (3,), (2, 5, 3)))
+    ours = jax.grad(lambda *a: jnp.sum(model.dense(*a) * w), argnums=(0, 1, 2))(x, k, b)
+    ref = jax.grad(lambda x, k, b: jnp.sum((x @ k + b) * w), argnums=(0, 1, 2))(x, k, b)
+    tol = 1e-6 if dtype == jnp.float32 else 5e-2
+    for o, r in zip(ours, ref):
+        assert o.dtype == r.dtype and o.shape == r.shape
+        np.testing.assert_allclose(np.asarray(o, np.float32), np.asarray(r, np.float32),
+                                   atol=tol, rtol=tol)
