@@ -42,6 +42,8 @@ class ModelConfig:
     mup_init_std: float = 0.08
     # Execution: f32 parameters always; matmuls in `compute_dtype`.
     compute_dtype: str = "float32"
+    # Backward pass: True recomputes each layer from its input; False keeps the weight
+    # matmuls' outputs and recomputes the rest (elementwise ops, attention).
     remat: bool = False
 
     def __post_init__(self) -> None:

@@ -252,8 +252,12 @@ def apply_layers(layers: Params, x: jax.Array, cfg: ModelConfig,
     def body(x, p):
         return block(p, x, cfg, constrain=constrain)[0], None
 
-    if cfg.remat:
-        body = jax.checkpoint(body, prevent_cse=False)
+    # remat=True keeps only each layer's input. remat=False keeps the weight matmuls' outputs
+    # and recomputes the elementwise ops and attention in the backward pass: less memory than
+    # keeping everything, and faster on XLA's CPU backend, where writing and re-reading the
+    # stacked residuals cost more than recomputing them (cpu-19m step 2.02 -> 1.73 s).
+    policy = None if cfg.remat else jax.checkpoint_policies.dots_with_no_batch_dims_saveable
+    body = jax.checkpoint(body, policy=policy, prevent_cse=False)
     return jax.lax.scan(body, x, layers)[0]
 
 

@@ -199,7 +199,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="layer_pipelined: micro-batches per step (default: up to 4 x stages)")
     p.add_argument("--seq-len", type=int, help="tokens per sequence (default: n_ctx)")
     p.add_argument("--dtype", default="float32", help="compute dtype: float32 | bfloat16")
-    p.add_argument("--no-remat", action="store_true", help="keep every activation (no remat)")
+    p.add_argument("--no-remat", action="store_true",
+                   help="keep each layer's matmul outputs rather than only its input")
     p.add_argument("--host-offload", action="store_true",
                    help="weight_streaming: keep params/optimizer in pinned_host memory")
     p.add_argument("--json", action="store_true", help="print one JSON object")
