@@ -190,9 +190,9 @@ class LM:
         if total > self.config.n_ctx:
             raise ValueError(f"prompt ({ids.shape[1]}) + max_new_tokens ({max_new_tokens}) "
                              f"exceeds the context n_ctx={self.config.n_ctx}")
-        new = _generate(self._decode_params(), ids, jax.random.key(seed), jnp.float32(max(temperature, 1e-6)),
-                        cfg=self.config, max_new=max_new_tokens,
-                        cache_len=min(self.config.n_ctx, _next_pow2(total)),
+        new = _generate(self._decode_params(), ids, jax.random.key(seed),
+                        jnp.float32(max(temperature, 1e-6)), cfg=self.config,
+                        max_new=max_new_tokens, cache_len=min(self.config.n_ctx, _next_pow2(total)),
                         greedy=temperature == 0.0, top_k=top_k, top_p=top_p)
         out = np.concatenate([np.asarray(ids), np.asarray(new)], axis=1)
         return self.decode(out[0]) if as_text else out

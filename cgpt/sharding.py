@@ -471,13 +471,13 @@ def pipeline_bytes_per_device(cfg: ModelConfig, stages: int, rows: int, seq_len:
     replica holds per step: a layer's full set is ~16 d + 2 H T floats per token
     (Korthikanti et al.'s count, f32), rebuilt one layer at a time in the backward pass.
     Each layer keeps its input (d floats) with remat, and its input plus the weight matmuls'
-    outputs (9 d: QKV, attention projection, MLP up-projection) without (`model.apply_layers`).
+    outputs (8 d: QKV, attention projection, MLP up-projection) without (`model.apply_layers`).
     """
     n_blocks = cfg.num_params(embedding=False) - 2 * cfg.d_model  # the stacked layers only
     n_rest = cfg.num_params() - n_blocks
     state = BYTES_PER_PARAM_STATE * (n_blocks // stages + n_rest)
     full = 16 * cfg.d_model + 2 * cfg.n_head * seq_len
-    per_token = (cfg.n_layer // stages) * cfg.d_model * (1 if cfg.remat else 10) + full
+    per_token = (cfg.n_layer // stages) * cfg.d_model * (1 if cfg.remat else 9) + full
     return state + 4 * rows * seq_len * per_token
 
 
