@@ -152,3 +152,15 @@ def test_dense_backward_equals_autodiff(dtype):
         assert o.dtype == r.dtype and o.shape == r.shape
         np.testing.assert_allclose(np.asarray(o, np.float32), np.asarray(r, np.float32),
                                    atol=tol, rtol=tol)
+
+
+def test_generate_follows_replaced_params():
+    # LM keeps a decode-layout copy of the weights; replacing `params` must drop it.
+    from cgpt.lm import LM
+    ids = np.arange(5)[None] % TINY.vocab_size
+    a, b = model.init_params(TINY, seed=7), model.init_params(TINY, seed=8)
+    lm = LM(TINY, a)
+    lm.generate(ids, 6)
+    lm.params = b
+    np.testing.assert_array_equal(lm.generate(ids, 6), LM(TINY, b).generate(ids, 6))
+    assert not np.array_equal(LM(TINY, a).generate(ids, 6), LM(TINY, b).generate(ids, 6))
