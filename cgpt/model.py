@@ -261,6 +261,12 @@ def apply_layers(layers: Params, x: jax.Array, cfg: ModelConfig,
     return jax.lax.scan(body, x, layers)[0]
 
 
+def unstack(layers: Params) -> list:
+    """The stacked blocks as a list of per-layer parameter dicts."""
+    n = jax.tree.leaves(layers)[0].shape[0]
+    return [jax.tree.map(lambda a, i=i: a[i], layers) for i in range(n)]
+
+
 def apply_layers_cached(layers: Params | list, x: jax.Array, cfg: ModelConfig, cache: dict,
                         start: jax.Array | int):
     """The blocks one by one (unrolled) over x, reading and writing the KV cache.
@@ -270,7 +276,7 @@ def apply_layers_cached(layers: Params | list, x: jax.Array, cfg: ModelConfig, c
     `decode_layout(params)["h"]` (a list, one dict per layer) for the fast path.
     """
     if not isinstance(layers, list):
-        layers = [jax.tree.map(lambda a, i=i: a[i], layers) for i in range(cfg.n_layer)]
+        layers = unstack(layers)
     for i, p in enumerate(layers):
         x, cache = block(p, x, cfg, cache, i, start)
     return x, cache
@@ -312,9 +318,7 @@ def decode_layout(params: Params) -> Params:
             return {"kernel_t": p["kernel"].T, "bias": p["bias"]}
         return {k: output_major(v) for k, v in p.items()} if isinstance(p, dict) else p
 
-    h = params["h"]
-    n = jax.tree.leaves(h)[0].shape[0]
-    layers = [output_major(jax.tree.map(lambda a, i=i: a[i], h)) for i in range(n)]
+    layers = [output_major(p) for p in unstack(params["h"])]
     return {**{k: v for k, v in params.items() if k != "h"}, "h": layers}
 
 
