@@ -24,6 +24,15 @@ log = logging.getLogger(__name__)
 
 CONFIG_FILE = "config.yaml"
 CKPT_DIR = "checkpoints"
+DISCARDED_DIR = "discarded_checkpoints"
+
+
+def brief(e: BaseException, limit: int = 160) -> str:
+    """An exception as one short line: TensorStore errors carry a ~60-line JSON spec."""
+    text = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    text = text.split(" {", 1)[0].split("; spec", 1)[0]
+    text = text if len(text) <= limit else text[:limit] + "..."
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
 def is_run_dir(path: Path) -> bool:
@@ -56,6 +65,18 @@ class Checkpointer:
             force=True)
         self.mngr.wait_until_finished()
 
+    def discard_after(self, step: int) -> list[int]:
+        """Move the checkpoints newer than `step` to `discarded_checkpoints/` (a rewind)."""
+        later = [s for s in self.steps() if s > step]
+        for s in later:
+            aside = self.run_dir / DISCARDED_DIR / str(s)
+            aside.parent.mkdir(exist_ok=True)
+            shutil.rmtree(aside, ignore_errors=True)
+            shutil.move(str(self.run_dir / CKPT_DIR / str(s)), str(aside))
+        if later:
+            self.mngr.reload()
+        return later
+
     def restore_latest(self, abstract_params, abstract_opt_state):
         """(step, params, opt_state) from the newest readable checkpoint, or None if none.
 
@@ -76,7 +97,7 @@ class Checkpointer:
             for b, e in bad:  # newer ones that failed: set aside so their steps can be rewritten
                 src = self.run_dir / CKPT_DIR / str(b)
                 aside = self.run_dir / "corrupt_checkpoints" / str(b)
-                warnings.warn(f"{src}: checkpoint is unreadable ({type(e).__name__}: {e}); "
+                warnings.warn(f"{src}: checkpoint is unreadable ({brief(e)}); "
                               f"falling back to step {step} (moved it to {aside})", stacklevel=2)
                 aside.parent.mkdir(exist_ok=True)
                 shutil.rmtree(aside, ignore_errors=True)
@@ -87,7 +108,7 @@ class Checkpointer:
         if bad:  # never silently restart a run whose checkpoints all fail to load
             raise LoadError(
                 f"{self.run_dir / CKPT_DIR}: none of the checkpoints {[b for b, _ in bad]} could "
-                f"be restored (newest error: {type(bad[0][1]).__name__}: {bad[0][1]}); nothing "
+                f"be restored (newest error: {brief(bad[0][1])}); nothing "
                 "was changed. Fix the cause, or move the checkpoints away to start over")
         return None
 
@@ -129,6 +150,6 @@ def load_run(run_dir: Path, compute_dtype: str = "float32"):
                 params=ocp.args.StandardRestore(abstract)))
             return cfg, out["params"], load_tokenizer(run_dir)
         except Exception as e:
-            warnings.warn(f"{run_dir / CKPT_DIR / str(step)}: unreadable checkpoint ({e}); "
+            warnings.warn(f"{run_dir / CKPT_DIR / str(step)}: unreadable checkpoint ({brief(e)}); "
                           "trying the previous one", stacklevel=2)
     raise LoadError(f"{run_dir / CKPT_DIR}: every checkpoint is unreadable")

@@ -22,6 +22,12 @@ def _add_train(sub) -> None:
     p.add_argument("--out", help="run directory (default: runs/<model>)")
     p.add_argument("--resume", action="store_true",
                    help="continue the run in --out from its last complete checkpoint")
+    p.add_argument("--allow-train-changes", action="store_true",
+                   help="with --resume: continue with changed train.* optimizer settings "
+                   "(peak_lr, warmup_steps, decay, clip_norm, ...), e.g. after a NaN")
+    p.add_argument("--from-step", type=int, metavar="STEP",
+                   help="with --resume: continue from the kept checkpoint at STEP; later ones "
+                   "move to discarded_checkpoints/")
     p.add_argument("--mode", help="single | data_parallel | weight_streaming | layer_pipelined | auto")
     p.add_argument("--mesh", help="device mesh, e.g. data=2,stage=4")
     p.add_argument("--seed", type=int, help="replicate seed: sets train.seed (init) and data.seed (data order)")
@@ -71,7 +77,8 @@ def cmd_train(args) -> int:
     run = build_run(args)
     _emulate_cpu_devices(run.train.mesh)
     out = Path(args.out or f"runs/{run.model.name}")
-    summary = train(run, out, resume=args.resume, progress=not args.no_progress)
+    summary = train(run, out, resume=args.resume, progress=not args.no_progress,
+                    allow_changes=args.allow_train_changes, from_step=args.from_step)
     keys = ("model", "n_params", "tokens", "flops", "train_loss", "val_loss", "tokens_per_s",
             "mfu", "epochs", "wall_time_s")
     print(json.dumps({k: summary[k] for k in keys}, indent=2))
@@ -161,12 +168,13 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     from cgpt.data import DataError
     from cgpt.hf import LoadError
+    from cgpt.rundir import RunDirError
     from cgpt.train import TrainError
 
     handlers = {"train": cmd_train, "list": cmd_list, "generate": cmd_generate, "eval": cmd_eval}
     try:
         return args.func(args) if hasattr(args, "func") else handlers[args.command](args)
-    except (ValueError, TrainError, LoadError, DataError) as e:
+    except (ValueError, TrainError, LoadError, DataError, RunDirError) as e:
         print(f"cgpt {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

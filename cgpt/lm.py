@@ -133,6 +133,9 @@ class LM:
         arr = np.asarray(ids)
         if arr.ndim == 1:
             arr = arr[None]
+        if arr.size == 0:
+            raise ValueError(f"{what}: empty (no tokens); give at least one token, e.g. "
+                             "'<|endoftext|>' to sample from the start of a document")
         if arr.ndim != 2 or arr.shape[1] == 0 or not np.issubdtype(arr.dtype, np.integer):
             raise ValueError(f"{what}: expected integer token ids shaped [B, T] or [T], "
                              f"got dtype {arr.dtype} shape {arr.shape}")

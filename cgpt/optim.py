@@ -60,7 +60,7 @@ class Recipe:
 
 def published_defaults(cfg: ModelConfig) -> dict:
     """Peak LR, decay shape, eps and batch of a preset (CPU family: the CPU rule)."""
-    base = cfg.name.removesuffix("-mup")
+    base = cfg.name.split("+")[0].removesuffix("-mup")  # a reshaped preset keeps its recipe
     if base in PUBLISHED_RECIPE:
         lr, decay, eps, batch = PUBLISHED_RECIPE[base]
         if cfg.mup:  # μP twins: proxy-tuned LR, eps 1e-8, same schedule shape and batch

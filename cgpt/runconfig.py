@@ -141,6 +141,21 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
     return out
 
 
+MIN_VOCAB = 257
+EXECUTION_KEYS = ("name", "compute_dtype", "remat")  # change how it runs, not what is trained
+
+
+def _reshaped_name(base: ModelConfig, model: ModelConfig, given: dict) -> str:
+    """A preset changed beyond execution settings is named for it ("tiny-17k+n_layer=4"),
+    so summaries and results never report it as the preset; an explicit name wins."""
+    if given.get("name") not in (None, base.name):
+        return model.name
+    changed = [f"{f.name}={getattr(model, f.name)}" for f in dataclasses.fields(model)
+               if f.name not in EXECUTION_KEYS and f.name in given
+               and getattr(model, f.name) != getattr(base, f.name)]
+    return "+".join([base.name, ",".join(changed)]) if changed else base.name
+
+
 def from_dict(raw: dict, where: str = "config") -> RunConfig:
     """Build a RunConfig from a raw dict ({preset, model, data, train}), validating every key."""
     if not isinstance(raw, dict):
@@ -154,8 +169,15 @@ def from_dict(raw: dict, where: str = "config") -> RunConfig:
         raise ValueError(f"{where}: set 'preset' (a model name such as cpu-1.7m or 111M; "
                          "see `python -m cgpt list`)")
     try:
-        model = get_config(str(preset)).replace(**_coerce("model", ModelConfig, model_raw))
+        base = get_config(str(preset))
+        model_raw = _coerce("model", ModelConfig, model_raw)
+        model = base.replace(**model_raw)
+        model = model.replace(name=_reshaped_name(base, model, model_raw))
         data_raw = _coerce("data", DataConfig, dict(raw.get("data") or {}))
+        if "vocab_size" not in data_raw and model.vocab_size < MIN_VOCAB:
+            raise ValueError(f"model.vocab_size={model.vocab_size} is below {MIN_VOCAB}, the "
+                             "smallest byte-level BPE vocabulary (256 bytes + <|endoftext|>); "
+                             f"set model.vocab_size >= {MIN_VOCAB}")
         # A preset implies its data shape: a tokenizer of its vocabulary, its full context.
         data_raw.setdefault("vocab_size", model.vocab_size)
         data_raw.setdefault("seq_len", model.n_ctx)

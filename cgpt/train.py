@@ -11,7 +11,6 @@ import json
 import math
 import os
 import time
-from collections import deque
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
@@ -21,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from cgpt import checkpoint, flops, model, optim
+from cgpt import checkpoint, flops, model, optim, rundir
 from cgpt.config import ModelConfig
 from cgpt.data import load_data
 from cgpt.fileio import atomic_write_text
@@ -29,6 +28,12 @@ from cgpt.runconfig import RunConfig, from_dict
 
 
 PLACEMENT_KEYS = ("mode", "mesh", "micro_batches", "host_offload")
+# train.* keys `--resume --allow-train-changes` may change: the optimizer's hyperparameters and
+# the logging cadence. The others fix what the checkpoint means (budget, batch, data order).
+CHANGEABLE_KEYS = ("peak_lr", "decay", "warmup_steps", "adam_eps", "weight_decay", "clip_norm",
+                   "end_lr_fraction", "log_every", "eval_every", "eval_batches", "ckpt_every",
+                   "keep_checkpoints")
+CHANGES_FILE = "config_changes.json"
 
 
 class TrainError(RuntimeError):
@@ -137,8 +142,16 @@ def _truncate_metrics(path: Path, last_step: int) -> None:
     atomic_write_text(path, "".join(k + "\n" for k in keep))
 
 
-def resolve_run(run: RunConfig, out: Path, resume: bool) -> RunConfig:
-    """The config to train with; on resume, the saved one (and it must match what was asked)."""
+def _config_diff(a: dict, b: dict) -> list[str]:
+    return [f"{s}.{k}" for s in ("model", "data", "train") for k in a[s]
+            if a[s][k] != b[s].get(k)] + (["preset"] if a["preset"] != b["preset"] else [])
+
+
+def resolve_run(run: RunConfig, out: Path, resume: bool, allow_changes: bool = False) -> RunConfig:
+    """The config to train with; on resume, the saved one (and it must match what was asked).
+
+    `allow_changes` accepts differences in CHANGEABLE_KEYS (e.g. a lower train.peak_lr after
+    a NaN): the run continues with the new values."""
     saved = out / checkpoint.CONFIG_FILE
     if not saved.exists():
         return run
@@ -150,18 +163,105 @@ def resolve_run(run: RunConfig, out: Path, resume: bool) -> RunConfig:
     placement = {k: getattr(run.train, k) for k in PLACEMENT_KEYS}
     prior = replace(prior, train=replace(prior.train, **placement))
     if prior != run:
-        a, b = prior.to_dict(), run.to_dict()
-        diff = [f"{s}.{k}" for s in ("model", "data", "train") for k in a[s]
-                if a[s][k] != b[s].get(k)] + (["preset"] if a["preset"] != b["preset"] else [])
+        diff = _config_diff(prior.to_dict(), run.to_dict())
+        changeable = all(d.startswith("train.") and d[6:] in CHANGEABLE_KEYS for d in diff)
+        if changeable and allow_changes:
+            return run
+        hint = (" (to continue with the new values, add --allow-train-changes)" if changeable
+                else "")
         raise TrainError(f"--resume: the config differs from the run's saved {saved} in "
-                         f"{', '.join(diff)}; resume with the same flags or a new --out")
+                         f"{', '.join(diff)}{hint}; resume with the same flags or a new --out")
     return prior
+
+
+def _record_changes(out: Path, prior: dict | None, run: RunConfig, start: int) -> list[dict]:
+    """config_changes.json: the train.* values changed on a resume, with the step they took
+    effect (a rewind moves later entries back to the step it resumed from)."""
+    path = out / CHANGES_FILE
+    log = json.loads(path.read_text()) if path.exists() else []
+    log = [{**c, "step": min(c["step"], start)} for c in log]
+    new = run.to_dict()
+    diff = [d for d in (_config_diff(prior, new) if prior is not None else [])
+            if d.startswith("train.") and d[6:] in CHANGEABLE_KEYS]
+    if diff:
+        log.append({"step": start, **{d: [prior["train"][d[6:]], new["train"][d[6:]]]
+                                      for d in diff}})
+    if log or path.exists():
+        atomic_write_text(path, json.dumps(log, indent=1))
+    return log
+
+
+def _nonfinite_stop(what: str, step: int, ckpt, out: Path, note: str = "") -> TrainError:
+    """The message of a run stopped by a non-finite step, with advice that works."""
+    steps = ckpt.steps()
+    if not steps:
+        return TrainError(
+            f"{what} at step {step}{note}; training stopped. No checkpoint was written yet; lower "
+            "train.peak_lr (or raise train.warmup_steps) and rerun the same command with "
+            "--resume --allow-train-changes train.peak_lr=<lower>")
+    earlier = (f"; if the loss was already diverging there (see metrics.jsonl), go back further "
+               f"with --from-step {steps[-2]}" if len(steps) > 1 else "")
+    return TrainError(
+        f"{what} at step {step}{note}; training stopped before saving anything from it. The last good "
+        f"checkpoint (step {steps[-1]}, verified finite) is kept in {out / checkpoint.CKPT_DIR}"
+        f" (kept steps: {', '.join(map(str, steps))}). To continue with a lower learning rate, "
+        "rerun the same command with --resume --allow-train-changes train.peak_lr=<lower> "
+        f"(or a larger train.warmup_steps){earlier}; or start over in a new --out")
+
+
+@jax.jit
+def _all_finite(tree) -> jax.Array:
+    leaves = [jnp.isfinite(x).all() for x in jax.tree.leaves(tree)
+              if jnp.issubdtype(x.dtype, jnp.inexact)]
+    return jnp.all(jnp.stack(leaves)) if leaves else jnp.bool_(True)
+
+
+def _close_all(*closers: Callable[[], None]) -> None:
+    first = None
+    for close in closers:
+        try:
+            close()
+        except Exception as e:  # noqa: BLE001 - re-raised below
+            first = first or e
+    if first is not None:
+        raise first
+
+
+def _close_tb(tb) -> None:
+    """Close a SummaryWriter; if that fails (disk full), stop its writer threads anyway, since
+    tensorboardX would retry at exit and print a traceback per retry."""
+    try:
+        tb.close()
+    except OSError:
+        for w in (tb.all_writers or {}).values():
+            ew = w.event_writer
+            try:
+                ew._worker.stop()
+            except Exception:  # noqa: BLE001 - the worker may have died on the same error
+                pass
+            ew._closed = True
+        raise
 
 
 # ---- the loop ----------------------------------------------------------------------------
 def train(run: RunConfig, out: str | Path, resume: bool = False, progress: bool = True,
-          strategy=None) -> dict:
-    """Train `run` into the run directory `out`; returns the summary (also `summary.json`)."""
+          strategy=None, allow_changes: bool = False, from_step: int | None = None) -> dict:
+    """Train `run` into the run directory `out`; returns the summary (also `summary.json`).
+
+    The directory is locked while this runs; a launch that fails before its config is written
+    leaves nothing behind; storage errors end in one `RunDirError` saying what was kept.
+    `allow_changes` and `from_step` (with `resume`) continue with changed train.* values
+    (CHANGEABLE_KEYS) and from an earlier kept checkpoint.
+    """
+    out = Path(out)
+    new_dirs = rundir.first_missing(out)
+    _check_writable(out)
+    with rundir.Launch(out, new_dirs) as launch:
+        return _train(run, out, resume, progress, strategy, launch, allow_changes, from_step)
+
+
+def _train(run: RunConfig, out: Path, resume: bool, progress: bool, strategy,
+           launch: rundir.Launch, allow_changes: bool, from_step: int | None) -> dict:
     from tensorboardX import SummaryWriter
     from tqdm.auto import tqdm
 
@@ -169,9 +269,11 @@ def train(run: RunConfig, out: str | Path, resume: bool = False, progress: bool 
     from cgpt.sharding import make_strategy
 
     wall0 = time.perf_counter()
-    out = Path(out)
-    _check_writable(out)
-    run = resolve_run(run, out, resume)
+    fresh = not (out / checkpoint.CONFIG_FILE).exists()  # else a committed run: its files count
+    prior = None if fresh or not resume else checkpoint.read_run_config(out)
+    run = resolve_run(run, out, resume, allow_changes)
+    if from_step is not None and not resume:
+        raise TrainError("--from-step continues a run: use it with --resume")
     if resume and (out / "summary.json").exists():  # finished already: nothing to redo
         return json.loads((out / "summary.json").read_text())
     cfg = run.model
@@ -179,13 +281,17 @@ def train(run: RunConfig, out: str | Path, resume: bool = False, progress: bool 
         strategy = make_strategy(run.train.mode, run.train.mesh, cfg, run.train,
                                  seq_len=run.data.seq_len)
     plan = make_plan(run, strategy.data_replicas)
-    data = load_data(run.data, out)
+    data = load_data(run.data, None if fresh else out)  # never a failed launch's tokenizer
     if data.vocab_size != cfg.vocab_size:  # unused rows would inflate N, D and FLOPs
         raise TrainError(f"the tokenizer has {data.vocab_size} tokens but model.vocab_size is "
                          f"{cfg.vocab_size}; set model.vocab_size={data.vocab_size} (or a "
                          f"tokenizer of {cfg.vocab_size} tokens, e.g. data.vocab_size="
                          f"{cfg.vocab_size} with more text)")
+    if fresh:
+        launch.created.append(out / "tokenizer.json")
+        data.save_tokenizer(out)
     atomic_write_text(out / checkpoint.CONFIG_FILE, run.to_yaml())
+    launch.commit()  # from here on the directory holds a resumable run
 
     optimizer = optim.make_optimizer(plan.recipe, cfg)
     step_fn, params, opt_state = strategy.compile_step(
@@ -194,10 +300,20 @@ def train(run: RunConfig, out: str | Path, resume: bool = False, progress: bool 
     ckpt = checkpoint.Checkpointer(out, keep=run.train.keep_checkpoints)
     start = 0
     if resume:
+        if from_step is not None:
+            if from_step not in ckpt.steps():
+                raise TrainError(f"--from-step {from_step}: no kept checkpoint at step "
+                                 f"{from_step}; kept: {ckpt.steps()}")
+            ckpt.discard_after(from_step)
         got = ckpt.restore_latest(*strategy.abstract_state(params, opt_state))
         if got is not None:
             start, params, opt_state = got
+            if not bool(_all_finite((params, opt_state))):
+                raise TrainError(f"checkpoint {start} in {out / checkpoint.CKPT_DIR} holds "
+                                 "non-finite values; resume from an earlier one with "
+                                 f"--from-step (kept: {ckpt.steps()}), or start over")
     _truncate_metrics(out / "metrics.jsonl", start)
+    changes = _record_changes(out, prior, run, start)
 
     total = plan.total_steps
     eval_every = run.train.eval_every or max(1, total // 10)
@@ -229,8 +345,9 @@ def train(run: RunConfig, out: str | Path, resume: bool = False, progress: bool 
 
     metrics_f = open(out / "metrics.jsonl", "a")
     tb = SummaryWriter(str(out / "events"), purge_step=start + 1 if start else None)
-    recent = deque(maxlen=max(1, min(50, total // 20)))
-    val_loss, last_saved, t_run, tokens_seen = math.nan, start, 0.0, 0
+    # train_loss averages the last `window` steps, each logged: a function of the log alone.
+    window = max(1, min(50, total // 20))
+    val_loss, t_run, tokens_seen = math.nan, 0.0, 0
     bar = tqdm(total=total, initial=start, disable=not progress, unit="step", dynamic_ncols=True,
                desc=f"{cfg.name} {plan.tokens / 1e6:.3g}M tok")
     try:
@@ -240,50 +357,47 @@ def train(run: RunConfig, out: str | Path, resume: bool = False, progress: bool 
             t0 = time.perf_counter()
             params, opt_state, m = step_fn(params, opt_state, strategy.shard_batch(batch))
             loss = float(m["loss"])  # waits for the step: honest timing and a NaN check
+            grad_norm = float(m["grad_norm"])
             dt = time.perf_counter() - t0
-            if not math.isfinite(loss):
-                kept = (f"The last good checkpoint (step {last_saved}) is kept in "
-                        f"{out / checkpoint.CKPT_DIR}" if ckpt.steps() else "No checkpoint was "
-                        "written yet")
-                raise TrainError(
-                    f"loss is {loss} at step {step}; training stopped. {kept}; lower "
-                    "train.peak_lr or raise train.warmup_steps, then rerun with --resume")
+            if not (math.isfinite(loss) and math.isfinite(grad_norm)):  # before any write
+                what = (f"loss is {loss}" if not math.isfinite(loss)
+                        else f"grad_norm is {grad_norm}")
+                raise _nonfinite_stop(what, step + 1, ckpt, out, f" (loss {loss:.4g})")
             if step > start:  # the first step includes compilation
                 t_run += dt
                 tokens_seen += plan.tokens_per_step
-            recent.append(loss)
             tps = tokens_seen / t_run if t_run else 0.0
             mfu = mfu_of(tps)
             done = step + 1
-            rec = {"step": done, "loss": loss, "grad_norm": float(m["grad_norm"]),
+            rec = {"step": done, "loss": loss, "grad_norm": grad_norm,
                    "lr": optim.lr_at(plan.recipe, step), "tokens": done * plan.tokens_per_step,
                    "epoch": data.epoch_at(done, plan.batch_size), "tokens_per_s": tps, "mfu": mfu}
             if done % eval_every == 0 or done == total:
                 val_loss = evaluate()
                 rec["val_loss"] = val_loss
-            if done % run.train.log_every == 0 or "val_loss" in rec or done == total:
-                metrics_f.write(json.dumps(rec) + "\n")
+            if (done % run.train.log_every == 0 or "val_loss" in rec
+                    or done > total - window):
+                metrics_f.write(rundir.json_line(rec) + "\n")
                 metrics_f.flush()
                 for k in ("loss", "val_loss", "grad_norm", "lr", "tokens_per_s", "mfu"):
                     if k in rec:
                         tb.add_scalar(f"train/{k}", rec[k], done)
             if done % ckpt_every == 0 or done == total:
+                if not bool(_all_finite((params, opt_state))):  # the last guard before disk
+                    raise _nonfinite_stop("non-finite parameters or optimizer state", done,
+                                          ckpt, out)
                 ckpt.save(done, params, opt_state)
-                last_saved = done
             bar.set_postfix(loss=f"{loss:.3f}", val=f"{val_loss:.3f}", tok_s=f"{tps:,.0f}",
                             mfu=f"{mfu:.1%}", refresh=False)
             bar.update(1)
-    finally:
-        bar.close()
-        metrics_f.close()
-        tb.close()
-        ckpt.close()
+    finally:  # every closer runs even when a full disk fails several; the first error wins
+        _close_all(bar.close, metrics_f.close, lambda: _close_tb(tb), ckpt.close)
 
     # A run resumed at (or one step before) its end has no fresh numbers: take them from the log.
     log = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     if math.isnan(val_loss):
         val_loss = evaluate()
-    train_loss = float(np.mean(recent)) if recent else log[-1]["loss"]
+    train_loss = float(np.mean([r["loss"] for r in log if r["step"] > total - window]))
     tps = tokens_seen / t_run if t_run else log[-1].get("tokens_per_s", math.nan)
     tokens = total * plan.tokens_per_step
     summary = {
@@ -298,7 +412,10 @@ def train(run: RunConfig, out: str | Path, resume: bool = False, progress: bool 
         "mode": run.train.mode, "devices": strategy.num_devices,
         "placement": strategy.describe(),
         "peak_lr": plan.recipe.peak_lr, "warmup_steps": plan.recipe.warmup_steps,
-        "decay": plan.recipe.decay, "data": data.describe(),
+        "decay": plan.recipe.decay, "config_changes": changes,
+        # the run's own copy (relative to the run directory), the same after a resume
+        "data": {**data.describe(), "tokenizer": "tokenizer.json"},
     }
-    atomic_write_text(out / "summary.json", json.dumps(summary, indent=2, default=str))
+    summary = json.loads(rundir.json_line(json.loads(json.dumps(summary, default=str))))
+    atomic_write_text(out / "summary.json", json.dumps(summary, indent=2))
     return summary
