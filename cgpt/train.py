@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from cgpt import checkpoint, flops, model, optim
+from cgpt import checkpoint, flops, model, optim, preempt
 from cgpt.config import ModelConfig
 from cgpt.data import load_data
 from cgpt.fileio import atomic_write_text
@@ -233,6 +233,7 @@ def train(run: RunConfig, out: str | Path, resume: bool = False, progress: bool 
     val_loss, last_saved, t_run, tokens_seen = math.nan, start, 0.0, 0
     bar = tqdm(total=total, initial=start, disable=not progress, unit="step", dynamic_ncols=True,
                desc=f"{cfg.name} {plan.tokens / 1e6:.3g}M tok")
+    triggers = preempt.CheckpointTriggers(run.train.checkpoint_minutes).install()
     try:
         for step in range(start, total):
             batch = data.train_batch(step, plan.batch_size).reshape(
@@ -267,13 +268,18 @@ def train(run: RunConfig, out: str | Path, resume: bool = False, progress: bool 
                 for k in ("loss", "val_loss", "grad_norm", "lr", "tokens_per_s", "mfu"):
                     if k in rec:
                         tb.add_scalar(f"train/{k}", rec[k], done)
-            if done % ckpt_every == 0 or done == total:
+            save_now, stop_signal = triggers.poll()  # scheduler signal or wall-clock interval
+            if done % ckpt_every == 0 or done == total or save_now:
                 ckpt.save(done, params, opt_state)
                 last_saved = done
+                triggers.saved()
             bar.set_postfix(loss=f"{loss:.3f}", val=f"{val_loss:.3f}", tok_s=f"{tps:,.0f}",
                             mfu=f"{mfu:.1%}", refresh=False)
             bar.update(1)
+            if stop_signal and done < total:
+                raise preempt.Preempted(stop_signal, done, out)
     finally:
+        triggers.uninstall()
         bar.close()
         metrics_f.close()
         tb.close()
