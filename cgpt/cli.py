@@ -36,7 +36,8 @@ def _add_train(sub) -> None:
 
 
 def build_run(args):
-    from cgpt.runconfig import apply_overrides, from_dict, load_yaml
+    from cgpt.overrides import apply_overrides, coerce_source, seed_overrides
+    from cgpt.runconfig import from_dict, load_yaml
 
     raw = load_yaml(args.config) if args.config else {}
     if args.model:
@@ -51,14 +52,11 @@ def build_run(args):
     if args.mesh is not None:
         flags.append(f"train.mesh={args.mesh}")
     if args.seed is not None:  # a replicate: new init and new data order
-        flags += [f"train.seed={args.seed}", f"data.seed={args.seed}"]
+        flags += [f"{k}={v}" for k, v in seed_overrides(args.seed).items()]
     if not raw.get("preset") and not (raw.get("model") or {}).get("name"):
         raise ValueError("--model is required (or a config with 'preset'); "
                          "see `python -m cgpt list` for names")
-    raw = apply_overrides(raw, flags + list(args.overrides))
-    # data.source must stay a string even if it looks like a number or a bool in YAML
-    if "data" in raw and "source" in raw["data"]:
-        raw["data"]["source"] = str(raw["data"]["source"])
+    raw = coerce_source(apply_overrides(raw, flags + list(args.overrides)))
     return from_dict(raw, args.config or "command line")
 
 
@@ -168,12 +166,16 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     from cgpt.data import DataError
     from cgpt.hf import LoadError
+    from cgpt.preempt import Preempted
     from cgpt.rundir import RunDirError
     from cgpt.train import TrainError
 
     handlers = {"train": cmd_train, "list": cmd_list, "generate": cmd_generate, "eval": cmd_eval}
     try:
         return args.func(args) if hasattr(args, "func") else handlers[args.command](args)
+    except Preempted as e:  # checkpointed on SIGTERM/SIGUSR1/SIGUSR2 (cgpt.preempt)
+        print(f"cgpt {args.command}: {e}", file=sys.stderr)
+        return e.exit_code
     except (ValueError, TrainError, LoadError, DataError, RunDirError) as e:
         print(f"cgpt {args.command}: error: {e}", file=sys.stderr)
         return 2

@@ -37,6 +37,7 @@ class TrainConfig:
     eval_batches: int | None = None  # None: the whole validation split
     ckpt_every: int | None = None  # None: ~10 checkpoints per run
     keep_checkpoints: int = 2
+    checkpoint_minutes: float | None = None  # also checkpoint every this many minutes (wall clock)
     mode: str = "single"
     mesh: str = ""  # e.g. "data=2,stage=4"; empty = all devices on the mode's main axis
     micro_batches: int | None = None  # layer_pipelined: micro-batches streamed per step
@@ -64,6 +65,9 @@ class TrainConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"train.{name} must be a positive int, got {v!r}")
+        if self.checkpoint_minutes is not None and not self.checkpoint_minutes > 0:
+            raise ValueError(f"train.checkpoint_minutes must be > 0 or null, got "
+                             f"{self.checkpoint_minutes!r}")
         if self.peak_lr is not None and not self.peak_lr > 0:
             raise ValueError(f"train.peak_lr must be > 0, got {self.peak_lr}")
         if self.decay not in (None, "linear", "cosine"):
@@ -124,21 +128,11 @@ def parse_value(text: str):
 
 
 def apply_overrides(raw: dict, overrides: list[str]) -> dict:
-    """`section.key=value` strings applied onto a raw config dict (a new dict)."""
-    out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in raw.items()}
-    for item in overrides:
-        key, eq, value = item.partition("=")
-        if not eq or "." not in key:
-            raise ValueError(f"override {item!r}: expected section.key=value, e.g. "
-                             "train.peak_lr=1e-3 or model.remat=true")
-        section, _, name = key.partition(".")
-        if section not in ("model", "data", "train"):
-            raise ValueError(f"override {item!r}: section must be model, data or train")
-        out.setdefault(section, {})
-        if not isinstance(out[section], dict):
-            out[section] = {}
-        out[section][name] = parse_value(value)
-    return out
+    """`section.key=value` strings applied onto a raw config dict (a new dict); the rules
+    live in `cgpt.overrides`, shared with the sweep."""
+    from cgpt.overrides import apply_overrides as apply
+
+    return apply(raw, overrides)
 
 
 MIN_VOCAB = 257

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from cgpt import checkpoint, flops, model, optim, rundir
+from cgpt import checkpoint, flops, model, optim, preempt, rundir
 from cgpt.config import ModelConfig
 from cgpt.data import load_data
 from cgpt.fileio import atomic_write_text
@@ -350,6 +350,7 @@ def _train(run: RunConfig, out: Path, resume: bool, progress: bool, strategy,
     val_loss, t_run, tokens_seen = math.nan, 0.0, 0
     bar = tqdm(total=total, initial=start, disable=not progress, unit="step", dynamic_ncols=True,
                desc=f"{cfg.name} {plan.tokens / 1e6:.3g}M tok")
+    triggers = preempt.CheckpointTriggers(run.train.checkpoint_minutes).install()
     try:
         for step in range(start, total):
             batch = data.train_batch(step, plan.batch_size).reshape(
@@ -382,16 +383,20 @@ def _train(run: RunConfig, out: Path, resume: bool, progress: bool, strategy,
                 for k in ("loss", "val_loss", "grad_norm", "lr", "tokens_per_s", "mfu"):
                     if k in rec:
                         tb.add_scalar(f"train/{k}", rec[k], done)
-            if done % ckpt_every == 0 or done == total:
+            save_now, stop_signal = triggers.poll()  # scheduler signal or wall-clock interval
+            if done % ckpt_every == 0 or done == total or save_now:
                 if not bool(_all_finite((params, opt_state))):  # the last guard before disk
                     raise _nonfinite_stop("non-finite parameters or optimizer state", done,
                                           ckpt, out)
                 ckpt.save(done, params, opt_state)
+                triggers.saved()
             bar.set_postfix(loss=f"{loss:.3f}", val=f"{val_loss:.3f}", tok_s=f"{tps:,.0f}",
                             mfu=f"{mfu:.1%}", refresh=False)
             bar.update(1)
+            if stop_signal and done < total:
+                raise preempt.Preempted(stop_signal, done, out)
     finally:  # every closer runs even when a full disk fails several; the first error wins
-        _close_all(bar.close, metrics_f.close, lambda: _close_tb(tb), ckpt.close)
+        _close_all(triggers.uninstall, bar.close, metrics_f.close, lambda: _close_tb(tb), ckpt.close)
 
     # A run resumed at (or one step before) its end has no fresh numbers: take them from the log.
     log = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]

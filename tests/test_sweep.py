@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from cgpt import sweep as sw
+from cgpt import flops as flops_mod
 from cgpt.config import get_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -74,7 +75,7 @@ def test_grid_expansion_counts_ids_and_overrides(tmp_path):
     assert r.tokens == r.steps * 16 * 32 and r.config.train.tokens == 100_000
     c = next(r for r in s.runs if r.run_id == "tiny-17k_d269k_s0_lo")
     assert c.config.train.tokens == get_config("tiny-17k", vocab_size=300).chinchilla_tokens()
-    assert c.flops == pytest.approx(sw.flops_mod.train_flops(c.config.model, c.tokens, 32))
+    assert c.flops == pytest.approx(flops_mod.train_flops(c.config.model, c.tokens, 32))
     one = _spec(tmp_path, "one", {"model": ["tiny-17k"], "tokens": ["chinchilla"]})
     assert sw.load_sweep(one, ["train.tokens=5e4"]).runs[0].config.train.tokens == 50_000
     with pytest.raises(ValueError, match="duplicate run ids"):  # --set collapses the budgets
@@ -105,16 +106,55 @@ def test_spec_errors_name_file_and_key(tmp_path):
         sw.load_sweep(bad)
     with pytest.raises(ValueError, match=r"unknown grid key\(s\) \['modles'\]"):
         sw.load_sweep(_spec(tmp_path, "typo", {"modles": ["tiny-17k"]}))
-    with pytest.raises(ValueError, match=r"unknown key\(s\) train.peak_learning_rate"):
+    with pytest.raises(ValueError, match=r"key\.yaml: grid\.overrides\[0\]: unknown key "
+                       r"'train\.peak_learning_rate'; valid train keys: .*peak_lr"):
         sw.load_sweep(_spec(tmp_path, "key", {"model": ["tiny-17k"],
                                               "overrides": [{"train.peak_learning_rate": 1}]}))
     with pytest.raises(ValueError, match="duplicate run ids"):
         sw.load_sweep(_spec(tmp_path, "dup", {"model": ["tiny-17k"],
                                               "tokens": ["chinchilla"], "tokens_per_param": [20]}))
+    with pytest.raises(ValueError, match=r"dup\.yaml: per_model\.tiny-17k: unknown key 'train\.lr'"):
+        sw.load_sweep(_spec(tmp_path, "dup", {"model": ["tiny-17k"]},
+                            per_model={"tiny-17k": {"train.lr": 1}}))
     req = _spec(tmp_path, "req", {"model": ["tiny-17k"]}, require=["data.tokenizer"])
     with pytest.raises(ValueError, match=r"--set data.tokenizer=\.\.\."):
         sw.launch(sw.load_sweep(req), tmp_path / "out")
     assert not sw.missing_required(sw.load_sweep(req, ["data.tokenizer=train"]))
+
+
+def test_bad_set_key_is_blamed_on_the_flag(tmp_path):
+    """#15: `--set train.nope=1` used to be reported as an unknown key of the spec file."""
+    spec = _spec(tmp_path, "ok", {"model": ["tiny-17k"]})
+    with pytest.raises(ValueError) as e:
+        sw.load_sweep(spec, ["train.nope=1"])
+    msg = str(e.value)
+    assert msg.startswith("--set 'train.nope=1': unknown key 'train.nope'") and "ok.yaml" not in msg
+
+
+def test_set_parses_wherever_it_stands(tmp_path, capsys):
+    """`sweep --set a.b=1 spec.yaml` used to swallow the spec path as one more --set value."""
+    spec = _spec(tmp_path, "pos", {"model": ["tiny-17k"]})
+    for argv in (["--set", "train.batch_size=16", str(spec)],
+                 [str(spec), "--set", "train.batch_size=16"],
+                 [str(spec), "train.batch_size=16"],
+                 ["train.batch_size=16", str(spec), "--set", "data.val_sequences=4"]):
+        assert sw.main([*argv, "--dry-run"]) == 0, argv
+        assert " 16 " in capsys.readouterr().out.splitlines()[2], argv
+    assert sw.main(["--set", "train.batch_size=16", "--dry-run"]) == 2
+    assert "expected one sweep spec" in capsys.readouterr().err
+
+
+def test_unusable_out_is_a_one_line_error(tmp_path):
+    """#15: --out on an existing regular file (or a read-only place) crashed with a traceback."""
+    spec = _spec(tmp_path, "o", {"model": ["tiny-17k"]})
+    (tmp_path / "afile").write_text("x")
+    for out in (tmp_path / "afile", tmp_path / "afile" / "sub", Path("/proc/cgpt-sweep-out")):
+        p = subprocess.run([sys.executable, "-m", "cgpt", "sweep", str(spec), "--out", str(out)],
+                           capture_output=True, text=True, timeout=120)
+        assert p.returncode == 2, p.stderr
+        err = p.stderr.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"cgpt sweep: error: --out {out}: "), p.stderr
+        assert "choose another --out" in err[0]
 
 
 def test_dry_run_table_and_bundled_specs(tmp_path, capsys):
@@ -242,7 +282,7 @@ def test_submitit_local_executor(tmp_path):
     spec = _spec(tmp_path, "sub", {"model": ["tiny-17k"], "seed": [5]},
                  slurm={"partition": "gpu", "gpus_per_node": 1, "array_parallelism": 4})
     s = sw.load_sweep(spec, ["slurm.timeout_min=30"])
-    assert sw._slurm_params(s, None, 1) == {
+    assert sw.slurm_params(s.slurm, None, 1, s.name) == {
         "slurm_partition": "gpu", "gpus_per_node": 1, "timeout_min": 30,
         "slurm_array_parallelism": 4, "name": "cgpt-sub"}
     out = tmp_path / "out"

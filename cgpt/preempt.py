@@ -1,0 +1,72 @@
+"""When a training loop must checkpoint outside its step schedule: a scheduler's signal or a
+wall-clock interval.
+
+SLURM sends SIGTERM before it kills a job (preemption, `scontrol requeue`, cancel) and the
+signal a job asked for before its time limit (submitit: SIGUSR2; SIGUSR1 is the common
+choice elsewhere). On any of the three the loop checkpoints at the end of the current step and
+stops with `Preempted`, so a requeued job resumes where it stopped. `train.checkpoint_minutes`
+adds a checkpoint every so many minutes, so a crash never loses more than that. In a
+multi-process job the processes agree (any of them) before acting: Orbax saves collectively.
+"""
+from __future__ import annotations
+
+import signal
+import threading
+import time
+
+SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
+
+
+class Preempted(Exception):
+    """Training checkpointed and stopped on a signal; rerun with --resume to continue."""
+
+    def __init__(self, signum: int, step: int, out: object):
+        self.signum, self.step = signum, step
+        super().__init__(f"stopped by {signal.Signals(signum).name} after checkpointing step "
+                         f"{step} in {out}; rerun with --resume to continue")
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum  # the shell's convention for "ended by this signal"
+
+
+class CheckpointTriggers:
+    """Handlers for SIGTERM/SIGUSR1/SIGUSR2 plus a wall-clock timer; `poll` once per step."""
+
+    def __init__(self, minutes: float | None = None):
+        self.interval_s = minutes * 60 if minutes else None
+        self.signum = 0
+        self.last = time.monotonic()
+        self._old: dict = {}
+
+    def _handle(self, signum, frame) -> None:
+        self.signum = self.signum or signum
+
+    def install(self) -> "CheckpointTriggers":
+        if threading.current_thread() is threading.main_thread():  # handlers: main thread only
+            self._old = {s: signal.signal(s, self._handle) for s in SIGNALS}
+        return self
+
+    def uninstall(self) -> None:
+        for s, h in self._old.items():
+            signal.signal(s, h)
+        self._old = {}
+
+    def poll(self) -> tuple[bool, int]:
+        """(checkpoint now, the stop signal or 0), the same answer in every process."""
+        due = self.interval_s is not None and time.monotonic() - self.last >= self.interval_s
+        signum = self.signum
+        import jax
+
+        if jax.process_count() > 1:
+            import numpy as np
+            from jax.experimental import multihost_utils
+
+            got = multihost_utils.process_allgather(np.array([int(due), signum], np.int32))
+            got = np.asarray(got).reshape(-1, 2)
+            due, signum = bool(got[:, 0].any()), int(got[:, 1].max())
+        return due or bool(signum), signum
+
+    def saved(self) -> None:
+        """A checkpoint was written: the interval starts again."""
+        self.last = time.monotonic()

@@ -1,0 +1,89 @@
+"""`cgpt sweep SPEC`: the command line (registered into `cgpt`'s subcommands by cli.py)."""
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+from cgpt.sweep.launch import EXECUTORS, ON_CHANGE, launch, print_table
+from cgpt.sweep.spec import load_sweep, select
+
+# a `--set` item (or a bare override): section.key=value, e.g. train.peak_lr=1e-3, slurm.nodes=2
+_OVERRIDE = re.compile(r"^[A-Za-z_]\w*\.[\w.]+=")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("spec", nargs="?", help="sweep spec YAML (see sweeps/*.yaml and docs/sweeps.md)")
+    p.add_argument("overrides", nargs="*", metavar="section.key=value",
+                   help="the same as --set: may stand anywhere on the line, as train's do")
+    p.add_argument("--out", help="sweep directory (default: runs/sweeps/<spec name>)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the runs with N, D, FLOPs and estimated time, then exit")
+    p.add_argument("--parallel", type=int,
+                   help="runs at a time: local default 1 (each run pinned to its own GPUs, or "
+                   "its share of the cores); slurm default slurm.array_parallelism or all")
+    p.add_argument("--executor", default="local", choices=EXECUTORS,
+                   help="local subprocesses, a SLURM job array via submitit, or submitit's "
+                   "local executor (the SLURM code path on this machine)")
+    p.add_argument("--only", metavar="PATTERN",
+                   help="run only ids matching these comma-separated globs (or substrings)")
+    p.add_argument("--set", dest="sets", nargs="+", action="extend", default=[],
+                   metavar="section.key=value",
+                   help="override every run (data.source=..., train.batch_size=16) or the "
+                   "slurm:/estimate: sections (slurm.partition=gpu)")
+    p.add_argument("--on-change", default="error", choices=ON_CHANGE,
+                   help="a run directory trained with a different config: 'error' (default) "
+                   "names the differing keys; 'rerun' moves it to DIR/.superseded/ and trains anew")
+    p.add_argument("--no-compile-cache", action="store_true",
+                   help="do not share JAX's persistent compilation cache (DIR/.jax_cache) "
+                   "between the runs")
+
+
+def register(subparsers) -> argparse.ArgumentParser:
+    """Add `sweep` to cgpt's subcommands (cli.py: `sweep.register(sub)`)."""
+    p = subparsers.add_parser(
+        "sweep", help="launch a grid of training runs from a spec (resumable)",
+        description="Expand a sweep spec into runs and train each as its own process. "
+        "Relaunching the same command skips finished runs and resumes interrupted ones.")
+    add_arguments(p)
+    p.set_defaults(func=cmd_sweep)
+    return p
+
+
+def split_spec_and_sets(args: argparse.Namespace) -> tuple[str, list[str]]:
+    """argparse gives `--set a.b=1 spec.yaml` the spec as one more --set value: sort the
+    tokens back into the one spec path and the section.key=value overrides."""
+    tokens = ([args.spec] if args.spec else []) + list(args.overrides) + list(args.sets)
+    sets = [t for t in tokens if _OVERRIDE.match(t)]
+    paths = [t for t in tokens if not _OVERRIDE.match(t)]
+    if len(paths) != 1:
+        raise ValueError(f"expected one sweep spec and section.key=value overrides, got "
+                         f"{paths or 'no spec'}; e.g. cgpt sweep sweeps/demo.yaml --set "
+                         "train.batch_size=16")
+    return paths[0], sets
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    spec, sets = split_spec_and_sets(args)
+    sweep = load_sweep(spec, sets)
+    out = Path(args.out or f"runs/sweeps/{sweep.name}")
+    if args.dry_run:
+        print_table(sweep, out if out.is_dir() else None, select(sweep.runs, args.only),
+                    args.parallel or 1)
+        return 0
+    return launch(sweep, out, parallel=args.parallel, executor=args.executor, only=args.only,
+                  on_change=args.on_change,
+                  compile_cache=None if args.no_compile_cache else "default")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m cgpt.sweep ...`: parses and runs the sweep command (errors: one line, rc 2)."""
+    ap = argparse.ArgumentParser(prog="cgpt sweep")
+    add_arguments(ap)
+    args = ap.parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        return cmd_sweep(args)
+    except ValueError as e:
+        print(f"cgpt sweep: error: {e}", file=sys.stderr)
+        return 2

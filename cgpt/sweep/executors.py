@@ -1,0 +1,338 @@
+"""Executing runs: one `python -m cgpt train` process per run, locally or in SLURM jobs.
+
+`execute_run` runs one training process with its output in the run's `train.log`; the local
+executor calls it from K worker threads (each run pinned to its share of the devices), the
+SLURM executors submit it as a submitit job array. The submitted callable (`RunTask`) follows
+submitit's checkpoint/requeue protocol: on the scheduler's signal before a time limit it asks
+the training process to checkpoint (train does so on SIGTERM/SIGUSR1/SIGUSR2 and exits), and
+the requeued job resumes from that checkpoint.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from cgpt.fileio import atomic_write_text
+from cgpt.sweep.state import FAILED_FILE, LOCK_FILE, LOG_FILE, RUN_FILE, run_state
+
+# AutoExecutor's cluster-independent parameters; every other `slurm:` key gets a slurm_ prefix.
+SUBMITIT_GENERIC = ("timeout_min", "mem_gb", "gpus_per_node", "cpus_per_task", "nodes",
+                    "tasks_per_node", "stderr_to_stdout")
+# Exit statuses of a train that checkpointed and stopped on a signal (cgpt.preempt).
+SIGNAL_EXITS = {128 + s for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)}
+
+
+@dataclass(frozen=True)
+class Job:
+    """Everything a worker needs to run one training process; picklable for submitit."""
+
+    run_id: str
+    run_dir: str
+    resume: bool
+    env: dict = field(default_factory=dict, hash=False)  # extra environment (compile cache)
+    pin: tuple = ()  # (slot, slots): local runs get their own share of the devices
+
+
+# Launcher run as `python -c`: hold the run's lock for the whole training process (the fd is
+# inherited across exec), pin to its CPU share, die with the parent (PR_SET_PDEATHSIG, Linux)
+# so a killed sweep leaves no orphan writing the run dir, then exec the train entry point.
+_LAUNCH = r"""
+import ctypes, fcntl, os, signal, sys
+lock_path, parent, cpus, argv = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4:]
+if lock_path:
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        sys.exit(f"cgpt sweep: {lock_path} is held: another process is training this run")
+    os.set_inheritable(fd, True)
+if cpus:
+    os.sched_setaffinity(0, [int(c) for c in cpus.split(",")])
+try:
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+except (OSError, AttributeError):
+    pass
+if os.getppid() != parent:
+    sys.exit("cgpt sweep: the sweep process exited before this run started")
+os.execv(sys.executable, [sys.executable, "-m", "cgpt", *argv])
+"""
+
+_live: dict[str, subprocess.Popen] = {}  # run_id -> process (this process's runs)
+_live_lock = threading.Lock()
+_stopping = threading.Event()
+
+
+# ---- devices -----------------------------------------------------------------------------
+def visible_gpus() -> list[str]:
+    """GPU ids this process may use, without initializing JAX (which would claim them all)."""
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None:
+        return [g for g in env.split(",") if g.strip() and g.strip() != "-1"]
+    if shutil.which("nvidia-smi") is None:
+        return []
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [str(i) for i, line in enumerate(out.stdout.splitlines()) if line.startswith("GPU ")]
+
+
+def device_share(slot: int, slots: int, gpus: list[str] | None = None,
+                 cpus: list[int] | None = None) -> tuple[dict, list[int]]:
+    """Slot `slot` of `slots` parallel runs -> (env, cpu list): its own GPUs when there are
+    GPUs (CUDA_VISIBLE_DEVICES), else its own share of the cores (sched_setaffinity)."""
+    gpus = visible_gpus() if gpus is None else gpus
+    cpus = sorted(os.sched_getaffinity(0)) if cpus is None else cpus
+    if gpus:
+        if slots > len(gpus):
+            raise ValueError(f"--parallel {slots} exceeds the {len(gpus)} visible GPU(s): each "
+                             f"run needs its own; use --parallel {len(gpus)} or fewer")
+        k = len(gpus) // slots
+        return {"CUDA_VISIBLE_DEVICES": ",".join(gpus[slot * k:(slot + 1) * k])}, []
+    k = max(1, len(cpus) // slots)
+    start = (slot * k) % len(cpus)
+    return {}, cpus[start:start + k]
+
+
+# ---- one run -------------------------------------------------------------------------------
+def train_argv(job: Job) -> list[str]:
+    """The `python -m cgpt ...` arguments of one run."""
+    d = Path(job.run_dir)
+    argv = ["train", "--config", str(d / RUN_FILE), "--out", str(d), "--no-progress"]
+    return argv + (["--resume"] if job.resume else [])
+
+
+def _error_from_log(log: Path, lines: int = 3) -> str:
+    """The failure's message: the `error:` line train prints, else the log's last lines."""
+    try:
+        text = log.read_text(errors="replace").splitlines()
+    except OSError:
+        return f"no log at {log}"
+    text = [t.rstrip() for t in text if t.strip() and not t.startswith("\r")]
+    errs = [t for t in text if t.startswith("cgpt train: error:") or t.startswith("cgpt sweep:")]
+    if errs:
+        return errs[-1][-600:]
+    return " | ".join(text[-lines:])[-600:] or "no output"
+
+
+def execute_run(job: Job) -> dict:
+    """Run one training process with its output in `train.log`; never raises on failure.
+
+    Returns {'run_id', 'status': done|failed|interrupted, 'error', 'returncode'}. In a
+    multi-task SLURM job every task runs this; rank 0 owns the lock, log and status files,
+    and all ranks inherit the SLURM environment that `jax.distributed.initialize` reads.
+    """
+    d = Path(job.run_dir)
+    rank = int(os.environ.get("SLURM_PROCID", "0") or 0)
+    # A requeued or relaunched run finds the config its first attempt wrote: resume it (every
+    # rank alike; the sweep checked that the config is the same before launching).
+    job = replace(job, resume=job.resume or (d / "config.yaml").exists())
+    log = d / (LOG_FILE if rank == 0 else f"train.rank{rank}.log")
+    if rank == 0:
+        (d / FAILED_FILE).unlink(missing_ok=True)
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **job.env)
+    cpus: list[int] = []
+    if job.pin:
+        extra, cpus = device_share(*job.pin)
+        env.update(extra)
+    cmd = [sys.executable, "-c", _LAUNCH, str(d / LOCK_FILE) if rank == 0 else "",
+           str(os.getpid()), ",".join(map(str, cpus)), *train_argv(job)]
+    t0 = time.time()
+    with open(log, "a") as f:
+        where = (f" [cpus {','.join(map(str, cpus))}]" if cpus else "") + (
+            f" [CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']}]"
+            if job.pin and "CUDA_VISIBLE_DEVICES" in env else "") + (
+            f" [SLURM job {os.environ['SLURM_JOB_ID']}, restart "
+            f"{os.environ.get('SLURM_RESTART_COUNT', '0')}]" if "SLURM_JOB_ID" in os.environ
+            else "")
+        f.write(f"==== cgpt sweep {time.strftime('%Y-%m-%d %H:%M:%S')}: python -m cgpt "
+                f"{' '.join(train_argv(job))}{where}\n")
+        f.flush()
+        if _stopping.is_set():
+            return {"run_id": job.run_id, "status": "interrupted", "error": "", "returncode": None}
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env,
+                                stdin=subprocess.DEVNULL)
+        with _live_lock:
+            _live[job.run_id] = proc
+        try:
+            rc = proc.wait()
+        finally:
+            with _live_lock:
+                _live.pop(job.run_id, None)
+    result = {"run_id": job.run_id, "returncode": rc, "error": "",
+              "seconds": round(time.time() - t0, 1)}
+    if rc == 0 and (d / "summary.json").exists():
+        return {**result, "status": "done"}
+    if rc in SIGNAL_EXITS and "SLURM_JOB_ID" in os.environ:
+        # Checkpointed on the scheduler's signal: it is requeueing or ending this job. Return
+        # no result (submitit would read one as the job's end) until it does.
+        time.sleep(float(os.environ.get("CGPT_REQUEUE_WAIT_S", "600")))
+    if _stopping.is_set() or rc in (130, -signal.SIGINT) or rc in SIGNAL_EXITS:
+        return {**result, "status": "interrupted"}
+    err = _error_from_log(log)
+    if rc < 0:
+        err = f"killed by signal {signal.Signals(-rc).name}; {err}"
+    elif rc == 0:
+        err = f"exited 0 without writing summary.json; {err}"
+    if rank == 0:
+        atomic_write_text(d / FAILED_FILE,
+                          json.dumps({**result, "error": err, "log": str(log)}, indent=2))
+    return {**result, "status": "failed", "error": err}
+
+
+def _child_exited(pid: int) -> bool:
+    """True once `pid` (our child) has exited; does not reap it (its waiter does)."""
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:
+        return True
+
+
+class RunTask:
+    """The callable submitted to SLURM: `execute_run`, checkpointable the submitit way.
+
+    On the time-limit signal submitit calls `checkpoint` (rank 0) before requeueing the job:
+    it tells the training process to checkpoint and waits until it has exited, then hands
+    submitit the same call to run again; the requeued job resumes from that checkpoint.
+    """
+
+    def __call__(self, job: Job) -> dict:
+        return execute_run(job)
+
+    def checkpoint(self, job: Job, grace_s: float | None = None):
+        import submitit
+
+        with _live_lock:
+            proc = _live.get(job.run_id)
+        if proc is not None:
+            try:
+                proc.send_signal(signal.SIGUSR1)
+            except ProcessLookupError:
+                pass
+            deadline = time.time() + (grace_s or float(os.environ.get("CGPT_CKPT_GRACE_S", 60)))
+            while time.time() < deadline and not _child_exited(proc.pid):
+                time.sleep(0.2)
+        return submitit.helpers.DelayedSubmission(self, replace(job, resume=True))
+
+
+def stop_local(grace_s: float = 20.0) -> None:
+    """SIGINT the live runs (train saves nothing extra, but exits cleanly), then SIGKILL."""
+    _stopping.set()
+    with _live_lock:
+        procs = list(_live.values())
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGINT)
+    deadline = time.time() + grace_s
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.1, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
+# ---- executors -----------------------------------------------------------------------------
+def run_local(jobs: list[Job], parallel: int, finished, on_start=None) -> None:
+    """K worker threads; with K > 1 each run is pinned to its own slot of the devices."""
+    _stopping.clear()
+    if parallel > 1 and jobs:
+        device_share(0, parallel)  # fail now if K runs cannot each get a GPU
+    pending = list(jobs)
+    free = list(range(parallel))
+    with ThreadPoolExecutor(max_workers=parallel) as pool:
+        futs = {}
+        try:
+            while pending or futs:
+                while pending and free:
+                    j, slot = pending.pop(0), free.pop(0)
+                    if parallel > 1:
+                        j = replace(j, pin=(slot, parallel))
+                    futs[pool.submit(execute_run, j)] = slot
+                    if on_start:
+                        on_start(j)
+                done, _ = wait(list(futs), return_when=FIRST_COMPLETED)
+                for f in done:
+                    free.append(futs.pop(f))
+                    finished(f.result())
+        except KeyboardInterrupt:
+            stop_local()
+            for f in futs:
+                f.cancel()
+            raise
+
+
+def slurm_params(slurm: dict, parallel: int | None, n_jobs: int, name: str) -> dict:
+    """A spec's `slurm:` settings -> submitit AutoExecutor parameters."""
+    params = {}
+    for k, v in slurm.items():
+        if k in ("array_parallelism", "max_num_timeout"):
+            continue
+        params[k if k in SUBMITIT_GENERIC else f"slurm_{k}"] = v
+    params["slurm_array_parallelism"] = int(parallel or slurm.get("array_parallelism") or n_jobs)
+    params.setdefault("timeout_min", 60 * 24)
+    params["name"] = f"cgpt-{name}"
+    return params
+
+
+def _groups(jobs: list[Job], resources: dict[str, dict]) -> list[tuple[dict, list[Job]]]:
+    """Jobs grouped by their SLURM resources: one job array per distinct set."""
+    out: dict[str, tuple[dict, list[Job]]] = {}
+    for j in jobs:
+        res = resources.get(j.run_id, {})
+        out.setdefault(json.dumps(res, sort_keys=True, default=str), (res, []))[1].append(j)
+    return list(out.values())
+
+
+def run_submitit(jobs: list[Job], resources: dict[str, dict], name: str, folder: Path,
+                 parallel: int | None, executor: str, finished, poll_s: float,
+                 where: str = "spec") -> None:
+    """Submit `jobs` as SLURM job arrays (or submitit's local executor) and wait for them."""
+    import submitit
+
+    if not jobs:
+        return
+    cluster = "slurm" if executor == "slurm" else "local"
+    subs, by_id = [], {}
+    for res, group in _groups(jobs, resources):
+        ex = submitit.AutoExecutor(folder=folder, cluster=cluster,
+                                   slurm_max_num_timeout=int(res.get("max_num_timeout", 30)))
+        try:
+            ex.update_parameters(**slurm_params(res, parallel, len(group), name))
+        except (NameError, AssertionError, ValueError) as e:
+            raise ValueError(f"{where}: bad slurm: setting ({e}); see docs/sweeps.md") from None
+        task = RunTask()
+        with ex.batch():
+            group_subs = [ex.submit(task, j) for j in group]
+        subs += group_subs
+        by_id.update({s.job_id: j for s, j in zip(group_subs, group)})
+        print(f"submitted {len(group_subs)} {cluster} jobs "
+              f"({group_subs[0].job_id.split('_')[0]}...) {res or ''}, logs in {folder}")
+    try:
+        for s in submitit.helpers.as_completed(subs, poll_frequency=poll_s):
+            j = by_id[s.job_id]
+            try:
+                res = s.result()
+                if isinstance(res, list):  # multi-task job: rank 0's result
+                    res = res[0]
+            except Exception as e:  # the job itself died (time limit, node failure, ...)
+                res = {"run_id": j.run_id, "status": "failed",
+                       "error": f"submitit job {s.job_id}: {str(e).strip().splitlines()[-1:]}"}
+                if run_state(Path(j.run_dir)) == "done":
+                    res["status"] = "done"
+                else:
+                    atomic_write_text(Path(j.run_dir) / FAILED_FILE, json.dumps(res, indent=2))
+            finished(res)
+    except KeyboardInterrupt:
+        if cluster == "local":
+            for s in subs:
+                s.cancel(check=False)
+        raise

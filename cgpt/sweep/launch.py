@@ -1,0 +1,252 @@
+"""Launching a sweep: pick the runs that are not done, check their identity, run them, report.
+
+Killing the sweep (even SIGKILL) loses at most the steps since each live run's last
+checkpoint; relaunching the same command continues where it stopped.
+"""
+from __future__ import annotations
+
+import fcntl
+import os
+import sys
+from pathlib import Path
+
+import yaml
+
+from cgpt.sweep.executors import Job, run_local, run_submitit
+from cgpt.sweep.spec import Run, Sweep, fmt_count, fmt_time, missing_required, select
+from cgpt.sweep.state import LOG_FILE, SUPERSEDED_DIR, config_change, prepare_run_dir, read_json, \
+    run_state, supersede, write_results
+
+EXECUTORS = ("local", "slurm", "submitit-local")
+ON_CHANGE = ("error", "rerun")
+COMPILE_CACHE_DIR = ".jax_cache"  # under the sweep directory, shared by all its runs
+
+
+def compile_cache_env(cache: Path | None) -> dict:
+    """Environment that points every run's JAX at one persistent compilation cache; programs
+    of any size and compile time are kept, so repeated shapes and relaunches skip XLA."""
+    if cache is None:
+        return {}
+    return {"JAX_COMPILATION_CACHE_DIR": str(cache),
+            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+            "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
+
+
+def print_table(sweep: Sweep, out: Path | None, runs: list[Run], parallel: int = 1,
+                file=None) -> None:
+    """The --dry-run table: N, D, counted FLOPs, 6ND and the estimated time of every run
+    (and, for a spec with slurm resources, the devices and time limit it gets)."""
+    file = file or sys.stdout
+    e = sweep.estimate
+    cluster = e.mfu is not None and e.device_flops is not None
+    hdr = (f"{'run_id':34s} {'state':>11s} {'N':>8s} {'D':>8s} {'D/N':>6s} {'batch':>5s} "
+           f"{'steps':>7s} {'FLOPs':>9s} {'6ND':>9s} {'est':>7s}"
+           + (f" {'devices':>7s} {'limit':>7s}" if cluster else ""))
+    print(f"sweep {sweep.name} ({sweep.path}): {len(runs)} runs"
+          + (f" (of {len(sweep.runs)}, --only)" if len(runs) != len(sweep.runs) else "")
+          + (f"; {sweep.dropped} grid points dropped by filter:" if sweep.dropped else ""),
+          file=file)
+    print(hdr, file=file)
+    total_s = left_s = 0.0
+    for r in runs:
+        state = run_state(out / r.run_id) if out is not None else "new"
+        est = e.seconds(r.steps, r.flops, r.devices)
+        total_s += est
+        left_s += 0 if state in ("done", "running") else est
+        limit = float(r.slurm.get("timeout_min", 0)) * 60
+        print(f"{r.run_id:34s} {state:>11s} {fmt_count(r.n_params):>8s} "
+              f"{fmt_count(r.tokens):>8s} {r.tokens / r.n_params:6.1f} {r.batch_size:5d} "
+              f"{r.steps:7d} {r.flops:9.2e} {r.flops_6nd:9.2e} {fmt_time(est):>7s}"
+              + (f" {r.devices:7d} {fmt_time(limit) if limit else '-':>7s}" if cluster else ""),
+              file=file)
+    fl = [r.flops for r in runs]
+    rate = (f"MFU {e.mfu:.0%} of {e.device_flops:.3g} FLOP/s per device" if cluster
+            else f"{e.flops_per_s:.3g} FLOP/s")
+    print(f"total {sum(fl):.3g} FLOPs (counted), {max(fl) / min(fl):.3g}x range; estimated "
+          f"{fmt_time(total_s)} serial, {fmt_time(left_s)} still to run"
+          + (f", ~{fmt_time(left_s / parallel)} at --parallel {parallel} if cores allow"
+             if parallel > 1 else "")
+          + f"  [model: {e.startup_s:g}s + steps x {e.step_overhead_s:g}s + FLOPs / ({rate})]",
+          file=file)
+    miss = missing_required(sweep)
+    if miss:
+        print(f"note: a launch needs {' '.join(f'--set {k}=...' for k in miss)} "
+              f"(required by {sweep.path})", file=file)
+
+
+class SweepLock:
+    """DIR/.sweep.lock: one sweep process per output directory (released even on SIGKILL)."""
+
+    def __init__(self, out: Path):
+        self.path = out / ".sweep.lock"
+        self.f = open(self.path, "a+")
+        try:
+            fcntl.flock(self.f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            self.f.seek(0)
+            other = self.f.read().strip() or "?"
+            self.f.close()
+            raise ValueError(f"another sweep (pid {other}) is running in {out}; wait for it, "
+                             "or stop it, then rerun") from None
+        self.f.seek(0)
+        self.f.truncate()
+        self.f.write(str(os.getpid()))
+        self.f.flush()
+
+    def release(self) -> None:
+        self.f.close()
+
+
+def check_out_dir(out: Path) -> None:
+    """--out must be a directory this process can write (a clear one-line error otherwise)."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / f".write-test-{os.getpid()}"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as e:
+        raise ValueError(f"--out {out}: cannot use it as the sweep directory "
+                         f"({e.strerror or e}); choose another --out") from None
+
+
+def _report(out: Path, n_done: int) -> None:
+    """Scaling-law report from the `analysis` package, when it is there and can fit."""
+    try:
+        from analysis import sweep_report
+    except ImportError as e:
+        print(f"(no scaling-law report: the analysis package is not importable: {e})")
+        return
+    if n_done < 3:
+        print(f"(no scaling-law report: {n_done} finished run(s); a fit needs at least 3)")
+        return
+    try:
+        print(sweep_report(out, out_png=out / "scaling.png"))
+    except ValueError as e:
+        print(f"(no scaling-law report: {e})")
+    except Exception as e:  # a fit that fails must not hide that the runs are safe
+        print(f"(scaling-law report failed: {type(e).__name__}: {e}; results are in "
+              f"{out / 'results.csv'})")
+
+
+def _check_identity(sweep: Sweep, runs: list[Run], out: Path, on_change: str) -> None:
+    """A run directory trained with another config is never reused silently."""
+    changed = {r.run_id: config_change(r, out) for r in runs}
+    changed = {k: v for k, v in changed.items() if v}
+    if not changed:
+        return
+    if on_change == "rerun":
+        by_id = {r.run_id: r for r in runs}
+        for rid in changed:
+            print(f"config of {rid} changed ({'; '.join(changed[rid])}): moved the old run to "
+                  f"{supersede(by_id[rid], out)}; training anew")
+        return
+    lines = "\n".join(f"  {rid}: {'; '.join(diff)}" for rid, diff in changed.items())
+    raise ValueError(
+        f"{len(changed)} run(s) in {out} were trained with a different config than {sweep.path} "
+        f"(and --set) now gives:\n{lines}\nrestore the spec, use a new --out, or pass "
+        f"--on-change rerun to move them to {out / SUPERSEDED_DIR}/ and train them anew")
+
+
+def launch(sweep: Sweep, out: Path, parallel: int | None = None, executor: str = "local",
+           only: str | None = None, poll_s: float = 10.0, report: bool = True,
+           on_change: str = "error", compile_cache: Path | None | str = "default") -> int:
+    """Run every selected run that is not done; returns 0 if all are done, else 1 (130: ^C).
+
+    compile_cache: a directory for JAX's persistent compilation cache shared by the runs
+    ("default": DIR/.jax_cache), or None for none.
+    """
+    from tqdm.auto import tqdm
+
+    if executor not in EXECUTORS:
+        raise ValueError(f"--executor {executor!r}; use one of {', '.join(EXECUTORS)}")
+    if on_change not in ON_CHANGE:
+        raise ValueError(f"--on-change {on_change!r}; use one of {', '.join(ON_CHANGE)}")
+    if parallel is not None and parallel < 1:
+        raise ValueError(f"--parallel {parallel}: must be >= 1")
+    miss = missing_required(sweep)
+    if miss:
+        raise ValueError(f"{sweep.path} requires {', '.join(miss)} to be set at launch: add "
+                         f"{' '.join(f'--set {k}=...' for k in miss)}")
+    runs = select(sweep.runs, only)
+    if not runs:
+        raise ValueError(f"--only {only!r} matches none of the {len(sweep.runs)} run ids of "
+                         f"{sweep.path} (see --dry-run)")
+    check_out_dir(out)
+    lock = SweepLock(out)
+    try:
+        states = {r.run_id: run_state(out / r.run_id) for r in runs}
+        _check_identity(sweep, [r for r in runs if states[r.run_id] != "running"], out, on_change)
+        cache = out / COMPILE_CACHE_DIR if compile_cache == "default" else compile_cache
+        (out / "sweep.yaml").write_text(yaml.safe_dump(
+            {"spec": str(sweep.path), "name": sweep.name, "argv": sys.argv[1:],
+             "compile_cache": str(cache) if cache else None,
+             "runs": [r.run_id for r in sweep.runs]}, sort_keys=False))
+        write_results(sweep.runs, out)
+        states = {r.run_id: run_state(out / r.run_id) for r in runs}
+        todo = [r for r in runs if states[r.run_id] not in ("done", "running")]
+        elsewhere = [r.run_id for r in runs if states[r.run_id] == "running"]
+        n_done = sum(s == "done" for s in states.values())
+        print(f"sweep {sweep.name}: {len(runs)} runs in {out}: {n_done} done, "
+              f"{sum(states[r.run_id] == 'interrupted' for r in todo)} to resume, "
+              f"{sum(states[r.run_id] == 'failed' for r in todo)} to retry, "
+              f"{sum(states[r.run_id] == 'new' for r in todo)} new"
+              + (f"; {len(elsewhere)} running in another process, skipped: {elsewhere}"
+                 if elsewhere else "") + f" [executor {executor}"
+              + (f", parallel {parallel or 1}]" if executor == "local" else "]"))
+        if (parallel or 1) > 1 and executor == "local":
+            # longest first: K workers finish sooner when the long pole starts at once
+            todo.sort(key=lambda r: -sweep.estimate.seconds(r.steps, r.flops))
+        env = compile_cache_env(Path(cache).resolve() if cache else None)
+        jobs = [Job(r.run_id, str(prepare_run_dir(r, out).resolve()),
+                    resume=(out / r.run_id / "config.yaml").exists(), env=env) for r in todo]
+
+        failures: dict[str, str] = {}
+        bar = tqdm(total=len(runs), initial=n_done, unit="run", desc=f"sweep {sweep.name}",
+                   dynamic_ncols=True)
+
+        def finished(res: dict) -> None:
+            if res["status"] == "failed":
+                failures[res["run_id"]] = res["error"]
+                bar.write(f"FAILED {res['run_id']}: {res['error']}  "
+                          f"(log: {out / res['run_id'] / LOG_FILE})")
+            elif res["status"] == "done":
+                s = read_json(out / res["run_id"] / "summary.json") or {}
+                bar.write(f"done   {res['run_id']}: val_loss {s.get('val_loss', float('nan')):.4f}"
+                          f"  {res.get('seconds', 0):.0f}s")
+                bar.update(1)
+            write_results(sweep.runs, out)
+            bar.set_postfix(failed=len(failures), refresh=True)
+
+        try:
+            if executor == "local":
+                run_local(jobs, parallel or 1, finished)
+            else:
+                resources = {r.run_id: r.slurm for r in todo}
+                run_submitit(jobs, resources, sweep.name, out / ".submitit", parallel, executor,
+                             finished, poll_s, where=str(sweep.path))
+        except KeyboardInterrupt:
+            bar.close()
+            write_results(sweep.runs, out)
+            left = sum(run_state(out / r.run_id) != "done" for r in runs)
+            print(f"\ncgpt sweep: interrupted; finished runs are kept and {left} left; rerun "
+                  "the same command to resume"
+                  + (" (SLURM jobs already submitted keep running)" if executor == "slurm"
+                     else ""), file=sys.stderr)
+            return 130
+        bar.close()
+        write_results(sweep.runs, out)
+        states = {r.run_id: run_state(out / r.run_id) for r in runs}
+        n_done = sum(s == "done" for s in states.values())
+        failed = [k for k, s in states.items() if s == "failed"]
+        print(f"sweep {sweep.name}: {n_done}/{len(runs)} done, {len(failed)} failed"
+              + (f" ({', '.join(failed)}; errors in {out / 'results.csv'}, logs in "
+                 f"<run>/{LOG_FILE})" if failed else "") + f"; results: {out / 'results.csv'}")
+        if report:
+            all_done = sum(run_state(out / r.run_id) == "done" for r in sweep.runs)
+            _report(out, all_done)
+        return 0 if n_done == len(runs) else 1
+    finally:
+        lock.release()
+
+
+__all__ = ["launch", "print_table", "check_out_dir", "compile_cache_env", "EXECUTORS"]

@@ -1,0 +1,157 @@
+"""Run state: the run directories of a sweep are the source of truth, `results.csv` their table.
+
+* `summary.json` present            -> done, never rerun;
+* `config.yaml` present, no summary -> interrupted, rerun with `--resume`;
+* `failed.json` present             -> the last attempt failed (error kept); retried on relaunch;
+* `.lock` held by a live process    -> running (a `train` launched by some sweep holds it).
+
+`results.csv` records only what the files say (done / failed / pending), never "running": a
+claim that a run is live would outlive a SIGKILLed sweep. Live state is read from the locks
+(`run_state`, the --dry-run table). Each run directory also records `identity.json`, the
+hash of its fully resolved config, so a relaunch after a spec change never reuses it silently.
+"""
+from __future__ import annotations
+
+import csv
+import fcntl
+import json
+import shutil
+from pathlib import Path
+
+import yaml
+
+from cgpt.fileio import atomic_write, atomic_write_text
+from cgpt.sweep.spec import Run, config_hash, identity
+
+# The results contract read by `analysis.load_results` (keep in sync with analysis/results.py).
+COLUMNS = (
+    "run_id", "model", "seed", "status", "error", "n_params", "n_params_nonembed", "tokens",
+    "flops_6nd", "flops", "train_loss", "val_loss", "wall_time_s", "tokens_per_s", "mfu",
+    "epochs", "mup", "run_dir", "flops_budget", "peak_lr",
+)
+SUMMARY_COLUMNS = ("n_params", "n_params_nonembed", "tokens", "flops_6nd", "flops", "train_loss",
+                   "val_loss", "wall_time_s", "tokens_per_s", "mfu", "epochs", "mup")
+RUN_FILE = "run.yaml"  # the fully resolved config the sweep hands to `cgpt train --config`
+IDENTITY_FILE = "identity.json"
+LOG_FILE = "train.log"
+FAILED_FILE = "failed.json"
+LOCK_FILE = ".lock"
+SUPERSEDED_DIR = ".superseded"
+
+
+def held_elsewhere(run_dir: Path) -> bool:
+    """True while some process (a train launched by any sweep) holds the run's lock."""
+    lock = run_dir / LOCK_FILE
+    if not lock.exists():
+        return False
+    with open(lock, "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return True
+        fcntl.flock(f, fcntl.LOCK_UN)
+    return False
+
+
+def run_state(run_dir: Path) -> str:
+    """'done' | 'running' | 'failed' | 'interrupted' | 'new', read from the run directory."""
+    if (run_dir / "summary.json").exists():
+        return "done"
+    if held_elsewhere(run_dir):
+        return "running"
+    if (run_dir / FAILED_FILE).exists():
+        return "failed"
+    if (run_dir / "config.yaml").exists():
+        return "interrupted"
+    return "new"
+
+
+def read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def result_row(run: Run, out: Path) -> dict:
+    """One results.csv row, from the run directory (summary.json / failed.json) and the plan."""
+    run_dir = out / run.run_id
+    row = {c: "" for c in COLUMNS}
+    row.update(run_id=run.run_id, model=run.model, seed=run.seed, run_dir=str(run_dir),
+               n_params=run.n_params, n_params_nonembed=run.n_params_nonembed,
+               tokens=run.tokens, flops_6nd=run.flops_6nd, flops=run.flops,
+               mup=run.config.model.mup, peak_lr=run.peak_lr,
+               flops_budget="" if run.flops_budget is None else run.flops_budget)
+    summary = read_json(run_dir / "summary.json")
+    if summary is not None:
+        row["status"] = "done"
+        row.update({k: summary.get(k, "") for k in SUMMARY_COLUMNS})
+        row["model"] = summary.get("model", run.model)
+        return row
+    failed = read_json(run_dir / FAILED_FILE)
+    if failed is not None:
+        row.update(status="failed", error=failed.get("error", "failed (no message)"))
+        return row
+    row["status"] = "pending"
+    return row
+
+
+def write_results(runs: list[Run], out: Path) -> Path:
+    """Rewrite DIR/results.csv atomically: exactly `runs` (this spec's), from their run dirs."""
+    rows = [result_row(r, out) for r in runs]
+    path = out / "results.csv"
+
+    def write(tmp: Path) -> None:
+        with open(tmp, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=COLUMNS)
+            w.writeheader()
+            w.writerows(rows)
+
+    atomic_write(path, write)
+    return path
+
+
+# ---- config identity ---------------------------------------------------------------------
+def _flat(d: dict) -> dict:
+    out = {"preset": d.get("preset")}
+    for s in ("model", "data", "train"):
+        out.update({f"{s}.{k}": v for k, v in (d.get(s) or {}).items()})
+    return out
+
+
+def config_change(run: Run, out: Path) -> list[str]:
+    """The keys in which `run`'s resolved config differs from the one its directory trained
+    with (`config.yaml`): ['train.peak_lr: 0.002 -> 0.001', ...]; [] if same or never started."""
+    saved = out / run.run_id / "config.yaml"
+    if not saved.exists():
+        return []
+    try:
+        old = identity(yaml.safe_load(saved.read_text()) or {})
+    except yaml.YAMLError:
+        return [f"{saved} is not valid YAML"]
+    new = identity(yaml.safe_load(run.config.to_yaml()))
+    a, b = _flat(old), _flat(new)
+    return [f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in sorted(set(a) | set(b))
+            if a.get(k) != b.get(k)]
+
+
+def supersede(run: Run, out: Path) -> Path:
+    """Move a run directory whose config changed to DIR/.superseded/<run_id>.<old hash>/."""
+    d = out / run.run_id
+    old = yaml.safe_load((d / "config.yaml").read_text()) or {}
+    dest = out / SUPERSEDED_DIR / f"{run.run_id}.{config_hash(old)}"
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    if dest.exists():
+        shutil.rmtree(dest)
+    shutil.move(str(d), str(dest))
+    return dest
+
+
+def prepare_run_dir(run: Run, out: Path) -> Path:
+    """Create the run directory with the config train reads and its identity record."""
+    d = out / run.run_id
+    d.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(d / RUN_FILE, run.config.to_yaml())
+    atomic_write_text(d / IDENTITY_FILE, json.dumps(
+        {"run_id": run.run_id, "config_hash": run.config_hash}, indent=2))
+    return d
