@@ -271,3 +271,49 @@ def _finish(out: Path, plan: dict, units: list[Unit], corpus: Corpus, vocab_size
                     **(extra or {}), shards=records)
     write_manifest(out, manifest)
     return TokenStore(out)
+
+
+# ----------------------------------------------------------------------------------- CLI
+
+def register(subparsers) -> None:
+    """Add `data prepare` to the `cgpt` CLI's subparsers (handler in `args.func`)."""
+    p = subparsers.add_parser("data", help="prepare token stores (tokenize a corpus once, in parallel)")
+    sub = p.add_subparsers(dest="data_command", required=True)
+    q = sub.add_parser("prepare", help="tokenize SOURCE into a sharded token store in --out",
+                       description=__doc__.split("\n\n")[0] + " Train on it with data.source=DIR.")
+    q.add_argument("source", help="a .txt/.jsonl/.jsonl.zst/.jsonl.gz/.parquet file, a folder of them, "
+                   "or hf:<name>[:<config>]")
+    q.add_argument("--tokenizer", required=True, help="tokenizer.json, a directory with tokenizer.json or "
+                   "GPT-2 vocab.json + merges.txt, or 'train' (byte-level BPE of --vocab-size on SOURCE)")
+    q.add_argument("--out", required=True, help="store directory (an unfinished one is resumed)")
+    q.add_argument("--vocab-size", type=int, default=4096, help="with --tokenizer train")
+    q.add_argument("--text-column", default="text", help="JSON/Parquet field holding the text")
+    q.add_argument("--split", default="train", help="split of an hf: dataset")
+    q.add_argument("--num-proc", type=int, help="worker processes (default: all cores)")
+    q.add_argument("--no-progress", action="store_true", help="no progress bar")
+    q.set_defaults(func=cmd_prepare)
+
+
+def cmd_prepare(args) -> int:
+    import time
+
+    from cgpt.tokenizer import load_tokenizer, train_tokenizer, with_eot
+
+    t0 = time.perf_counter()
+    out = Path(args.out).expanduser()
+    corpus = Corpus(args.source, args.text_column, args.split)
+    if args.tokenizer != "train":
+        tok = load_tokenizer(args.tokenizer)
+    elif (out / "plan.json").is_file() and (out / "tokenizer.json").is_file():
+        tok = load_tokenizer(out / "tokenizer.json")  # resuming: the tokenizer trained the first time
+    else:
+        tok = train_tokenizer(corpus.texts(), args.vocab_size)
+    tok = with_eot(tok, args.tokenizer)
+    store = prepare(args.source, tok, out, text_column=args.text_column, split=args.split,
+                    num_proc=args.num_proc, progress=not args.no_progress, corpus=corpus)
+    m, dt = store.manifest, time.perf_counter() - t0
+    print(json.dumps({"store": str(out), "num_tokens": m["num_tokens"], "num_documents": m["num_documents"],
+                      "shards": len(m["shards"]), "dtype": m["dtype"], "vocab_size": m["vocab_size"],
+                      "seconds": round(dt, 1)}, indent=1))
+    print(f"train on it with: data.source={out}")
+    return 0
