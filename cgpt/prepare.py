@@ -44,7 +44,8 @@ MIN_UNIT, MAX_UNIT = 1 << 20, 1 << 28  # bytes of source per unit (shard)
 class Corpus:
     """A source resolved to its files (or a Hugging Face dataset) and its identity."""
 
-    def __init__(self, source: str, text_column: str = "text", split: str = "train", hf_cache: str | None = None):
+    def __init__(self, source: str, text_column: str = "text", split: str = "train",
+                 hf_cache: str | None = None):
         self.source, self.text_column, self.split = source, text_column, split
         self.files: list[Path] = []
         self.hf = None
@@ -53,7 +54,8 @@ class Corpus:
             self.hf = _load_hub(name, config or None, split, hf_cache)
             if text_column not in self.hf.column_names:
                 raise DataError(f"dataset {name!r} has no column {text_column!r}; its columns are "
-                                f"{self.hf.column_names}. Set DataConfig.text_column to the one that holds the text.")
+                                f"{self.hf.column_names}. Set DataConfig.text_column to the one that "
+                                "holds the text.")
             self.identity = {"hf": name, "config": config or None, "split": split, "column": text_column,
                              "fingerprint": getattr(self.hf, "_fingerprint", None)}
         else:
@@ -67,7 +69,7 @@ class Corpus:
         if self.hf is not None:
             rows = max(1, unit_bytes // 2048)  # ~2 KiB per row: a guess, used only to size units
             n = len(self.hf)
-            return [Unit("hf", (), a, min(a + rows, n)) for a in range(0, n, rows)] or [Unit("hf", (), 0, 0)]
+            return [Unit("hf", (), a, min(a + rows, n)) for a in range(0, n, rows)] or [Unit("hf", ())]
         return sources.plan_units(self.files, unit_bytes)
 
     def num_bytes(self) -> int:
@@ -87,7 +89,8 @@ def _load_hub(name: str, config: str | None, split: str, hf_cache: str | None):
     try:
         return datasets.load_dataset(name, config, split=split, cache_dir=hf_cache)
     except Exception as e:
-        offline = [v for v in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE") if os.environ.get(v, "0") not in ("", "0")]
+        offline = [v for v in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE")
+                   if os.environ.get(v, "0") not in ("", "0")]
         raise DataError(
             f"could not load Hugging Face dataset {name!r} (config {config!r}, split {split!r}): {e}. "
             f"A named dataset needs network access to the Hugging Face Hub"
@@ -138,7 +141,7 @@ class _Worker:
         name = shard_name(index)
         atomic_write(self.root / f"{name}.bin", write)
         record = {"file": f"{name}.bin", "unit": asdict(unit), **counts, "sha256": out.hexdigest(),
-                  "source_sha256": src.hexdigest() if unit.kind != "parquet" and unit.kind != "hf" else None}
+                  "source_sha256": None if unit.kind in ("parquet", "hf") else src.hexdigest()}
         atomic_write_text(self.root / f"{name}.json", json.dumps(record))
         return record
 

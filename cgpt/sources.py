@@ -161,8 +161,9 @@ def _open_compressed(path: Path, raw) -> io.BufferedReader:
     if path.name.lower().endswith(".zst"):
         import zstandard
 
-        # max_window_size: the Pile's .zst files use long windows; accept up to 2 GiB.
-        reader = zstandard.ZstdDecompressor(max_window_size=1 << 31).stream_reader(raw, read_across_frames=True)
+        # Files written with `zstd --long` need windows over the default limit: allow up to 2 GiB.
+        dctx = zstandard.ZstdDecompressor(max_window_size=1 << 31)
+        reader = dctx.stream_reader(raw, read_across_frames=True)
         return io.BufferedReader(reader, buffer_size=1 << 20)
     return io.BufferedReader(gzip.GzipFile(fileobj=raw), buffer_size=1 << 20)
 

@@ -7,14 +7,17 @@ import hashlib
 import os
 import sys
 from pathlib import Path
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
 from cgpt.sources import DataError
+
+if TYPE_CHECKING:
+    import tokenizers
 
 EOT = "<|endoftext|>"
 
 
-def train_tokenizer(batches: Iterable[list[str]], vocab_size: int) -> "tokenizers.Tokenizer":  # noqa: F821
+def train_tokenizer(batches: Iterable[list[str]], vocab_size: int) -> "tokenizers.Tokenizer":
     """Byte-level BPE (GPT-2 style: any byte string encodes, no <unk>) with <|endoftext|>."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
@@ -28,7 +31,7 @@ def train_tokenizer(batches: Iterable[list[str]], vocab_size: int) -> "tokenizer
     return tok
 
 
-def load_tokenizer(path: str | os.PathLike) -> "tokenizers.Tokenizer":  # noqa: F821
+def load_tokenizer(path: str | os.PathLike) -> "tokenizers.Tokenizer":
     """A tokenizer.json file, or a directory with tokenizer.json or GPT-2 vocab.json + merges.txt."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 

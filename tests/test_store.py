@@ -287,10 +287,11 @@ def test_one_process_prepares_the_others_wait_and_reuse(tmp_path, texts):
     src.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
     cfg = DataConfig(source=str(src), vocab_size=300, seq_len=16, val_sequences=4, cache_dir=str(tmp_path / "cache"))
     root = data_mod.cache_root(cfg)
-    lock = root / "locks" / f"{data_mod._digest([prepare_mod.RECIPE, data_mod._resolve_source(cfg, root).identity])[:24]}.lock"
+    key = data_mod._digest([prepare_mod.RECIPE, data_mod._resolve_source(cfg, root).identity])[:24]
+    lock = root / "locks" / f"{key}.lock"
     lock.parent.mkdir(parents=True)
     code = ("import json, sys; from cgpt.data import DataConfig, load_data; "
-            f"d = load_data(DataConfig(**json.loads(sys.argv[1]))); print(d.info['store'])")
+            "d = load_data(DataConfig(**json.loads(sys.argv[1]))); print(d.info['store'])")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     with open(lock, "a") as held:
         fcntl.flock(held, fcntl.LOCK_EX)  # as if a third process were preparing
