@@ -158,6 +158,9 @@ def main(argv: list[str] | None = None) -> int:
 
     sweep.register(sub)
     plan.register(sub)
+    from cgpt import prepare  # `cgpt data prepare`
+
+    prepare.register(sub)
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["train"]:  # section.key=value overrides may sit between flags, as in MaxText
         is_override = [bool(_OVERRIDE.match(a)) for a in argv]

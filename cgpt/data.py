@@ -1,16 +1,17 @@
-"""Training data: load a corpus, tokenize it once, pack it, cache it, serve batches.
+"""Training data: resolve a source to a prepared token store, serve batches from it.
 
 The pipeline, in order:
 
-1. Source -> `datasets.Dataset` of documents: the embedded stdlib corpus (`cgpt.corpus`),
-   local text/JSONL/JSON/Parquet files or a folder of them, or ``hf:<name>[:<config>]``.
-2. Tokenizer: reuse ``run_dir/tokenizer.json`` (resumed run), else train a byte-level BPE
-   on the corpus (cached), else load one from a directory (``tokenizer.json`` or GPT-2
-   ``vocab.json`` + ``merges.txt``).
-3. Tokenize once, appending ``<|endoftext|>`` after every document, into one flat token
-   file in the cache (uint16 when the vocabulary fits, else uint32), written atomically
-   and memory-mapped afterwards. Its key hashes the corpus content, the tokenizer and the
-   recipe, so anything that changes the tokens changes the file.
+1. Source: a token store prepared by ``python -m cgpt data prepare`` (`cgpt.prepare`), used
+   as is; or the embedded stdlib corpus (`cgpt.corpus`), local .txt/.jsonl(.zst/.gz)/.parquet
+   files or a folder of them, or ``hf:<name>[:<config>]``, which are prepared into a store in
+   the cache on first use (one process prepares; the others wait for it).
+2. Tokenizer: reuse ``run_dir/tokenizer.json`` (resumed run), else the store's, else train a
+   byte-level BPE on the corpus (cached), else load one from a directory (``tokenizer.json``
+   or GPT-2 ``vocab.json`` + ``merges.txt``).
+3. Tokens: every document once, ``<|endoftext|>`` after each, in shards of uint16 (uint32 for
+   vocabularies over 65535) memory-mapped as one stream. A cached store's key hashes the
+   corpus content, the tokenizer and the recipe, so anything that changes the tokens changes it.
 4. Pack without padding: sequence ``i`` is the window ``tokens[i*L : i*L + L + 1]`` (``L`` =
    seq_len); input = ``w[:-1]``, target = ``w[1:]``, so every token after the first is a
    target exactly once (the < L leftover tokens at the very end are dropped).
@@ -18,51 +19,48 @@ The pipeline, in order:
    ``floor(k * n / val_sequences)``) are the validation set (fixed, seed-free), so it samples
    the corpus rather than its last few files; the rest are shuffled per epoch by ``default_rng([seed, epoch])``, and the batch at
    step ``s`` is the examples ``s*B .. s*B+B-1`` of that endless shuffled stream, so it is
-   a pure function of (seed, s, B): resuming at any step is exact.
+   a pure function of (seed, s, B): resuming at any step is exact, and each process of a
+   multi-host run can read only its own rows of it (``train_batch(s, B, rows=slice(lo, hi))``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
 import sys
 from dataclasses import asdict, dataclass
-from itertools import chain
 from pathlib import Path
 from typing import Callable, Iterator
 
 import numpy as np
-from tqdm.auto import tqdm
 
 from cgpt import corpus
 from cgpt.fileio import atomic_write
+from cgpt.prepare import RECIPE, Corpus, prepare
+from cgpt.sources import DataError, file_sha256, list_files
+from cgpt.store import TokenStore, is_store, read_windows
+from cgpt.store import token_dtype as _token_dtype
+from cgpt.tokenizer import EOT, load_tokenizer, train_tokenizer, with_eot
+from cgpt.tokenizer import sha256 as tokenizer_sha256
 
-EOT = "<|endoftext|>"
-# Extension -> `datasets` packaged builder. Text-like files are one document per file.
-EXTENSIONS = {
-    ".txt": "text", ".md": "text", ".py": "text",
-    ".jsonl": "json", ".json": "json",
-    ".parquet": "parquet",
-}
-RECIPE = "cgpt-data-v1"  # bump whenever tokenization or tokenizer training changes
-_TOKENIZE_BATCH = 256  # documents per encode_batch call
-
-
-class DataError(ValueError):
-    """The data cannot be prepared as configured; the message says what to change."""
+__all__ = ["DataConfig", "DataError", "EOT", "TokenData", "load_data", "load_tokenizer", "train_tokenizer"]
 
 
 @dataclass(frozen=True)
 class DataConfig:
     """What to train on and how to cut it into sequences.
 
-    source: "default" (the embedded Python-stdlib corpus), a local file or folder
-        (.txt/.md/.py = one document per file; .jsonl/.json/.parquet = one document per
-        row, text in `text_column`), or "hf:<dataset>[:<config>]" (needs the network).
-    split: the `datasets` split to read (slicing such as "train[:10%]" works too).
+    source: a token store directory (`python -m cgpt data prepare`), "default" (the embedded
+        Python-stdlib corpus), a local file or folder (.txt/.md/.py = one document per file;
+        .jsonl/.json/.jsonl.zst/.jsonl.gz/.parquet = one document per row, text in
+        `text_column`), or "hf:<dataset>[:<config>]" (needs the network).
+    split: the `datasets` split of an hf: source (slicing such as "train[:10%]" works too).
     tokenizer: "train" (byte-level BPE trained on the corpus at `vocab_size`) or a path to
         a tokenizer.json file or a directory with tokenizer.json or vocab.json+merges.txt.
+        A store brings its own tokenizer.
     val_sequences: how many sequences, spread evenly over the token stream, are held out.
     cache_dir: where prepared data lives; None = $CGPT_CACHE or ~/.cache/cgpt.
     """
@@ -113,176 +111,65 @@ def _digest(obj: object) -> str:
 
 @dataclass(frozen=True)
 class _Source:
-    identity: dict  # JSON-able; changes whenever the documents could change
-    load: Callable[[], "datasets.Dataset"]  # noqa: F821  -- documents in column "text"
+    """A raw source (not yet a store): its identity (JSON-able; changes whenever the documents
+    could change) and how to read it, resolved lazily (an hf: name may need the network)."""
+
+    identity: dict
+    corpus: Callable[[], Corpus]
 
 
 def _resolve_source(cfg: DataConfig, root: Path) -> _Source:
+    from functools import cache
+
     hf_cache = str(root / "datasets")
+    column = cfg.text_column
     if cfg.source == "default":
-        def load():
-            path = corpus.materialize(root)
-            return _load_files(cfg, [(path, "json")], hf_cache)
-        return _Source({"corpus": corpus.identity(), "split": cfg.split, "column": cfg.text_column}, load)
+        return _Source({"corpus": corpus.identity(), "column": column},
+                       cache(lambda: Corpus(str(corpus.materialize(root)), column, cfg.split)))
     if cfg.source.startswith("hf:"):
         name, _, config = cfg.source[3:].partition(":")
-        return _Source({"hf": name, "config": config or None, "split": cfg.split, "column": cfg.text_column},
-                       lambda: _load_hub(cfg, name, config or None, hf_cache))
-    files = _local_files(Path(cfg.source).expanduser())
-    identity = {
-        "files": [{"path": str(p.resolve()), "size": p.stat().st_size, "sha256": _file_sha256(p)} for p, _ in files],
-        "split": cfg.split, "column": cfg.text_column,
-    }
-    return _Source(identity, lambda: _load_files(cfg, files, hf_cache))
+        return _Source({"hf": name, "config": config or None, "split": cfg.split, "column": column},
+                       cache(lambda: Corpus(cfg.source, column, cfg.split, hf_cache)))
+    files = list_files(Path(cfg.source).expanduser())
+    # The content hash keeps a cached store honest when a file changes; a prepared store
+    # (`cgpt data prepare`) is never re-hashed.
+    identity = {"files": [{"path": str(p.resolve()), "size": p.stat().st_size, "sha256": file_sha256(p)}
+                          for p in files], "split": cfg.split, "column": column}
+    return _Source(identity, cache(lambda: Corpus(cfg.source, column, cfg.split)))
 
 
-def _file_sha256(path: Path) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
-
-
-def _local_files(path: Path) -> list[tuple[Path, str]]:
-    """(file, datasets builder) for a file or every supported file under a folder, sorted."""
-    supported = ", ".join(EXTENSIONS)
-    if not path.exists():
-        raise DataError(f"data source {str(path)!r} does not exist; set DataConfig.source to an existing "
-                        f"file or folder ({supported}), 'default', or 'hf:<dataset>[:<config>]'")
-    if path.is_file():
-        if path.suffix.lower() not in EXTENSIONS:
-            raise DataError(f"data source {str(path)!r} has unsupported extension {path.suffix!r}; "
-                            f"use one of {supported} (or convert the file to JSONL with a 'text' field)")
-        return [(path, EXTENSIONS[path.suffix.lower()])]
-    files = sorted(p for p in path.rglob("*")
-                   if p.is_file() and p.suffix.lower() in EXTENSIONS
-                   and not any(part.startswith(".") for part in p.relative_to(path).parts))
-    if not files:
-        raise DataError(f"data folder {str(path)!r} holds no {supported} files; put documents there "
-                        "or point DataConfig.source at a file")
-    return [(p, EXTENSIONS[p.suffix.lower()]) for p in files]
-
-
-def _load_files(cfg: DataConfig, files: list[tuple[Path, str]], hf_cache: str):
-    """One `datasets` load per builder kind; documents end up in column "text"."""
-    import datasets
-
-    files = [(p, b) for p, b in files if _has_rows(p, b)]  # `datasets` fails obscurely on empty files
-    if not files:
-        raise DataError(f"data source {cfg.source!r} has no documents (its files are empty); "
-                        "point DataConfig.source at files with text")
-    parts = []
-    for builder in ("text", "json", "parquet"):
-        group = [str(p) for p, b in files if b == builder]
-        if not group:
-            continue
-        kwargs = {"sample_by": "document"} if builder == "text" else {}
-        where = group[0] if len(group) == 1 else f"{len(group)} {builder} files under {os.path.commonpath(group)!r}"
+@contextlib.contextmanager
+def _one_preparer(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on `path`: of all processes (of every host sharing the cache
+    directory) preparing the same source, one works and the others wait, then reuse its store."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
         try:
-            ds = datasets.load_dataset(builder, data_files=group, split=cfg.split, cache_dir=hf_cache, **kwargs)
-        except Exception as e:  # malformed JSON, bad split name, ...: say which files
-            raise DataError(f"could not load {where} with datasets ({builder!r}): {e}") from e
-        column = "text" if builder == "text" else cfg.text_column
-        parts.append(_text_only(ds, column, where))
-    return parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
-
-
-def _has_rows(path: Path, builder: str) -> bool:
-    if builder == "parquet":
-        import pyarrow.parquet as pq
-        return pq.read_metadata(path).num_rows > 0
-    if builder == "json":
-        with open(path, "rb") as f:
-            return bool(f.read(1 << 16).strip())  # a JSON file that starts with 64 KiB of blanks is not one
-    return True  # a text file is one document even when empty (then it has no tokens)
-
-
-def _load_hub(cfg: DataConfig, name: str, config: str | None, hf_cache: str):
-    import datasets
-
-    try:
-        ds = datasets.load_dataset(name, config, split=cfg.split, cache_dir=hf_cache)
-    except Exception as e:
-        offline = [v for v in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE") if os.environ.get(v, "0") not in ("", "0")]
-        raise DataError(
-            f"could not load Hugging Face dataset {name!r} (config {config!r}, split {cfg.split!r}): {e}. "
-            f"A named dataset needs network access to the Hugging Face Hub"
-            + (f" ({', '.join(offline)} is set)" if offline else "")
-            + ". Without network, save the text as local files and set DataConfig.source to their path "
-              "(.txt/.md/.py file or folder, or .jsonl/.json/.parquet with a 'text' column), or use 'default'."
-        ) from e
-    return _text_only(ds, cfg.text_column, f"dataset {name!r}")
-
-
-def _text_only(ds, column: str, where: str):
-    import datasets
-
-    if column not in ds.column_names:
-        raise DataError(f"{where} has no column {column!r}; its columns are {ds.column_names}. "
-                        "Set DataConfig.text_column to the one that holds the text.")
-    feature = ds.features[column]
-    if not (isinstance(feature, datasets.Value) and feature.dtype in ("string", "large_string")):
-        raise DataError(f"column {column!r} of {where} holds {feature}, not text; set DataConfig.text_column "
-                        f"to a string column (columns: {ds.column_names})")
-    ds = ds.select_columns([column])
-    return ds.rename_column(column, "text") if column != "text" else ds
-
-
-def _texts(ds) -> Iterator[list[str]]:
-    """Documents in batches, empty/None rows dropped (they would only add stray <|endoftext|>s)."""
-    for batch in ds.iter(batch_size=_TOKENIZE_BATCH):
-        yield [t for t in batch["text"] if t]
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"cgpt.data: waiting for another process preparing the same data ({path})", file=sys.stderr)
+            fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 # -------------------------------------------------------------------------- tokenizer
 
-def train_tokenizer(ds, vocab_size: int) -> "tokenizers.Tokenizer":  # noqa: F821
-    """Byte-level BPE (GPT-2 style: any byte string encodes, no <unk>) with <|endoftext|>."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOT],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=sys.stderr.isatty())
-    tok.train_from_iterator(_texts(ds), trainer, length=-(-len(ds) // _TOKENIZE_BATCH))
-    return tok
-
-
-def load_tokenizer(path: str | os.PathLike) -> "tokenizers.Tokenizer":  # noqa: F821
-    """A tokenizer.json file, or a directory with tokenizer.json or GPT-2 vocab.json + merges.txt."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-
-    path = Path(path).expanduser()
-    if path.is_file():
-        return Tokenizer.from_file(str(path))
-    if (path / "tokenizer.json").is_file():
-        return Tokenizer.from_file(str(path / "tokenizer.json"))
-    if (path / "vocab.json").is_file() and (path / "merges.txt").is_file():
-        tok = Tokenizer(models.BPE.from_file(str(path / "vocab.json"), str(path / "merges.txt")))
-        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-        tok.decoder = decoders.ByteLevel()
-        return tok
-    raise DataError(f"tokenizer {str(path)!r} is not a tokenizer.json file nor a directory with tokenizer.json "
-                    "or vocab.json + merges.txt; set DataConfig.tokenizer to such a path or to 'train'")
-
-
-def _resolve_tokenizer(cfg: DataConfig, run_dir: Path | None, root: Path, source: _Source, get_ds):
+def _resolve_tokenizer(cfg: DataConfig, run_dir: Path | None, root: Path, source: _Source):
     """(tokenizer, where it came from). A run's own tokenizer.json always wins (resume)."""
     if run_dir is not None and (run_dir / "tokenizer.json").is_file():
         tok, origin = load_tokenizer(run_dir / "tokenizer.json"), str(run_dir / "tokenizer.json")
     elif cfg.tokenizer == "train":
         path = root / "tokenizers" / f"bpe{cfg.vocab_size}-{_digest([RECIPE, source.identity])[:20]}.json"
         if not path.is_file():
-            tok = train_tokenizer(get_ds(), cfg.vocab_size)
+            tok = train_tokenizer(source.corpus().texts(), cfg.vocab_size)
             atomic_write(path, lambda tmp: tok.save(str(tmp)))
         tok, origin = load_tokenizer(path), str(path)
     else:
         tok, origin = load_tokenizer(cfg.tokenizer), cfg.tokenizer
-    if tok.token_to_id(EOT) is None:
-        raise DataError(f"tokenizer {origin!r} has no {EOT!r} token, which separates documents; "
-                        "use a tokenizer that has it, or DataConfig.tokenizer='train'")
-    tok.add_special_tokens([EOT])  # already in the vocabulary: marks it special, keeps its id
-    return tok, origin
+    return with_eot(tok, origin), origin
 
 
 def _save_tokenizer(tok, run_dir: Path) -> Path:
@@ -291,36 +178,22 @@ def _save_tokenizer(tok, run_dir: Path) -> Path:
     return path
 
 
-# ------------------------------------------------------------------------ tokenization
-
-def _token_dtype(vocab_size: int) -> type:
-    return np.uint16 if vocab_size <= 65535 else np.uint32
-
-
-def _tokenize_to_file(ds, tok, eot_id: int, dtype, path: Path) -> int:
-    """Tokenize every document once, <|endoftext|> after each, streamed to a flat binary file."""
-    n_tokens = 0
-
-    def write(tmp: Path) -> None:
-        nonlocal n_tokens
-        encode = getattr(tok, "encode_batch_fast", tok.encode_batch)
-        tok.encode_special_tokens = True  # a literal "<|endoftext|>" in the text is just text
-        try:
-            with open(tmp, "wb") as f, tqdm(total=len(ds), unit="doc", desc="tokenizing", mininterval=1) as bar:
-                for batch in ds.iter(batch_size=_TOKENIZE_BATCH):
-                    encodings = encode([t for t in batch["text"] if t], add_special_tokens=False)
-                    ids = np.fromiter(chain.from_iterable(chain(e.ids, (eot_id,)) for e in encodings), dtype=dtype)
-                    ids.tofile(f)
-                    n_tokens += ids.size
-                    bar.update(len(batch["text"]))
-        finally:
-            tok.encode_special_tokens = False
-        if n_tokens == 0:
-            raise DataError("the corpus has no text: every document is empty; point DataConfig.source at "
-                            "documents with text (or set DataConfig.text_column to the column that has it)")
-
-    atomic_write(path, write)
-    return n_tokens
+def _store_tokenizer(cfg: DataConfig, store: TokenStore, run_dir: Path | None):
+    """A store's tokenizer, after checking that the config and the run do not ask for another."""
+    tok = store.tokenizer()
+    given = [(str(run_dir / "tokenizer.json"), "the run's") if run_dir is not None
+             and (run_dir / "tokenizer.json").is_file() else None,
+             (cfg.tokenizer, "DataConfig.tokenizer") if cfg.tokenizer != "train" else None]
+    for path, what in filter(None, given):
+        if tokenizer_sha256(with_eot(load_tokenizer(path), path)) != tokenizer_sha256(tok):
+            raise DataError(f"{what} tokenizer {path!r} differs from the one the store {store.root} was "
+                            "prepared with; a store brings its own tokenizer: leave data.tokenizer unset "
+                            "(or start a new run directory)")
+    for key, default in (("text_column", "text"), ("split", "train")):
+        if getattr(cfg, key) != default and getattr(cfg, key) != store.manifest[key]:
+            raise DataError(f"DataConfig.{key}={getattr(cfg, key)!r} but the store {store.root} was prepared "
+                            f"with {key}={store.manifest[key]!r}; it is fixed at prepare time: unset it")
+    return tok
 
 
 # ------------------------------------------------------------------------------ data
@@ -355,8 +228,8 @@ class TokenData:
 
     # -- batches
     def _windows(self, seq_idx: np.ndarray) -> np.ndarray:
-        starts = np.asarray(seq_idx, dtype=np.int64)[:, None] * self.seq_len
-        return np.array(self.tokens[starts + np.arange(self.seq_len + 1)], dtype=np.int32)
+        starts = np.asarray(seq_idx, dtype=np.int64) * self.seq_len
+        return read_windows(self.tokens, starts, self.seq_len + 1)
 
     def _permutation(self, epoch: int) -> np.ndarray:
         if epoch not in self._perms:
@@ -365,21 +238,31 @@ class TokenData:
             self._perms[epoch] = np.random.default_rng([self.seed, epoch]).permutation(self.num_train_sequences)
         return self._perms[epoch]
 
-    def train_indices(self, step: int, batch_size: int) -> np.ndarray:
-        """Sequence indices of the global batch at `step`: a pure function of (seed, step, batch_size)."""
+    def train_indices(self, step: int, batch_size: int, rows: slice | None = None) -> np.ndarray:
+        """Sequence indices of the global batch at `step`: a pure function of (seed, step, batch_size).
+        `rows` selects rows [lo, hi) of that global batch (one process's share of it)."""
         if step < 0 or batch_size < 1:
             raise ValueError(f"need step >= 0 and batch_size >= 1 (got step={step}, batch_size={batch_size})")
         example = step * batch_size + np.arange(batch_size, dtype=np.int64)
+        if rows is not None:
+            if not isinstance(rows, slice) or rows.step not in (None, 1):
+                raise ValueError(f"rows must be a slice(lo, hi) of the global batch (got {rows!r})")
+            example = example[rows]
         epoch, position = np.divmod(example, self.num_train_sequences)
-        out = np.empty(batch_size, dtype=np.int64)
+        out = np.empty(len(example), dtype=np.int64)
         for e in np.unique(epoch):
             sel = epoch == e
             out[sel] = self.train_index[self._permutation(int(e))[position[sel]]]
         return out
 
-    def train_batch(self, step: int, batch_size: int) -> np.ndarray:
-        """int32 [batch_size, seq_len+1]; inputs = [:, :-1], targets = [:, 1:]."""
-        return self._windows(self.train_indices(step, batch_size))
+    def train_batch(self, step: int, batch_size: int, rows: slice | None = None) -> np.ndarray:
+        """int32 [batch_size, seq_len+1]; inputs = [:, :-1], targets = [:, 1:].
+
+        rows=slice(lo, hi): only rows lo..hi-1 of the global batch, [hi-lo, seq_len+1], equal to
+        train_batch(step, batch_size)[lo:hi] but reading only those rows' tokens: each process of
+        a multi-host run reads its own share.
+        """
+        return self._windows(self.train_indices(step, batch_size, rows))
 
     def val_batches(self, batch_size: int, drop_last: bool = False) -> Iterator[np.ndarray]:
         """The whole validation split in fixed order, int32 [<=batch_size, seq_len+1].
@@ -436,47 +319,37 @@ class TokenData:
 
 
 def load_data(cfg: DataConfig, run_dir: str | os.PathLike | None = None) -> TokenData:
-    """Prepare (first time) or memory-map (later) the token data for `cfg`.
+    """Open the token store for `cfg`: the prepared store it names, or (any other source) the
+    store in the cache, prepared there first if needed (one process at a time).
 
     With `run_dir`, the tokenizer is taken from run_dir/tokenizer.json when it exists
     (a resumed run keeps its tokenizer) and saved there otherwise.
     """
     root = cache_root(cfg)
     run_dir = Path(run_dir) if run_dir is not None else None
-    source = _resolve_source(cfg, root)
-    loaded = []
-
-    def get_ds():  # loading the documents is skipped entirely when everything is cached
-        if not loaded:
-            ds = source.load()
-            if len(ds) == 0:
-                raise DataError(f"data source {cfg.source!r} (split {cfg.split!r}) has no documents; "
-                                "point DataConfig.source at a non-empty corpus")
-            loaded.append(ds)
-        return loaded[0]
-
-    tok, tok_origin = _resolve_tokenizer(cfg, run_dir, root, source, get_ds)
+    if cfg.source != "default" and not cfg.source.startswith("hf:") and is_store(cfg.source):
+        store = TokenStore(cfg.source)
+        tok, tok_origin = _store_tokenizer(cfg, store, run_dir), str(store.root / "tokenizer.json")
+    else:
+        source = _resolve_source(cfg, root)
+        with _one_preparer(root / "locks" / f"{_digest([RECIPE, source.identity])[:24]}.lock"):
+            tok, tok_origin = _resolve_tokenizer(cfg, run_dir, root, source)
+            dtype = np.dtype(_token_dtype(tok.get_vocab_size(with_added_tokens=True))).name
+            key = _digest([RECIPE, source.identity, tokenizer_sha256(tok), dtype])[:24]
+            path = root / "tokens" / key
+            if (path / "manifest.json").is_file():
+                store = TokenStore(path)
+            else:
+                extra = ({"corpus": {k: v for k, v in corpus.describe().items() if k != "paths"}}
+                         if cfg.source == "default" else None)
+                c = source.corpus()
+                store = prepare(cfg.source, tok, path, text_column=c.text_column, split=c.split,
+                                corpus=c, extra=extra, progress=True)
     if run_dir is not None and not (run_dir / "tokenizer.json").exists():
         _save_tokenizer(tok, run_dir)
-    tok_sha = hashlib.sha256(tok.to_str().encode()).hexdigest()
-    vocab_size = tok.get_vocab_size(with_added_tokens=True)
-    dtype = _token_dtype(vocab_size)
-    key = _digest([RECIPE, source.identity, tok_sha, np.dtype(dtype).name])[:24]
-    path = root / "tokens" / f"{key}.{np.dtype(dtype).name}.bin"
-    meta_path = path.with_suffix(".json")
-    if not path.is_file():
-        ds = get_ds()
-        num_tokens = _tokenize_to_file(ds, tok, tok.token_to_id(EOT), dtype, path)
-        meta = {"source": cfg.source, "split": cfg.split, "text_column": cfg.text_column,
-                "num_documents": len(ds), "num_tokens": num_tokens, "dtype": np.dtype(dtype).name,
-                "tokenizer": tok_origin, "tokenizer_sha256": tok_sha, "recipe": RECIPE}
-        if cfg.source == "default":
-            meta["corpus"] = {k: v for k, v in corpus.describe().items() if k != "paths"}
-        atomic_write(meta_path, lambda tmp: tmp.write_text(json.dumps(meta, indent=1)))
-    meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
-    tokens = np.memmap(path, dtype=dtype, mode="r")
-    info = {**meta, "config": asdict(cfg), "cache_file": str(path), "tokenizer": tok_origin}
-    return TokenData(tokens, tok, cfg.seq_len, cfg.val_sequences, cfg.seed, info)
+    info = {k: v for k, v in store.manifest.items() if k not in ("shards", "sources", "format")}
+    info.update(config=asdict(cfg), store=str(store.root), store_sha256=store.sha256, tokenizer=tok_origin)
+    return TokenData(store.tokens(), tok, cfg.seq_len, cfg.val_sequences, cfg.seed, info)
 
 
 if __name__ == "__main__":  # python -m cgpt.data: prepare the default corpus and print its figures

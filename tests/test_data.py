@@ -13,6 +13,7 @@ import pytest
 
 from cgpt import corpus
 from cgpt import data as data_mod
+from cgpt import prepare as prepare_mod
 from cgpt.data import EOT, DataConfig, DataError, load_data
 
 WORDS = ("the model reads tokens and predicts the next one while loss falls with scale "
@@ -115,23 +116,25 @@ def test_cache_is_reused_and_memory_mapped(docs, tmp_path, monkeypatch):
     folder, _ = docs
     cfg = cfg_for(folder, tmp_path)
     first = load_data(cfg)
-    cache_file = first.info["cache_file"]
-    mtime = os.stat(cache_file).st_mtime_ns
+    store = first.info["store"]
+    shard = os.path.join(store, "shards", "000000.bin")
+    mtime = os.stat(shard).st_mtime_ns
 
     def fail(*a, **k):
         raise AssertionError("cache miss: this should not run on a second load")
 
     monkeypatch.setattr(data_mod, "train_tokenizer", fail)
-    monkeypatch.setattr(data_mod, "_tokenize_to_file", fail)
+    monkeypatch.setattr(data_mod, "prepare", fail)
+    monkeypatch.setattr(data_mod, "Corpus", fail)
     import datasets
     monkeypatch.setattr(datasets, "load_dataset", fail)
     second = load_data(cfg)
     assert isinstance(second.tokens, np.memmap) and second.tokens.dtype == np.uint16
-    assert os.stat(cache_file).st_mtime_ns == mtime
+    assert os.stat(shard).st_mtime_ns == mtime
     np.testing.assert_array_equal(first.tokens, second.tokens)
     assert second.tokenizer.to_str() == first.tokenizer.to_str()
-    # seq_len does not change the tokens: the same cache file serves another packing
-    assert load_data(cfg_for(folder, tmp_path, seq_len=32)).info["cache_file"] == cache_file
+    # seq_len does not change the tokens: the same store serves another packing
+    assert load_data(cfg_for(folder, tmp_path, seq_len=32)).info["store"] == store
 
 
 def test_cache_key_follows_file_content(docs, tmp_path):
@@ -140,28 +143,41 @@ def test_cache_key_follows_file_content(docs, tmp_path):
     before = load_data(cfg)
     (folder / "doc00.txt").write_text(texts[0] + "One more line.\n")
     after = load_data(cfg)
-    assert after.info["cache_file"] != before.info["cache_file"]
+    assert after.info["store"] != before.info["store"]
     assert len(after.tokens) > len(before.tokens)
 
 
-def test_interrupted_tokenization_leaves_no_trusted_cache(docs, tmp_path, monkeypatch):
-    folder, _ = docs
-    cfg = cfg_for(folder, tmp_path)
-    monkeypatch.setattr(data_mod, "_TOKENIZE_BATCH", 2)
+def test_interrupted_preparation_leaves_no_trusted_cache_and_resumes(tmp_path, monkeypatch):
+    rng = np.random.default_rng(5)
+    path = tmp_path / "c.jsonl"
+    path.write_text("".join(json.dumps({"text": make_doc(rng, 300)}) + "\n" for _ in range(40)))
+    cfg = cfg_for(path, tmp_path)
+    monkeypatch.setattr(prepare_mod.sources, "cpu_count", lambda: 1)  # in-process: a deterministic crash point
+    monkeypatch.setattr(prepare_mod, "MIN_UNIT", 1)
+    monkeypatch.setattr(prepare_mod, "MAX_UNIT", path.stat().st_size // 4)  # about 4 shards
+    calls = []
 
-    class Crash(data_mod.tqdm):
+    class Crash(prepare_mod.tqdm):
         def update(self, n=1):
             super().update(n)
-            raise KeyboardInterrupt("simulated crash after the first chunk was written")
+            calls.append(n)
+            if len(calls) == 2:
+                raise KeyboardInterrupt("simulated crash while the second shard is being written")
 
-    monkeypatch.setattr(data_mod, "tqdm", Crash)
+    monkeypatch.setattr(prepare_mod, "tqdm", Crash)
     with pytest.raises(KeyboardInterrupt):
         load_data(cfg)
-    token_dir = tmp_path / "cache" / "tokens"
-    assert list(token_dir.glob("*.bin")) == [] and list(token_dir.glob("*.tmp")) == []
-    monkeypatch.undo()
+    (store,) = (tmp_path / "cache" / "tokens").iterdir()
+    assert not (store / "manifest.json").exists()  # not trusted
+    assert sorted(p.name for p in (store / "shards").iterdir()) == ["000000.bin", "000000.json"]
+    kept = os.stat(store / "shards" / "000000.bin").st_mtime_ns
+    monkeypatch.setattr(prepare_mod, "tqdm", prepare_mod.tqdm.__mro__[1])
     d = load_data(cfg)
-    assert int((np.asarray(d.tokens) == d.eot_id).sum()) == 12  # complete, not the partial chunk
+    assert os.stat(store / "shards" / "000000.bin").st_mtime_ns == kept  # the finished shard was kept
+    assert len(json.loads((store / "manifest.json").read_text())["shards"]) >= 3
+    assert int((np.asarray(d.tokens) == d.eot_id).sum()) == 40  # complete, nothing twice
+    fresh = load_data(cfg_for(path, tmp_path / "fresh"))
+    np.testing.assert_array_equal(np.asarray(d.tokens), np.asarray(fresh.tokens))
 
 
 # ----------------------------------------------------------------- splits and ordering
@@ -298,7 +314,7 @@ def test_tokenizer_training_is_deterministic(docs, tmp_path):
     folder, _ = docs
     a = load_data(cfg_for(folder, tmp_path / "a"))
     b = load_data(cfg_for(folder, tmp_path / "b"))  # separate caches: trained twice
-    assert a.info["cache_file"] != b.info["cache_file"]
+    assert a.info["store"] != b.info["store"]
     assert a.tokenizer.to_str() == b.tokenizer.to_str()
     np.testing.assert_array_equal(a.tokens, b.tokens)
 
@@ -391,7 +407,7 @@ def test_empty_corpus(tmp_path):
     (folder / "b.txt").write_text("")
     with pytest.raises(DataError, match="no text"):
         load_data(cfg_for(folder, tmp_path))
-    assert list((tmp_path / "cache" / "tokens").glob("*.bin")) == []
+    assert list((tmp_path / "cache" / "tokens").rglob("manifest.json")) == []
     import pyarrow as pa
     import pyarrow.parquet as pq
 

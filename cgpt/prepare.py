@@ -1,0 +1,322 @@
+"""Prepare a token store: tokenize a corpus once, in parallel on all cores, resumably.
+
+    python -m cgpt data prepare SOURCE --tokenizer TOK --out DIR
+
+The corpus is cut into units (`cgpt.sources.plan_units`); a pool of processes tokenizes
+them, each unit streamed in ~4 MiB batches into its own shard file, so memory stays bounded
+whatever the corpus size (one document must fit in memory). Every shard is written
+atomically and then recorded beside it; a prepare that is interrupted (Ctrl-C, a crash, a
+killed job) and started again with the same arguments keeps the finished shards and does
+only the rest. The manifest is written last, so a store is either complete or not trusted.
+
+Why processes over units and not `datasets.map(num_proc=...)`: `datasets` first converts the
+whole corpus to Arrow (a second copy as large as the text), cannot split a single large file
+between workers, and a killed `map` restarts from scratch.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import hashlib
+import json
+import multiprocessing as mp
+import os
+import queue as queue_mod
+from dataclasses import asdict
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from cgpt import sources
+from cgpt.fileio import atomic_write, atomic_write_text
+from cgpt.sources import DataError, Unit
+from cgpt.store import FORMAT, TokenStore, shard_name, token_dtype, write_manifest
+from cgpt.tokenizer import EOT, sha256 as tokenizer_sha256
+
+RECIPE = "cgpt-data-v2"  # bump whenever tokenization changes the tokens
+MIN_UNIT, MAX_UNIT = 1 << 20, 1 << 28  # bytes of source per unit (shard)
+
+
+# -------------------------------------------------------------------------------- corpus
+
+class Corpus:
+    """A source resolved to its files (or a Hugging Face dataset) and its identity."""
+
+    def __init__(self, source: str, text_column: str = "text", split: str = "train",
+                 hf_cache: str | None = None):
+        self.source, self.text_column, self.split = source, text_column, split
+        self.files: list[Path] = []
+        self.hf = None
+        if source.startswith("hf:"):
+            name, _, config = source[3:].partition(":")
+            self.hf = _load_hub(name, config or None, split, hf_cache)
+            if text_column not in self.hf.column_names:
+                raise DataError(f"dataset {name!r} has no column {text_column!r}; its columns are "
+                                f"{self.hf.column_names}. Set DataConfig.text_column to the one that "
+                                "holds the text.")
+            self.identity = {"hf": name, "config": config or None, "split": split, "column": text_column,
+                             "fingerprint": getattr(self.hf, "_fingerprint", None)}
+        else:
+            if split != "train":
+                raise DataError(f"DataConfig.split={split!r} applies to hf: sources only; a local file or "
+                                "folder is read whole (split 'train'): select the files instead")
+            self.files = sources.list_files(Path(source).expanduser())
+            self.identity = {"files": [sources.file_identity(p) for p in self.files], "column": text_column}
+
+    def units(self, unit_bytes: int) -> list[Unit]:
+        if self.hf is not None:
+            rows = max(1, unit_bytes // 2048)  # ~2 KiB per row: a guess, used only to size units
+            n = len(self.hf)
+            return [Unit("hf", (), a, min(a + rows, n)) for a in range(0, n, rows)] or [Unit("hf", ())]
+        return sources.plan_units(self.files, unit_bytes)
+
+    def num_bytes(self) -> int:
+        return sum(p.stat().st_size for p in self.files) if self.hf is None else self.hf.data.nbytes
+
+    def texts(self) -> Iterator[list[str]]:
+        """Every document's text, in order, in batches (for tokenizer training)."""
+        for unit in self.units(MAX_UNIT):
+            for texts, _ in sources.read_unit(unit, self.files, self.text_column, hf_dataset=self.hf):
+                if texts:
+                    yield texts
+
+
+def _load_hub(name: str, config: str | None, split: str, hf_cache: str | None):
+    import datasets
+
+    try:
+        return datasets.load_dataset(name, config, split=split, cache_dir=hf_cache)
+    except Exception as e:
+        offline = [v for v in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE")
+                   if os.environ.get(v, "0") not in ("", "0")]
+        raise DataError(
+            f"could not load Hugging Face dataset {name!r} (config {config!r}, split {split!r}): {e}. "
+            f"A named dataset needs network access to the Hugging Face Hub"
+            + (f" ({', '.join(offline)} is set)" if offline else "")
+            + ". Without network, save the text as local files and set DataConfig.source to their path "
+              "(.txt/.md/.py file or folder, or .jsonl/.jsonl.zst/.parquet with a 'text' column), or use 'default'."
+        ) from e
+
+
+# -------------------------------------------------------------------------------- workers
+
+class _Worker:
+    """What one process needs to tokenize units: built once per process by `_init`."""
+
+    def __init__(self, tok_json: str, files: list[Path], column: str, root: Path, hf, progress):
+        from tokenizers import Tokenizer
+
+        self.tok = Tokenizer.from_str(tok_json)
+        self.tok.add_special_tokens([EOT])
+        self.tok.encode_special_tokens = True  # a literal "<|endoftext|>" in the text is just text
+        self.eot = self.tok.token_to_id(EOT)
+        self.dtype = token_dtype(self.tok.get_vocab_size(with_added_tokens=True))
+        self.files, self.column, self.root, self.hf, self.progress = files, column, root, hf, progress
+
+    def run(self, index: int, unit: Unit) -> dict:
+        """Tokenize `unit` into shard `index` (atomically), record it, return the record."""
+        src, out = hashlib.sha256(), hashlib.sha256()
+        counts = {"num_rows": 0, "num_documents": 0, "num_tokens": 0}
+        encode = getattr(self.tok, "encode_batch_fast", self.tok.encode_batch)
+
+        def write(tmp: Path) -> None:
+            with open(tmp, "wb") as f:
+                for texts, rows in sources.read_unit(unit, self.files, self.column, src, self.hf):
+                    counts["num_rows"] += rows
+                    if not texts:
+                        continue
+                    ids: list[int] = []
+                    for enc in encode(texts, add_special_tokens=False):
+                        ids += enc.ids
+                        ids.append(self.eot)
+                    data = np.array(ids, dtype=self.dtype).tobytes()
+                    f.write(data)
+                    out.update(data)
+                    counts["num_documents"] += len(texts)
+                    counts["num_tokens"] += len(ids)
+                    self.progress(len(ids))
+
+        name = shard_name(index)
+        atomic_write(self.root / f"{name}.bin", write)
+        record = {"file": f"{name}.bin", "unit": asdict(unit), **counts, "sha256": out.hexdigest(),
+                  "source_sha256": None if unit.kind in ("parquet", "hf") else src.hexdigest()}
+        atomic_write_text(self.root / f"{name}.json", json.dumps(record))
+        return record
+
+
+_worker: _Worker | None = None  # this process's worker, set once by the pool's initializer
+
+
+def _init(tok_json, files, column, root, hf, q) -> None:
+    global _worker
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one core per process: the pool is the parallelism
+    _worker = _Worker(tok_json, files, column, root, hf, q.put)
+
+
+def _run(index: int, unit: Unit) -> dict:
+    return _worker.run(index, unit)
+
+
+# ------------------------------------------------------------------------------- prepare
+
+def prepare(source: str, tokenizer, out: str | os.PathLike, *, text_column: str = "text", split: str = "train",
+            num_proc: int | None = None, unit_bytes: int | None = None, progress: bool = True,
+            corpus: Corpus | None = None, extra: dict | None = None) -> TokenStore:
+    """Tokenize `source` with `tokenizer` (a `tokenizers.Tokenizer` with <|endoftext|>) into the
+    store `out`; resume an unfinished prepare there; return the opened store.
+
+    num_proc: worker processes (default: every core this process may use).
+    unit_bytes: source bytes per shard (default: ~4 shards per worker, 1 MiB .. 256 MiB).
+    extra: JSON-able facts recorded in the manifest (e.g. the default corpus' description).
+    """
+    out = Path(out).expanduser()
+    corpus = corpus or Corpus(source, text_column, split)
+    num_proc = max(1, num_proc or sources.cpu_count())
+    tok_json = tokenizer.to_str()
+    vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
+    dtype = np.dtype(token_dtype(vocab_size)).name
+    head = {"format": FORMAT, "recipe": RECIPE, "source": source, "text_column": text_column, "split": split,
+            "sources": corpus.identity, "tokenizer_sha256": tokenizer_sha256(tokenizer), "dtype": dtype}
+    plan_path = out / "plan.json"
+    if plan_path.is_file():
+        plan = json.loads(plan_path.read_text())
+        if {k: plan.get(k) for k in head} != head:
+            diff = sorted(k for k in head if plan.get(k) != head[k])
+            raise DataError(f"{out} holds a prepare of different data ({', '.join(diff)} differ); "
+                            "use another --out, or delete that directory to start over")
+        if (out / "manifest.json").is_file():
+            return TokenStore(out)
+    else:
+        if out.exists() and any(out.iterdir()):
+            raise DataError(f"--out {out} exists and is not a token store; choose an empty or new directory")
+        if unit_bytes is None:
+            unit_bytes = min(MAX_UNIT, max(MIN_UNIT, corpus.num_bytes() // (4 * num_proc)))
+        plan = {**head, "unit_bytes": unit_bytes, "units": [asdict(u) for u in corpus.units(unit_bytes)]}
+        atomic_write_text(out / "tokenizer.json", tok_json)
+        atomic_write_text(plan_path, json.dumps(plan) + "\n")
+    units = [Unit(u["kind"], tuple(u["files"]), u["start"], u["stop"]) for u in plan["units"]]
+    shards = out / "shards"
+    shards.mkdir(exist_ok=True)
+    for stale in shards.glob("*.tmp"):  # left by a killed worker; never trusted
+        stale.unlink(missing_ok=True)
+    todo = [(i, u) for i, u in enumerate(units) if not (out / f"{shard_name(i)}.json").is_file()]
+    _tokenize(todo, len(units), tok_json, corpus, out, num_proc, progress)
+    return _finish(out, plan, units, corpus, vocab_size, tokenizer.token_to_id(EOT), extra)
+
+
+def _tokenize(todo, total, tok_json, corpus, out, num_proc, progress) -> None:
+    kept = total - len(todo)
+    bar = tqdm(unit="tok", unit_scale=True, disable=not progress, dynamic_ncols=True, mininterval=1,
+               desc=f"tokenizing: {kept}/{total} shards")
+    done = kept
+
+    def finished() -> None:
+        nonlocal done
+        done += 1
+        bar.set_description(f"tokenizing: {done}/{total} shards", refresh=False)
+
+    try:
+        if min(num_proc, len(todo)) <= 1:  # one unit or one core: no process to start
+            worker = _Worker(tok_json, corpus.files, corpus.text_column, out, corpus.hf, bar.update)
+            for i, unit in todo:
+                worker.run(i, unit)
+                finished()
+            return
+        ctx = mp.get_context("spawn")  # never fork: the caller may hold threads (JAX, tokenizers)
+        q = ctx.Queue()
+        pool = cf.ProcessPoolExecutor(min(num_proc, len(todo)), mp_context=ctx, initializer=_init,
+                                      initargs=(tok_json, corpus.files, corpus.text_column, out, corpus.hf, q))
+        try:
+            pending = {pool.submit(_run, i, u) for i, u in todo}
+            while pending:
+                ready, pending = cf.wait(pending, timeout=0.5, return_when=cf.FIRST_COMPLETED)
+                _drain(q, bar)
+                for fut in ready:
+                    fut.result()  # a worker's DataError (or a dead worker) surfaces here
+                    finished()
+            _drain(q, bar)
+        except BaseException:
+            for p in list(getattr(pool, "_processes", {}).values()):  # stop units in flight now
+                p.terminate()
+            raise
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+    finally:
+        bar.close()
+
+
+def _drain(q, bar) -> None:
+    n = 0
+    while True:
+        try:
+            n += q.get_nowait()
+        except queue_mod.Empty:
+            break
+    bar.update(n)
+
+
+def _finish(out: Path, plan: dict, units: list[Unit], corpus: Corpus, vocab_size: int, eot_id: int,
+            extra: dict | None) -> TokenStore:
+    records = [json.loads((out / f"{shard_name(i)}.json").read_text()) for i in range(len(units))]
+    rows = sum(r["num_rows"] for r in records)
+    num_tokens = sum(r["num_tokens"] for r in records)
+    if rows == 0:
+        raise DataError(f"data source {corpus.source!r} has no documents; point it at a non-empty corpus")
+    if num_tokens == 0:
+        raise DataError(f"data source {corpus.source!r} has no text: every document is empty; point it at "
+                        "documents with text (or set DataConfig.text_column to the column that has it)")
+    manifest = {k: plan[k] for k in ("format", "recipe", "source", "text_column", "split", "sources",
+                                     "tokenizer_sha256", "dtype")}
+    manifest.update(vocab_size=vocab_size, eot_id=eot_id, num_rows=rows,
+                    num_documents=sum(r["num_documents"] for r in records), num_tokens=num_tokens,
+                    **(extra or {}), shards=records)
+    write_manifest(out, manifest)
+    return TokenStore(out)
+
+
+# ----------------------------------------------------------------------------------- CLI
+
+def register(subparsers) -> None:
+    """Add `data prepare` to the `cgpt` CLI's subparsers (handler in `args.func`)."""
+    p = subparsers.add_parser("data", help="prepare token stores (tokenize a corpus once, in parallel)")
+    sub = p.add_subparsers(dest="data_command", required=True)
+    q = sub.add_parser("prepare", help="tokenize SOURCE into a sharded token store in --out",
+                       description=__doc__.split("\n\n")[0] + " Train on it with data.source=DIR.")
+    q.add_argument("source", help="a .txt/.jsonl/.jsonl.zst/.jsonl.gz/.parquet file, a folder of them, "
+                   "or hf:<name>[:<config>]")
+    q.add_argument("--tokenizer", required=True, help="tokenizer.json, a directory with tokenizer.json or "
+                   "GPT-2 vocab.json + merges.txt, or 'train' (byte-level BPE of --vocab-size on SOURCE)")
+    q.add_argument("--out", required=True, help="store directory (an unfinished one is resumed)")
+    q.add_argument("--vocab-size", type=int, default=4096, help="with --tokenizer train")
+    q.add_argument("--text-column", default="text", help="JSON/Parquet field holding the text")
+    q.add_argument("--split", default="train", help="split of an hf: dataset")
+    q.add_argument("--num-proc", type=int, help="worker processes (default: all cores)")
+    q.add_argument("--no-progress", action="store_true", help="no progress bar")
+    q.set_defaults(func=cmd_prepare)
+
+
+def cmd_prepare(args) -> int:
+    import time
+
+    from cgpt.tokenizer import load_tokenizer, train_tokenizer, with_eot
+
+    t0 = time.perf_counter()
+    out = Path(args.out).expanduser()
+    corpus = Corpus(args.source, args.text_column, args.split)
+    if args.tokenizer != "train":
+        tok = load_tokenizer(args.tokenizer)
+    elif (out / "plan.json").is_file() and (out / "tokenizer.json").is_file():
+        tok = load_tokenizer(out / "tokenizer.json")  # resuming: the tokenizer trained the first time
+    else:
+        tok = train_tokenizer(corpus.texts(), args.vocab_size)
+    tok = with_eot(tok, args.tokenizer)
+    store = prepare(args.source, tok, out, text_column=args.text_column, split=args.split,
+                    num_proc=args.num_proc, progress=not args.no_progress, corpus=corpus)
+    m, dt = store.manifest, time.perf_counter() - t0
+    print(json.dumps({"store": str(out), "num_tokens": m["num_tokens"], "num_documents": m["num_documents"],
+                      "shards": len(m["shards"]), "dtype": m["dtype"], "vocab_size": m["vocab_size"],
+                      "seconds": round(dt, 1)}, indent=1))
+    print(f"train on it with: data.source={out}")
+    return 0

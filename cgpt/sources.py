@@ -1,0 +1,336 @@
+"""Source documents on disk: which files a source names, how they split into work units, and
+reading the documents of one unit with errors that name the file and line.
+
+A *unit* is the piece of the corpus one worker tokenizes into one shard of the token store:
+a newline-aligned byte range of an uncompressed JSONL file, one whole compressed file
+(``.jsonl.zst``/``.jsonl.gz`` cannot be split without decompressing), a range of Parquet row
+groups, a run of consecutive text files (one document per file), or a range of rows of a
+Hugging Face dataset. Units are cut in corpus order, so concatenating their tokens in unit
+order gives the same stream whatever the unit size or the number of workers.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+# Suffix -> how documents are laid out. "text": one document per file; "jsonl": one JSON object
+# per line (a ".json" file may instead hold one JSON array of objects); "parquet": one per row.
+FORMATS = {
+    ".txt": "text", ".md": "text", ".py": "text",
+    ".jsonl": "jsonl", ".json": "jsonl", ".jsonl.zst": "jsonl", ".jsonl.gz": "jsonl",
+    ".json.zst": "jsonl", ".json.gz": "jsonl",
+    ".parquet": "parquet",
+}
+BATCH_BYTES = 1 << 22  # documents are handed to the tokenizer in batches of about 4 MiB
+
+
+class DataError(ValueError):
+    """The data cannot be prepared as configured; the message says what to change."""
+
+
+def suffix_of(path: Path) -> str:
+    """The supported suffix of `path` ('.jsonl.zst' counts as one), or its last suffix."""
+    name = path.name.lower()
+    for s in sorted(FORMATS, key=len, reverse=True):
+        if name.endswith(s):
+            return s
+    return path.suffix.lower()
+
+
+def list_files(path: Path) -> list[Path]:
+    """`path` itself, or every supported file under the folder (recursive, sorted, no hidden ones)."""
+    supported = ", ".join(FORMATS)
+    if not path.exists():
+        raise DataError(f"data source {str(path)!r} does not exist; set DataConfig.source to an existing "
+                        f"file or folder ({supported}), a prepared token store, 'default', or "
+                        "'hf:<dataset>[:<config>]'")
+    if path.is_file():
+        if suffix_of(path) not in FORMATS:
+            raise DataError(f"data source {str(path)!r} has unsupported extension {path.suffix!r}; "
+                            f"use one of {supported} (or convert the file to JSONL with a 'text' field)")
+        return [path]
+    files = sorted(p for p in path.rglob("*")
+                   if p.is_file() and suffix_of(p) in FORMATS
+                   and not any(part.startswith(".") for part in p.relative_to(path).parts))
+    if not files:
+        raise DataError(f"data folder {str(path)!r} holds no {supported} files; put documents there "
+                        "or point DataConfig.source at a file")
+    return files
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One worker's piece of the corpus. `files` are indices into the source file list; `start`
+    and `stop` are bytes (uncompressed JSONL), row groups (Parquet), rows (hf) or unused (0, 0)."""
+
+    kind: str  # "text" | "jsonl" | "jsonl-compressed" | "parquet" | "hf"
+    files: tuple[int, ...]
+    start: int = 0
+    stop: int = 0
+
+
+def plan_units(files: list[Path], unit_bytes: int) -> list[Unit]:
+    """Cut the files into units of about `unit_bytes` of input each, in corpus order."""
+    units: list[Unit] = []
+    run: list[int] = []  # consecutive text files gathered into one unit
+    run_bytes = 0
+
+    def flush() -> None:
+        nonlocal run, run_bytes
+        if run:
+            units.append(Unit("text", tuple(run)))
+        run, run_bytes = [], 0
+
+    for i, path in enumerate(files):
+        fmt, size = FORMATS[suffix_of(path)], path.stat().st_size
+        if fmt == "text":
+            if run and run_bytes + size > unit_bytes:
+                flush()
+            run.append(i)
+            run_bytes += size
+            continue
+        flush()
+        if fmt == "parquet":
+            units += [Unit("parquet", (i,), a, b) for a, b in _row_group_ranges(path, unit_bytes)]
+        elif suffix_of(path).endswith((".zst", ".gz")):
+            units.append(Unit("jsonl-compressed", (i,)))
+        elif suffix_of(path) == ".json" and _is_json_array(path):
+            units.append(Unit("jsonl", (i,), 0, size))  # one JSON array: read whole
+        else:
+            units += [Unit("jsonl", (i,), a, b) for a, b in _line_ranges(path, size, unit_bytes)]
+    flush()
+    return units
+
+
+def _line_ranges(path: Path, size: int, unit_bytes: int) -> list[tuple[int, int]]:
+    """Byte ranges of about `unit_bytes`, each ending just after a newline (or at the end)."""
+    if size == 0:
+        return [(0, 0)]
+    cuts = [0]
+    with open(path, "rb") as f:
+        while cuts[-1] + unit_bytes < size:
+            f.seek(cuts[-1] + unit_bytes)
+            f.readline()  # finish the line the cut fell into
+            if f.tell() >= size:
+                break
+            cuts.append(f.tell())
+    cuts.append(size)
+    return list(zip(cuts[:-1], cuts[1:]))
+
+
+def _row_group_ranges(path: Path, unit_bytes: int) -> list[tuple[int, int]]:
+    import pyarrow.parquet as pq
+
+    meta = pq.read_metadata(path)
+    ranges, start, acc = [], 0, 0
+    for g in range(meta.num_row_groups):
+        acc += meta.row_group(g).total_byte_size
+        if acc >= unit_bytes:
+            ranges.append((start, g + 1))
+            start, acc = g + 1, 0
+    if start < meta.num_row_groups or not ranges:
+        ranges.append((start, meta.num_row_groups))
+    return ranges
+
+
+# ------------------------------------------------------------------------------ reading
+
+class _Hashing(io.RawIOBase):
+    """A read-through wrapper that hashes every byte read from the underlying file."""
+
+    def __init__(self, f, digest):
+        self.f, self.digest = f, digest
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:
+        n = self.f.readinto(b)
+        self.digest.update(memoryview(b)[:n])
+        return n
+
+
+def _open_compressed(path: Path, raw) -> io.BufferedReader:
+    if path.name.lower().endswith(".zst"):
+        import zstandard
+
+        # Files written with `zstd --long` need windows over the default limit: allow up to 2 GiB.
+        dctx = zstandard.ZstdDecompressor(max_window_size=1 << 31)
+        reader = dctx.stream_reader(raw, read_across_frames=True)
+        return io.BufferedReader(reader, buffer_size=1 << 20)
+    return io.BufferedReader(gzip.GzipFile(fileobj=raw), buffer_size=1 << 20)
+
+
+def read_unit(unit: Unit, files: list[Path], text_column: str, digest=None, hf_dataset=None
+              ) -> Iterator[tuple[list[str], int]]:
+    """(texts, rows) batches of about BATCH_BYTES. Empty or null texts are dropped from `texts`
+    (they would only add stray separators) but counted in `rows`. `digest`, when given, is
+    updated with the source bytes read (compressed bytes for compressed files)."""
+    if unit.kind == "hf":
+        yield from _read_hf(hf_dataset, unit.start, unit.stop, text_column)
+    elif unit.kind == "text":
+        yield from _read_text_files([files[i] for i in unit.files], digest)
+    elif unit.kind == "parquet":
+        yield from _read_parquet(files[unit.files[0]], unit.start, unit.stop, text_column)
+    else:
+        yield from _read_jsonl(files[unit.files[0]], unit, text_column, digest)
+
+
+def _read_text_files(paths: list[Path], digest) -> Iterator[tuple[list[str], int]]:
+    texts, rows, size = [], 0, 0
+    for path in paths:
+        data = path.read_bytes()
+        if digest is not None:
+            digest.update(data)
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise DataError(f"{path}: not UTF-8 text (byte {e.start}); convert it to UTF-8 or remove it "
+                            "from the source folder") from e
+        rows += 1  # a text file is one document, even when empty
+        if text:
+            texts.append(text)
+            size += len(data)
+        if size >= BATCH_BYTES:
+            yield texts, rows
+            texts, rows, size = [], 0, 0
+    yield texts, rows
+
+
+def _row_text(row: object, column: str, where: Callable[[], str]) -> str | None:
+    """The text of one JSON row; `where()` names the file and line, only computed on error."""
+    if not isinstance(row, dict):
+        raise DataError(f"{where()}: expected a JSON object with a {column!r} field, got "
+                        f"{type(row).__name__}; write one object per line")
+    if column not in row:
+        raise DataError(f"{where()}: no column {column!r}; its columns are {sorted(row)}. "
+                        "Set DataConfig.text_column to the one that holds the text.")
+    text = row[column]
+    if text is not None and not isinstance(text, str):
+        raise DataError(f"{where()}: column {column!r} holds {type(text).__name__}, not text; set "
+                        f"DataConfig.text_column to a string column (columns: {sorted(row)})")
+    return text
+
+
+def _range_lines(f, length: int, digest) -> Iterator[bytes]:
+    """The lines of the next `length` bytes of `f`, hashing exactly those bytes."""
+    while length > 0:
+        line = f.readline(length)
+        if not line:
+            return
+        length -= len(line)
+        if digest is not None:
+            digest.update(line)
+        yield line
+
+
+def _is_json_array(path: Path) -> bool:
+    with open(path, "rb") as f:
+        return f.read(1 << 16).lstrip().startswith(b"[")
+
+
+def _read_jsonl(path: Path, unit: Unit, column: str, digest) -> Iterator[tuple[list[str], int]]:
+    if unit.kind == "jsonl" and unit.start == 0 and suffix_of(path) == ".json" and _is_json_array(path):
+        yield from _read_json_array(path, column, digest)  # a JSON array of objects, not JSON Lines
+        return
+    with open(path, "rb") as raw:
+        if unit.kind == "jsonl-compressed":
+            src = _Hashing(raw, digest) if digest is not None else raw
+            lines, first_line = _open_compressed(path, src), 1
+        else:
+            raw.seek(unit.start)
+            lines, first_line = _range_lines(raw, unit.stop - unit.start, digest), None
+        texts, rows, size = [], 0, 0
+        for n, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            where = lambda: _line_where(path, unit, first_line, n)  # noqa: E731
+            try:
+                row = json.loads(line)
+            except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                raise DataError(f"{where()}: not valid JSON ({e}); each line must be one JSON object "
+                                f'such as {{"{column}": "..."}}') from e
+            text = _row_text(row, column, where)
+            rows += 1
+            if text:
+                texts.append(text)
+                size += len(text)
+            if size >= BATCH_BYTES:
+                yield texts, rows
+                texts, rows, size = [], 0, 0
+        if unit.kind == "jsonl-compressed" and digest is not None:
+            while src.read(1 << 20):  # hash the compressed file's tail too (e.g. a skippable frame)
+                pass
+        yield texts, rows
+
+
+def _line_where(path: Path, unit: Unit, first_line: int | None, n: int) -> str:
+    """'file, line N' for the n-th line of the unit (the lines before it are counted only on error)."""
+    if first_line is None:
+        first_line, left = 1, unit.start
+        with open(path, "rb") as f:
+            while left > 0 and (chunk := f.read(min(left, 1 << 24))):
+                first_line += chunk.count(b"\n")
+                left -= len(chunk)
+    return f"{path}, line {first_line + n - 1}"
+
+
+def _read_json_array(path: Path, column: str, digest) -> Iterator[tuple[list[str], int]]:
+    data = path.read_bytes()
+    if digest is not None:
+        digest.update(data)
+    try:
+        rows = json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise DataError(f"{path}: not valid JSON ({e}); write a JSON array of objects or JSON Lines") from e
+    texts = [_row_text(r, column, lambda i=i: f"{path}, item {i}") for i, r in enumerate(rows)]
+    yield [t for t in texts if t], len(texts)
+
+
+def _read_parquet(path: Path, start: int, stop: int, column: str) -> Iterator[tuple[list[str], int]]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pf = pq.ParquetFile(path)
+    names = pf.schema_arrow.names
+    if column not in names:
+        raise DataError(f"{path}: no column {column!r}; its columns are {names}. "
+                        "Set DataConfig.text_column to the one that holds the text.")
+    kind = pf.schema_arrow.field(column).type
+    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+        raise DataError(f"{path}: column {column!r} holds {kind}, not text; set DataConfig.text_column "
+                        f"to a string column (columns: {names})")
+    if start >= stop:
+        return
+    for batch in pf.iter_batches(batch_size=1024, row_groups=range(start, stop), columns=[column]):
+        texts = batch.column(0).to_pylist()
+        yield [t for t in texts if t], len(texts)
+
+
+def _read_hf(ds, start: int, stop: int, column: str) -> Iterator[tuple[list[str], int]]:
+    for i in range(start, stop, 1024):
+        texts = ds[i:min(i + 1024, stop)][column]
+        yield [t for t in texts if t], len(texts)
+
+
+def file_identity(path: Path) -> dict:
+    """What identifies a source file without reading it: path, size and modification time."""
+    st = path.stat()
+    return {"path": str(path.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def file_sha256(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def cpu_count() -> int:
+    """Cores this process may use (the affinity mask, not the machine's total)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
