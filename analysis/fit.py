@@ -80,16 +80,21 @@ def check_xy(x, y, name_x: str = "x", name_y: str = "y") -> tuple[np.ndarray, np
 
 @dataclass(frozen=True)
 class PowerLaw:
-    """y = A * x^(-b) + c, also written (x / x0)^(-b) + c with x0 = A^(1/b)."""
+    """y = A * x^(-b) + c, also written (x / x0)^(-b) + c with x0 = A^(1/b).
+
+    x_range: the x the law was fitted on, where known (plots draw a published law only there).
+    """
     A: float
     b: float
     c: float = 0.0
     name: str = ""
+    x_range: tuple[float, float] | None = None
 
     @classmethod
-    def from_scale(cls, x0: float, b: float, c: float = 0.0, name: str = "") -> "PowerLaw":
+    def from_scale(cls, x0: float, b: float, c: float = 0.0, name: str = "",
+                   x_range: tuple[float, float] | None = None) -> "PowerLaw":
         """The Cerebras/Kaplan form (x / x0)^(-b) + c."""
-        return cls(A=float(np.exp(b * np.log(x0))), b=b, c=c, name=name)
+        return cls(A=float(np.exp(b * np.log(x0))), b=b, c=c, name=name, x_range=x_range)
 
     @property
     def x0(self) -> float:
