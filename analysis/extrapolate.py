@@ -47,9 +47,9 @@ def extrapolation_check(x, y, n_holdout: int = 1, **fit_kwargs) -> Extrapolation
                          f"{xs.size} distinct x values to fit")
     threshold = float(xs[-n_holdout])
     train, test = x < threshold, x >= threshold
-    groups = fit_kwargs.pop("groups", None)
-    if groups is not None:
-        fit_kwargs["groups"] = np.asarray(groups)[train]
+    groups = fit_kwargs.pop("groups", "x")
+    fit_kwargs["groups"] = groups if groups is None or isinstance(groups, str) \
+        else np.asarray(groups)[train]
     fit = fit_power_law(x[train], y[train], **fit_kwargs)
     pred = fit.predict(x[test])
     lo, hi = fit.predict_interval(x[test])

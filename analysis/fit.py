@@ -1,14 +1,23 @@
-"""Power-law fits y = A * x^(-b) + c, in log space, with a Huber loss and bootstrap CIs.
+"""Power-law fits y = A * x^(-b) + c with bootstrap intervals you can trust.
 
-Why log space: losses over many decades of compute differ by a factor, not by an offset, so a
-residual in log y weighs every run the same. Why Huber: a few diverged or badly tuned runs
-should not move the exponent (Chinchilla uses delta = 1e-3 on log loss; so do we by default).
+Default loss: least squares on y itself, the fit Cerebras-GPT (and a plain curve_fit) used,
+so a sweep's law is comparable with the published one; on the seven published points it gives
+b = 0.0733, c = 0.501 (paper: 0.0737, 0.5066). Huber with delta = 1e-3 on log y (Chinchilla's
+choice) behaves like an L1 fit through a few points when there are only 5-10 runs, as a
+compute-optimal sweep has, and moved the published law to b = 0.067, c = 0.33; it stays
+available (delta=1e-3, space="log") and is the default of approach 3 (analysis.chinchilla).
 
-Conditioning: x spans 1e15..1e23, so A * x^(-b) is never formed directly. The optimiser sees
-(l, b, e) with log y_hat = logsumexp(l - b * (log x - log x_ref), e), where x_ref is the
-geometric mean of x: l is the log amplitude at the middle of the data and e = log c.
+Intervals: every bootstrap refit is a full fit (the global least-squares search, or the same
+grid of starts as the main fit), not a polish of the full-data optimum; resamples with fewer
+distinct x than parameters are skipped and counted; failed refits are counted; runs with equal
+x (replicate seeds of one model) are resampled together. The offset c is bounded at 0 rather
+than parameterised as log c, so a refit can leave the bound. When the data cannot pin c down
+(the profile of the fit over c stays under the 95% threshold up to a bound) the fit says so
+and carries that profile.
+
+Conditioning: x spans 1e15..1e23, so A * x^(-b) is never formed directly. The solvers see
+(l, b, c) with y_hat = exp(l - b * (log x - log x_ref)) + c, x_ref the geometric mean of x.
 The result is reported both as A and as the Cerebras-style scale x0 = A^(1/b).
-space="linear" puts the residuals on y instead, to compare with fits published that way.
 """
 from __future__ import annotations
 
@@ -16,9 +25,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
-from scipy.optimize import minimize
 from scipy.special import huber
+from scipy.stats import chi2
 
+from . import solve
 from ._blas import one_blas_thread
 
 
@@ -30,8 +40,8 @@ def huber_loss(r: np.ndarray, delta: float) -> tuple[float, np.ndarray]:
 def bootstrap_indices(n: int, n_boot: int, seed: int, groups=None) -> list[np.ndarray]:
     """Row indices for n_boot resamples with replacement.
 
-    With `groups` (e.g. model size), whole groups are resampled together (cluster bootstrap),
-    so repeated seeds of one model do not count as independent evidence.
+    With `groups` (e.g. model size, or x itself), whole groups are resampled together (cluster
+    bootstrap), so repeated seeds of one model do not count as independent evidence.
     """
     rng = np.random.default_rng(seed)
     if groups is None:
@@ -70,16 +80,21 @@ def check_xy(x, y, name_x: str = "x", name_y: str = "y") -> tuple[np.ndarray, np
 
 @dataclass(frozen=True)
 class PowerLaw:
-    """y = A * x^(-b) + c, also written (x / x0)^(-b) + c with x0 = A^(1/b)."""
+    """y = A * x^(-b) + c, also written (x / x0)^(-b) + c with x0 = A^(1/b).
+
+    x_range: the x the law was fitted on, where known (plots draw a published law only there).
+    """
     A: float
     b: float
     c: float = 0.0
     name: str = ""
+    x_range: tuple[float, float] | None = None
 
     @classmethod
-    def from_scale(cls, x0: float, b: float, c: float = 0.0, name: str = "") -> "PowerLaw":
+    def from_scale(cls, x0: float, b: float, c: float = 0.0, name: str = "",
+                   x_range: tuple[float, float] | None = None) -> "PowerLaw":
         """The Cerebras/Kaplan form (x / x0)^(-b) + c."""
-        return cls(A=float(np.exp(b * np.log(x0))), b=b, c=c, name=name)
+        return cls(A=float(np.exp(b * np.log(x0))), b=b, c=c, name=name, x_range=x_range)
 
     @property
     def x0(self) -> float:
@@ -98,7 +113,13 @@ class PowerLaw:
 
 @dataclass
 class PowerLawFit:
-    """A fitted PowerLaw with bootstrap samples (`boot`) and percentile CIs (`ci`)."""
+    """A fitted PowerLaw with bootstrap samples (`boot`) and percentile CIs (`ci`).
+
+    skipped: resamples with too few distinct x to fit; failed: refits that did not converge;
+    neither is in `boot`. profile: the fit over a grid of fixed offsets (c, stat, where stat =
+    n log(RSS_c / RSS_best), about chi2(1) when c is the truth); offset_identified: False when
+    every c up to a bound (0 or min y) fits within the level's threshold.
+    """
     law: PowerLaw
     ci: dict[str, tuple[float, float]]
     boot: pd.DataFrame
@@ -108,6 +129,10 @@ class PowerLawFit:
     level: float
     loss: float
     extra: dict = field(default_factory=dict)
+    skipped: int = 0
+    failed: int = 0
+    profile: pd.DataFrame | None = None
+    offset_identified: bool | None = None
 
     @property
     def params(self) -> dict[str, float]:
@@ -132,72 +157,86 @@ class PowerLawFit:
         return (np.percentile(preds, 50 * (1 - level), axis=0),
                 np.percentile(preds, 50 * (1 + level), axis=0))
 
+    def profile_interval(self) -> tuple[float, float]:
+        """The offsets whose profile statistic is within the level's chi2(1) threshold."""
+        if self.profile is None:
+            return (float("nan"), float("nan"))
+        inside = self.profile[self.profile["stat"] <= chi2.ppf(self.level, 1)]
+        return float(inside["c"].min()), float(inside["c"].max())
+
     def summary(self) -> str:
         loss = "least squares" if np.isinf(self.delta) else f"Huber delta={self.delta:g}"
+        n_boot = len(self.boot) + self.skipped + self.failed
         lines = [f"L = A * x^(-b) + c, {self.n} points, {loss} on "
-                 f"{self.extra.get('space', 'log')} y, "
-                 f"{int(100 * self.level)}% bootstrap CI ({len(self.boot)} resamples)"]
+                 f"{self.extra.get('space', 'linear')} y, {int(100 * self.level)}% bootstrap CI "
+                 f"({len(self.boot)} of {n_boot} resamples; {self.skipped} skipped with too few "
+                 f"distinct x, {self.failed} failed)"]
         for k, v in self.params.items():
             if k == "c" and not self.offset:
                 continue
             lo, hi = self.ci[k]
             lines.append(f"  {k:>2} = {v:.5g}  [{lo:.5g}, {hi:.5g}]")
         lines.append(f"  x0 = A^(1/b) = {self.x0:.4g}")
+        if self.offset_identified is False:
+            plo, phi = self.profile_interval()
+            lines.append(f"  c is not identified by these data: every c in [{plo:.4g}, {phi:.4g}] "
+                         f"fits within the {int(100 * self.level)}% profile threshold; "
+                         "read b and A together with c. Profile (c: n log RSS ratio):")
+            rows = self.profile.iloc[np.linspace(0, len(self.profile) - 1, 6).round().astype(int)]
+            lines.append("    " + ", ".join(f"{r.c:.3g}: {r.stat:.2f}" for r in rows.itertuples()))
         return "\n".join(lines)
 
 
-def _objective(theta, u, y, delta, offset, space):
-    l, b = theta[0], theta[1]
-    z = l - b * u
-    if offset:
-        lyhat = np.logaddexp(z, theta[2])
-        w = np.exp(z - lyhat)                              # share of the power-law term
-        dl, db, de = w, -w * u, 1.0 - w
+def _group_labels(x, groups):
+    if isinstance(groups, str):
+        if groups != "x":
+            raise ValueError(f"groups={groups!r}: use 'x' (runs with equal x together), None "
+                             "(each run alone) or one label per run")
+        return x
+    return groups
+
+
+def _profile(u, y, best, delta, offset, space, n_grid: int = 41) -> pd.DataFrame:
+    """Refit with c held at each point of a grid on [0, min y); n log(RSS_c / RSS_best)."""
+    cs = np.unique(np.r_[np.linspace(0.0, 0.999 * y.min(), n_grid), best[2]])
+
+    def rss(l, b, c):
+        yhat = np.exp(l - b * u) + c
+        r = np.log(y) - np.log(yhat) if space == "log" else y - yhat
+        return float(r @ r)
+
+    if np.isinf(delta) and space == "linear":
+        l, b, c, _, _ = solve.least_squares(u, np.tile(y, (cs.size, 1)), offset, c_fixed=cs)
+        out = [rss(*t) for t in zip(l, b, c)]
     else:
-        lyhat, dl, db = z, np.ones_like(z), -u
-    if space == "log":
-        f, g = huber_loss(np.log(y) - lyhat, delta)
-    else:                                                  # residuals in y itself
-        yhat = np.exp(lyhat)
-        f, g = huber_loss(y - yhat, delta)
-        g = g * yhat
-    grad = [-g @ dl, -g @ db] + ([-g @ de] if offset else [])
-    return f, np.array(grad)
-
-
-def _solve(u, y, delta, offset, space, starts):
-    best = None
-    for s in starts:
-        r = minimize(_objective, s, args=(u, y, delta, offset, space), jac=True,
-                     method="L-BFGS-B", options={"maxiter": 1000, "ftol": 1e-13, "gtol": 1e-10})
-        if np.all(np.isfinite(r.x)) and (best is None or r.fun < best.fun):
-            best = r
-    return best
-
-
-def _starts(u, y, offset):
-    """Deterministic grid: exponents over two decades; offset as a fraction of min(y)."""
-    out = []
-    for b in (0.02, 0.07, 0.2, 0.6):
-        for frac in ((0.0, 0.3, 0.7, 0.9, 0.98) if offset else (0.0,)):
-            c = frac * y.min()
-            l = float(np.mean(np.log(y - c) + b * u))
-            out.append([l, b] + ([np.log(max(c, 1e-3 * y.min()))] if offset else []))
-    return out
+        out = []
+        for c in cs:
+            grid = [s for s in solve.starts(u, y, offset) if s[2] == 0.0]
+            theta, _, _ = solve.multistart(u, y, delta, offset, space, grid, c_fixed=c)
+            out.append(rss(*theta) if theta is not None else np.inf)
+    base = rss(*best)
+    stat = y.size * np.log(np.maximum(np.array(out), 1e-300) / max(base, 1e-300))
+    return pd.DataFrame({"c": cs, "stat": np.maximum(stat, 0.0)})
 
 
 @one_blas_thread()
-def fit_power_law(x, y, offset: bool = True, *, delta: float = 1e-3, space: str = "log",
+def fit_power_law(x, y, offset: bool = True, *, delta: float = np.inf, space: str = "linear",
                   n_boot: int = 1000, seed: int = 0, level: float = 0.95,
-                  groups=None) -> PowerLawFit:
-    """Fit y = A * x^(-b) (+ c if offset) with a summed Huber loss, multi-start L-BFGS-B.
+                  groups="x", n_refine: int | None = 4) -> PowerLawFit:
+    """Fit y = A * x^(-b) (+ c if offset, c >= 0), with bootstrap percentile intervals.
 
     x, y: positive arrays (e.g. counted FLOPs and validation loss of finished runs).
-    delta: Huber threshold on the residuals; np.inf gives plain least squares.
-    space: "log" (default) puts residuals on log y; "linear" on y itself (what a plain
-        scipy.optimize.curve_fit does; use it to compare with fits published that way).
-    n_boot, seed, level: bootstrap resamples, RNG seed, CI level; `groups` resamples clusters.
-    Returns PowerLawFit with .params {"A", "b", "c"} (c = 0.0 without offset), .ci, .predict.
+    delta: Huber threshold on the residuals; np.inf (default) is least squares.
+    space: "linear" (default) puts residuals on y, as the published Cerebras-GPT fit did;
+        "log" on log y (with delta=1e-3: Chinchilla's robust choice).
+    n_boot, seed, level: bootstrap resamples, RNG seed, CI level.
+    groups: "x" (default) resamples runs with equal x (seeds of one model) together; None
+        resamples runs one by one; or one label per run.
+    n_refine: for Huber or log-space fits, L-BFGS-B runs from the n_refine starts of the
+        20-point grid with the lowest starting objective (None: all 20), in the main fit and
+        in every bootstrap refit alike. Least squares on y needs no starts (a global search).
+    Returns PowerLawFit with .params {"A", "b", "c"} (c = 0.0 without offset), .ci, .predict,
+    .skipped/.failed bootstrap counts and, with an offset, .profile / .offset_identified.
     """
     x, y = check_xy(x, y)
     k = 3 if offset else 2
@@ -212,23 +251,49 @@ def fit_power_law(x, y, offset: bool = True, *, delta: float = 1e-3, space: str 
         raise ValueError(f"delta={delta} must be > 0 (np.inf for least squares)")
     if n_boot < 0:
         raise ValueError(f"n_boot={n_boot} must be >= 0")
+    labels = _group_labels(x, groups)
     lx_ref = float(np.mean(np.log(x)))
     u = np.log(x) - lx_ref
-    best = _solve(u, y, delta, offset, space, _starts(u, y, offset))
+    fast = np.isinf(delta) and space == "linear"
+
+    def fit_one(uu, yy) -> tuple[np.ndarray | None, float, bool]:
+        if fast:
+            l, b, c, rss, ok = solve.least_squares(uu, yy[None], offset)
+            return np.array([l[0], b[0]] + ([c[0]] if offset else [])), 0.5 * rss[0], bool(ok[0])
+        grid = solve.screen(solve.starts(uu, yy, offset), uu, yy, delta, offset, space, n_refine)
+        return solve.multistart(uu, yy, delta, offset, space, grid)
+
+    best, fun, ok = fit_one(u, y)
+    if best is None or not ok:
+        raise ValueError("the power-law fit did not converge on the full data "
+                         f"(best objective {fun:.3g}); check the runs for outliers")
 
     def to_law(theta) -> PowerLaw:
-        l, b = theta[0], theta[1]
-        return PowerLaw(A=float(np.exp(l + b * lx_ref)), b=float(b),
-                        c=float(np.exp(theta[2])) if offset else 0.0)
+        return PowerLaw(A=float(np.exp(theta[0] + theta[1] * lx_ref)), b=float(theta[1]),
+                        c=float(theta[2]) if offset else 0.0)
 
-    rows = []
-    for idx in bootstrap_indices(x.size, n_boot, seed, groups):
-        if np.unique(u[idx]).size < 2:                     # no exponent in this resample
-            rows.append((np.nan, np.nan, np.nan))
-            continue
-        r = _solve(u[idx], y[idx], delta, offset, space, [best.x])
-        rows.append(tuple(to_law(r.x).params.values()))
-    boot = pd.DataFrame(rows, columns=["A", "b", "c"])
-    return PowerLawFit(law=to_law(best.x), ci=percentile_ci(boot, level), boot=boot, n=x.size,
-                       offset=offset, delta=delta, level=level, loss=float(best.fun),
-                       extra={"space": space})
+    idx = [i for i in bootstrap_indices(x.size, n_boot, seed, labels)]
+    usable = [i for i in idx if np.unique(u[i]).size >= k]
+    skipped, failed, rows = len(idx) - len(usable), 0, []
+    if usable and fast:
+        I = np.stack(usable)
+        l, b, c, _, okb = solve.least_squares(u[I], y[I], offset)
+        failed = int((~okb).sum())
+        rows = [(np.exp(li + bi * lx_ref), bi, ci if offset else 0.0)
+                for li, bi, ci in zip(l[okb], b[okb], c[okb])]
+    else:
+        for i in usable:
+            theta, _, okb = fit_one(u[i], y[i])
+            if theta is None or not okb:
+                failed += 1
+                continue
+            rows.append(tuple(to_law(theta).params.values()))
+    boot = pd.DataFrame(rows, columns=["A", "b", "c"], dtype=float)
+    out = PowerLawFit(law=to_law(best), ci=percentile_ci(boot, level), boot=boot, n=x.size,
+                      offset=offset, delta=delta, level=level, loss=float(fun),
+                      extra={"space": space}, skipped=skipped, failed=failed)
+    if offset and np.unique(x).size > k:
+        out.profile = _profile(u, y, best, delta, offset, space)
+        lo, hi = out.profile_interval()
+        out.offset_identified = bool(lo > 0 and hi < out.profile["c"].max())
+    return out

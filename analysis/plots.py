@@ -15,9 +15,13 @@ from .isoflop import IsoFlopFit
 from .published import CEREBRAS_GPT
 
 
-def _figure(ncols: int = 1) -> tuple[Figure, list]:
-    fig = Figure(figsize=(5.5 * ncols, 4.2), layout="constrained")
+def _figure(ncols: int = 1, residuals: bool = False) -> tuple[Figure, list]:
+    fig = Figure(figsize=(5.5 * ncols, 5.6 if residuals else 4.2), layout="constrained")
     FigureCanvasAgg(fig)
+    if residuals:                     # a main panel and a short residual panel under it
+        grid = fig.add_gridspec(2, 1, height_ratios=(3, 1))
+        ax = fig.add_subplot(grid[0])
+        return fig, [ax, fig.add_subplot(grid[1], sharex=ax)]
     return fig, [fig.add_subplot(1, ncols, i + 1) for i in range(ncols)]
 
 
@@ -41,10 +45,15 @@ def _grid(x, lo_factor=0.5, hi_factor=4.0, n=200) -> np.ndarray:
 def plot_loss_vs_compute(x, y, fit: PowerLawFit | None = None, *, overlays=(CEREBRAS_GPT,),
                          band: bool = True, path=None, title: str | None = None,
                          xlabel: str = "training FLOPs (counted)",
-                         ylabel: str = "validation loss (nats/token)") -> Figure:
+                         ylabel: str = "validation loss (nats/token)",
+                         residuals: bool = False) -> Figure:
     """Runs as points, the fitted law with its bootstrap band, and published laws as dashed
-    lines (default: Cerebras-GPT; pass overlays=() for none). Log-log axes."""
-    fig, (ax,) = _figure()
+    lines (default: Cerebras-GPT; pass overlays=() for none). Log-log axes.
+
+    Published laws are drawn only over the compute range they were fitted on (`law.x_range`
+    where set). residuals=True adds a panel of run / fit - 1 (%) under the plot."""
+    fig, axes = _figure(residuals=residuals and fit is not None)
+    ax = axes[0]
     x, y = np.asarray(x, float), np.asarray(y, float)
     xx = _grid(x)
     ax.scatter(x, y, s=18, color="k", zorder=3, label=f"runs ({x.size})")
@@ -57,10 +66,20 @@ def plot_loss_vs_compute(x, y, fit: PowerLawFit | None = None, *, overlays=(CERE
             ax.fill_between(xx, lo, hi, color="C0", alpha=0.2,
                             label=f"{int(100 * fit.level)}% bootstrap band")
     for i, law in enumerate(overlays):
-        ax.plot(xx, law.predict(xx), ls="--", color=f"C{i + 1}", label=law.name or "published")
-    ax.set(xscale="log", yscale="log", xlabel=xlabel, ylabel=ylabel, title=title)
+        lo_x, hi_x = getattr(law, "x_range", None) or (xx[0], xx[-1])
+        xs = xx[(xx >= lo_x) & (xx <= hi_x)]
+        if xs.size:
+            ax.plot(xs, law.predict(xs), ls="--", color=f"C{i + 1}",
+                    label=law.name or "published")
+    ax.set(xscale="log", yscale="log", xlabel=None if len(axes) > 1 else xlabel, ylabel=ylabel,
+           title=title)
     _plain_y(ax)
     ax.legend(fontsize=8)
+    if len(axes) > 1:
+        ax2 = axes[1]
+        ax2.axhline(0, color="0.5", lw=0.8)
+        ax2.scatter(x, 100 * (y / fit.predict(x) - 1), s=14, color="k")
+        ax2.set(xscale="log", xlabel=xlabel, ylabel="run / fit - 1 (%)")
     return _save(fig, path)
 
 

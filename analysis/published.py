@@ -25,7 +25,9 @@ PF_DAY = 1e15 * 24 * 3600           # FLOPs in one petaflop/s-day (Kaplan's comp
 
 # L(f) = (f / 5.984e22)^(-0.0737) + 0.5066; f = algorithmic training FLOPs incl. attention,
 # L = Pile test cross-entropy (nats/token), compute-optimal (20 tokens/param) models.
-CEREBRAS_GPT = PowerLaw.from_scale(5.984e22, 0.0737, 0.5066, name="Cerebras-GPT (Dey+ 2023)")
+# Fitted on the seven published models, 111M (2.6e18 FLOPs) to 13B (2.3e22).
+CEREBRAS_GPT = PowerLaw.from_scale(5.984e22, 0.0737, 0.5066, name="Cerebras-GPT (Dey+ 2023)",
+                                   x_range=(2.6e18, 2.3e22))
 
 # Hoffmann eq. 10 as printed, and unrounded (exp of the logs in the TeX source).
 CHINCHILLA = ChinchillaLaw(E=1.69, A=406.4, B=410.7, alpha=0.34, beta=0.28,

@@ -30,6 +30,14 @@ def test_plot_loss_vs_compute(tmp_path):
     assert CEREBRAS_GPT.name in labels and any(l.startswith("fit") for l in labels)
     assert len(fig.axes[0].collections) == 2                  # the points and the band
     assert plot_loss_vs_compute(t["flops"], t["loss"], overlays=()).axes[0].get_lines() == []
+    # A published law is drawn only over the compute it was fitted on: not at CPU scale.
+    x = np.geomspace(1e12, 1e15, 5)
+    small = plot_loss_vs_compute(x, CEREBRAS_GPT(x), fit, residuals=True)
+    assert CEREBRAS_GPT.name not in [l.get_label() for l in small.axes[0].get_lines()]
+    lines = fig.axes[0].get_lines()
+    cg = next(l for l in lines if l.get_label() == CEREBRAS_GPT.name)
+    assert cg.get_xdata().min() >= 2.6e18 and cg.get_xdata().max() <= 2.3e22
+    assert len(small.axes) == 2 and small.axes[1].get_ylabel() == "run / fit - 1 (%)"
 
 
 def test_plot_isoflop(tmp_path):
@@ -67,6 +75,12 @@ def test_sweep_report(tmp_path):
     b, lo, hi = map(float, re.search(r"b\s+=\s+(\S+)\s+\[(\S+), (\S+)\]", text).groups())
     assert lo <= 0.12 <= hi and abs(b - 0.12) < 0.03          # the fixture's true exponent
     assert "Cerebras-GPT: 0.0737" in text
+    assert "seeds of a model resampled together" in text
+    res = re.search(r"residuals \(run / fit - 1.*\): (.*); rms (\S+)%", text)
+    assert res and res.group(1).count("%") == 7 and float(res.group(2)) < 1.0   # 0.5% noise
+    ex = re.search(r"extrapolation check: fitted without the largest model .* error (\S+)%; "
+                   r"the band (covers|does NOT cover) it", text)
+    assert ex and abs(float(ex.group(1))) < 2.0
     text6 = sweep_report(sweep / "results.csv", out_png=tmp_path / "r6.png", flops="6nd", n_boot=0)
     assert "flops_6nd (6nd)" in text6
     assert_png(tmp_path / "r6.png")
