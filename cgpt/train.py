@@ -361,9 +361,10 @@ def _train(run: RunConfig, out: Path, resume: bool, progress: bool, strategy,
             grad_norm = float(m["grad_norm"])
             dt = time.perf_counter() - t0
             if not (math.isfinite(loss) and math.isfinite(grad_norm)):  # before any write
-                what = (f"loss is {loss}" if not math.isfinite(loss)
-                        else f"grad_norm is {grad_norm}")
-                raise _nonfinite_stop(what, step + 1, ckpt, out, f" (loss {loss:.4g})")
+                if not math.isfinite(loss):
+                    raise _nonfinite_stop(f"loss is {loss}", step + 1, ckpt, out)
+                raise _nonfinite_stop(f"grad_norm is {grad_norm}", step + 1, ckpt, out,
+                                      f" (loss {loss:.4g})")
             if step > start:  # the first step includes compilation
                 t_run += dt
                 tokens_seen += plan.tokens_per_step

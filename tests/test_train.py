@@ -236,7 +236,7 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(corpus, tmp_path):
     out = tmp_path / "run"
     run = _run(corpus, tmp_path, peak_lr=1e30, warmup_steps=1, ckpt_every=1, clip_norm=1e30)
     with pytest.raises(TrainError, match=r"loss is nan at step \d+; training stopped.*"
-                                         r"last good checkpoint \(step \d+\)"):
+                                         r"last good checkpoint \(step \d+, verified finite\)"):
         train(run, out, progress=False)
     steps = [int(p.name) for p in (out / "checkpoints").iterdir() if p.name.isdigit()]
     assert steps and not (out / "summary.json").exists()
