@@ -5,6 +5,7 @@ import json
 import math
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -166,6 +167,12 @@ def test_dry_run_table_and_bundled_specs(tmp_path, capsys):
         line = next(l for l in out.splitlines() if l.startswith(f"{preset}_"))
         assert f" {batch} " in line
     assert "--set data.source=..." in out and "--set data.tokenizer=..." in out
+    # item 7: resources per preset, the wall time at a stated MFU, many checkpoints per limit
+    assert "MFU 40% of 9.89e+14 FLOP/s per device" in out
+    rows = [l.split() for l in out.splitlines() if l[:1].isdigit() and "_s0" in l]
+    assert len(rows) == 7 and [int(r[-4]) for r in rows] == [8, 8, 8, 16, 32, 128, 256]
+    assert all(float(r[-1]) >= 8 for r in rows)  # checkpoints within each time limit
+    assert rows[-1][-2] == "2"  # 13B: ~58 h at 40% MFU on 256 GPUs -> one time-limit requeue
     cg = sw.load_sweep(SPECS / "cerebras_gpt.yaml")
     assert all(r.config.data.seq_len == 2048 and r.tokens / r.n_params == pytest.approx(20, rel=0.01)
                for r in cg.runs)
@@ -314,3 +321,117 @@ def test_sigkill_of_the_sweep_then_relaunch_resumes(tmp_path):
     summary = json.loads((d / "summary.json").read_text())
     assert summary["resumed_from_step"] > 0
     assert _rows(out)["tiny-17k_d200k_s0"]["status"] == "done"
+
+
+# ---- config identity, results contract, live state (no or little training) ----------------
+def _fake_done(out: Path, run, val_loss: float = 3.0) -> None:
+    """A finished run directory as train leaves it (config.yaml + summary.json)."""
+    d = out / run.run_id
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "config.yaml").write_text(run.config.to_yaml())
+    (d / "summary.json").write_text(json.dumps({"model": run.model, "val_loss": val_loss,
+                                                "train_loss": val_loss, "tokens": run.tokens}))
+
+
+def test_changed_config_is_never_reused_silently(tmp_path):
+    spec = _spec(tmp_path, "id", {"model": ["tiny-17k"]})
+    out = tmp_path / "out"
+    old = sw.load_sweep(spec).runs[0]
+    _fake_done(out, old)
+    assert sw.launch(sw.load_sweep(spec), out, report=False) == 0  # same config: reused
+    new = sw.load_sweep(spec, ["train.peak_lr=1e-3", "train.mode=data_parallel"])
+    assert new.runs[0].run_id == old.run_id and new.runs[0].config_hash != old.config_hash
+    assert sw.config_change(new.runs[0], out) == ["train.peak_lr: None -> 0.001"]  # not mode
+    with pytest.raises(ValueError, match=r"(?s)tiny-17k_d20k_s0: train.peak_lr: None -> 0.001.*"
+                                         r"--on-change rerun"):
+        sw.launch(new, out, report=False)
+    assert (out / old.run_id / "summary.json").exists()
+    from cgpt.sweep.launch import _check_identity
+    _check_identity(new, new.runs, out, "rerun")
+    moved = out / ".superseded" / f"{old.run_id}.{old.config_hash}"
+    assert (moved / "summary.json").exists() and not (out / old.run_id).exists()
+    rid = new.runs[0].run_id
+    sw.state.prepare_run_dir(new.runs[0], out)
+    assert json.loads((out / rid / "identity.json").read_text())["config_hash"] == \
+        new.runs[0].config_hash
+
+
+def test_results_hold_exactly_this_spec_with_budget_and_lr(tmp_path):
+    analysis = pytest.importorskip("analysis")
+    s = sw.load_sweep(SPECS / "isoflop.yaml")
+    out = tmp_path / "iso"
+    for r in s.runs:  # a convex loss in log N around a budget-dependent optimum
+        n_opt = 2e-5 * r.flops_budget ** 0.5
+        _fake_done(out, r, 3.0 - 0.1 * math.log10(r.flops_budget) + 0.2 * math.log(r.n_params / n_opt) ** 2)
+    other = sw.load_sweep(_spec(tmp_path, "other", {"model": ["tiny-17k"]})).runs[0]
+    _fake_done(out, other)  # a finished run of another spec in the same directory
+    sw.write_results(s.runs, out)
+    rows = _rows(out)
+    assert set(rows) == {r.run_id for r in s.runs}
+    for r in s.runs:
+        assert float(rows[r.run_id]["flops_budget"]) == r.flops_budget
+        assert float(rows[r.run_id]["peak_lr"]) == r.peak_lr == 2e-3
+    df = analysis.finished(analysis.load_results(out))
+    fit = analysis.fit_isoflop(df, N="n_params", D="tokens", C="flops", loss="val_loss",
+                               budget="flops_budget")
+    assert len(fit.minima) == 3 and sorted(fit.minima["budget"]) == [1e12, 3e12, 1e13]
+
+
+def test_sigkilled_sweep_leaves_no_running_claim(tmp_path):
+    """#15: results.csv kept saying `running` after the sweep was SIGKILLed."""
+    spec = _spec(tmp_path, "k", {"model": ["tiny-17k"]}, base={"train": {"tokens": 2_000_000}})
+    out = tmp_path / "out"
+    p = subprocess.Popen([sys.executable, "-m", "cgpt.sweep", str(spec), "--out", str(out)],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log = out / "tiny-17k_d2M_s0" / "train.log"
+    deadline = time.time() + 120
+    while time.time() < deadline and not log.exists():
+        time.sleep(0.1)
+    time.sleep(1.0)
+    assert sw.run_state(out / "tiny-17k_d2M_s0") == "running"  # live state: from the lock
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    rows = _rows(out)
+    assert rows["tiny-17k_d2M_s0"]["status"] == "pending"
+    time.sleep(2)  # PR_SET_PDEATHSIG ends the orphaned train
+    assert sw.run_state(out / "tiny-17k_d2M_s0") in ("new", "interrupted")
+
+
+def test_local_parallel_runs_get_their_own_devices(launched, monkeypatch):
+    assert sw.device_share(0, 2, gpus=["0", "1", "2", "3"]) == ({"CUDA_VISIBLE_DEVICES": "0,1"}, [])
+    assert sw.device_share(1, 2, gpus=["0", "1", "2", "3"]) == ({"CUDA_VISIBLE_DEVICES": "2,3"}, [])
+    assert sw.device_share(1, 3, gpus=[], cpus=list(range(8))) == ({}, [2, 3])
+    with pytest.raises(ValueError, match="--parallel 3 exceeds the 2 visible GPU"):
+        sw.device_share(0, 3, gpus=["0", "1"])
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5")
+    assert sw.executors.visible_gpus() == ["4", "5"]
+    _, out, _, _ = launched  # --parallel 2 on the CPU: each run on its own half of the cores
+    shares = set()
+    for log in out.glob("*/train.log"):
+        shares |= set(re.findall(r"\[cpus ([\d,]+)\]", log.read_text()))
+    assert len(shares) == 2
+    a, b = (set(map(int, s.split(","))) for s in shares)
+    assert not a & b
+
+
+def test_every_task_of_a_requeued_multitask_job_resumes(tmp_path, monkeypatch):
+    """A requeued multi-task job restarted without --resume and train refused the run dir."""
+    d = tmp_path / "run"
+    d.mkdir()
+    (d / "config.yaml").write_text("preset: tiny-17k\n")
+    seen = []
+
+    class FakeProc:
+        def __init__(self, cmd, **kw):
+            seen.append(cmd)
+            self.pid = 0
+
+        def wait(self):
+            return 1
+
+    monkeypatch.setattr(sw.executors.subprocess, "Popen", FakeProc)
+    for rank in ("0", "1"):
+        monkeypatch.setenv("SLURM_PROCID", rank)
+        monkeypatch.setenv("SLURM_NTASKS", "2")
+        sw.execute_run(sw.Job("r", str(d), resume=False))
+    assert len(seen) == 2 and all(cmd[-1] == "--resume" for cmd in seen)

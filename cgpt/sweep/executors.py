@@ -43,7 +43,8 @@ class Job:
 
 
 # Launcher run as `python -c`: hold the run's lock for the whole training process (the fd is
-# inherited across exec), pin to its CPU share, die with the parent (PR_SET_PDEATHSIG, Linux)
+# inherited across exec), pin to its CPU share, ignore SIGUSR1/2 until train handles them (an
+# early time-limit signal must not kill it), die with the parent (PR_SET_PDEATHSIG, Linux)
 # so a killed sweep leaves no orphan writing the run dir, then exec the train entry point.
 _LAUNCH = r"""
 import ctypes, fcntl, os, signal, sys
@@ -57,6 +58,9 @@ if lock_path:
     os.set_inheritable(fd, True)
 if cpus:
     os.sched_setaffinity(0, [int(c) for c in cpus.split(",")])
+# until train installs its checkpoint-and-stop handlers, a SIGUSR1/2 must not kill it
+signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+signal.signal(signal.SIGUSR2, signal.SIG_IGN)
 try:
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 except (OSError, AttributeError):
@@ -124,6 +128,14 @@ def _error_from_log(log: Path, lines: int = 3) -> str:
     return " | ".join(text[-lines:])[-600:] or "no output"
 
 
+def slurm_job_id() -> str:
+    """This job's id as squeue and scontrol name it: ARRAYID_TASK for an array task."""
+    env = os.environ
+    if env.get("SLURM_ARRAY_JOB_ID") and env.get("SLURM_ARRAY_TASK_ID"):
+        return f"{env['SLURM_ARRAY_JOB_ID']}_{env['SLURM_ARRAY_TASK_ID']}"
+    return env.get("SLURM_JOB_ID", "")
+
+
 def execute_run(job: Job) -> dict:
     """Run one training process with its output in `train.log`; never raises on failure.
 
@@ -151,9 +163,8 @@ def execute_run(job: Job) -> dict:
         where = (f" [cpus {','.join(map(str, cpus))}]" if cpus else "") + (
             f" [CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']}]"
             if job.pin and "CUDA_VISIBLE_DEVICES" in env else "") + (
-            f" [SLURM job {os.environ['SLURM_JOB_ID']}, restart "
-            f"{os.environ.get('SLURM_RESTART_COUNT', '0')}]" if "SLURM_JOB_ID" in os.environ
-            else "")
+            f" [SLURM job {slurm_job_id()}, restart {os.environ.get('SLURM_RESTART_COUNT', '0')}]"
+            if "SLURM_JOB_ID" in os.environ else "")
         f.write(f"==== cgpt sweep {time.strftime('%Y-%m-%d %H:%M:%S')}: python -m cgpt "
                 f"{' '.join(train_argv(job))}{where}\n")
         f.flush()
@@ -213,14 +224,14 @@ class RunTask:
 
         with _live_lock:
             proc = _live.get(job.run_id)
-        if proc is not None:
-            try:
-                proc.send_signal(signal.SIGUSR1)
-            except ProcessLookupError:
-                pass
+        if proc is not None:  # ask again each second: train ignores it until its loop starts
             deadline = time.time() + (grace_s or float(os.environ.get("CGPT_CKPT_GRACE_S", 60)))
             while time.time() < deadline and not _child_exited(proc.pid):
-                time.sleep(0.2)
+                try:
+                    proc.send_signal(signal.SIGUSR1)
+                except ProcessLookupError:
+                    break
+                time.sleep(1.0)
         return submitit.helpers.DelayedSubmission(self, replace(job, resume=True))
 
 

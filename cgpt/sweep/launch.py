@@ -6,6 +6,7 @@ checkpoint; relaunching the same command continues where it stopped.
 from __future__ import annotations
 
 import fcntl
+import math
 import os
 import sys
 from pathlib import Path
@@ -32,6 +33,16 @@ def compile_cache_env(cache: Path | None) -> dict:
             "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
 
 
+def checkpoints_per_limit(run: Run, est_s: float, limit_s: float) -> float:
+    """How many checkpoints a run writes within one SLURM time limit (or its whole run):
+    every `ckpt_every` steps (default total/10) and every `checkpoint_minutes`."""
+    t = run.config.train
+    every = [est_s * (t.ckpt_every or max(1, run.steps // 10)) / run.steps]
+    if t.checkpoint_minutes:
+        every.append(t.checkpoint_minutes * 60)
+    return min(limit_s or est_s, est_s) / min(every)
+
+
 def print_table(sweep: Sweep, out: Path | None, runs: list[Run], parallel: int = 1,
                 file=None) -> None:
     """The --dry-run table: N, D, counted FLOPs, 6ND and the estimated time of every run
@@ -41,7 +52,7 @@ def print_table(sweep: Sweep, out: Path | None, runs: list[Run], parallel: int =
     cluster = e.mfu is not None and e.device_flops is not None
     hdr = (f"{'run_id':34s} {'state':>11s} {'N':>8s} {'D':>8s} {'D/N':>6s} {'batch':>5s} "
            f"{'steps':>7s} {'FLOPs':>9s} {'6ND':>9s} {'est':>7s}"
-           + (f" {'devices':>7s} {'limit':>7s}" if cluster else ""))
+           + (f" {'devices':>7s} {'limit':>7s} {'jobs':>4s} {'ckpt/limit':>10s}" if cluster else ""))
     print(f"sweep {sweep.name} ({sweep.path}): {len(runs)} runs"
           + (f" (of {len(sweep.runs)}, --only)" if len(runs) != len(sweep.runs) else "")
           + (f"; {sweep.dropped} grid points dropped by filter:" if sweep.dropped else ""),
@@ -54,10 +65,12 @@ def print_table(sweep: Sweep, out: Path | None, runs: list[Run], parallel: int =
         total_s += est
         left_s += 0 if state in ("done", "running") else est
         limit = float(r.slurm.get("timeout_min", 0)) * 60
+        per_limit = checkpoints_per_limit(r, est, limit)
         print(f"{r.run_id:34s} {state:>11s} {fmt_count(r.n_params):>8s} "
               f"{fmt_count(r.tokens):>8s} {r.tokens / r.n_params:6.1f} {r.batch_size:5d} "
               f"{r.steps:7d} {r.flops:9.2e} {r.flops_6nd:9.2e} {fmt_time(est):>7s}"
-              + (f" {r.devices:7d} {fmt_time(limit) if limit else '-':>7s}" if cluster else ""),
+              + (f" {r.devices:7d} {fmt_time(limit) if limit else '-':>7s} "
+                 f"{math.ceil(est / limit) if limit else 1:4d} {per_limit:10.0f}" if cluster else ""),
               file=file)
     fl = [r.flops for r in runs]
     rate = (f"MFU {e.mfu:.0%} of {e.device_flops:.3g} FLOP/s per device" if cluster

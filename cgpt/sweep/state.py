@@ -85,7 +85,7 @@ def result_row(run: Run, out: Path) -> dict:
     summary = read_json(run_dir / "summary.json")
     if summary is not None:
         row["status"] = "done"
-        row.update({k: summary.get(k, "") for k in SUMMARY_COLUMNS})
+        row.update({k: summary[k] for k in SUMMARY_COLUMNS if k in summary})
         row["model"] = summary.get("model", run.model)
         return row
     failed = read_json(run_dir / FAILED_FILE)

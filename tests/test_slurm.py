@@ -1,0 +1,152 @@
+"""`cgpt sweep --executor slurm` against a real one-node SLURM cluster on localhost.
+
+The cluster comes from scripts/slurm_cluster.sh (it installs slurm-wlm + munge with apt when
+missing, as root). Run with `python -m pytest -m slurm` (`.ci/run` does). A requeued job
+waits ~2 minutes (SLURM's BeginTime) before it starts again, so the time-limit and the
+preemption cases share one sweep and one wait.
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from cgpt import sweep as sw
+
+pytestmark = pytest.mark.slurm
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "scripts" / "slurm_cluster.sh"
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    d = tmp_path_factory.mktemp("slurm")
+    env = dict(os.environ, CGPT_SLURMCTLD_PORT=str(_free_port()), CGPT_SLURMD_PORT=str(_free_port()))
+    p = subprocess.run(["bash", str(SCRIPT), "start", str(d)], capture_output=True, text=True,
+                       stdin=subprocess.DEVNULL, timeout=900, env=env)
+    if p.returncode != 0:
+        pytest.fail(f"could not start the test SLURM cluster:\n{p.stderr[-3000:]}")
+    old = os.environ.get("SLURM_CONF")
+    os.environ["SLURM_CONF"] = str(d / "slurm.conf")
+    yield d
+    subprocess.run(["bash", str(SCRIPT), "stop", str(d)], capture_output=True, timeout=60)
+    if old is None:
+        os.environ.pop("SLURM_CONF", None)
+    else:
+        os.environ["SLURM_CONF"] = old
+
+
+def _corpus(folder: Path) -> Path:
+    import random
+    rng = random.Random(0)
+    words = ["the", "model", "loss", "token", "scaling", "law", "compute", "data", "train",
+             "jax", "layer", "width", "depth", "optimal", "budget", "param", "step", "batch"]
+    folder.mkdir(parents=True, exist_ok=True)
+    for i in range(24):
+        lines = [" ".join(rng.choice(words) for _ in range(rng.randint(6, 14))) + "."
+                 for _ in range(30)]
+        (folder / f"doc{i:02d}.txt").write_text("\n".join(lines) + "\n")
+    return folder
+
+
+def _spec(tmp: Path, name: str, tokens: int, **extra) -> Path:
+    base = {"model": {"vocab_size": 300},
+            "data": {"source": str(_corpus(tmp / "corpus")), "vocab_size": 300, "seq_len": 32,
+                     "val_sequences": 4, "cache_dir": str(tmp / "cache")},
+            "train": {"batch_size": 8, "tokens": tokens, "log_every": 10, "ckpt_every": 100,
+                      "eval_every": 100_000}}
+    p = tmp / f"{name}.yaml"
+    p.write_text(yaml.safe_dump({"name": name, "base": base, **extra}, sort_keys=False))
+    return p
+
+
+def _losses(run_dir: Path) -> dict:
+    return {r["step"]: r["loss"] for r in map(json.loads, (run_dir / "metrics.jsonl").open())}
+
+
+def test_sweep_submits_an_array_job(cluster, tmp_path):
+    spec = _spec(tmp_path, "arr", 20_000, grid={"model": ["tiny-17k"], "seed": [0, 1]},
+                 slurm={"timeout_min": 20, "cpus_per_task": 1})
+    out = tmp_path / "out"
+    assert sw.launch(sw.load_sweep(spec), out, executor="slurm", poll_s=1, report=False) == 0
+    rows = {r.run_id: r for r in sw.load_sweep(spec).runs}
+    job_ids = set()
+    for rid in rows:
+        log = (out / rid / "train.log").read_text()
+        m = re.search(r"\[SLURM job (\d+)_(\d+), restart 0\]", log)
+        assert m, log[:2000]
+        job_ids.add(m.group(1))
+        assert json.loads((out / rid / "summary.json").read_text())["steps"] == 78
+    assert len(job_ids) == 1  # one array job, one task per run
+    import csv
+    with open(out / "results.csv", newline="") as f:
+        assert {r["run_id"]: r["status"] for r in csv.DictReader(f)} == dict.fromkeys(rows, "done")
+    assert list((out / ".submitit").glob("*_0_log.out"))  # submitit's per-task logs
+
+
+def test_time_limit_and_preemption_requeue_and_resume(cluster, tmp_path):
+    """Run A outlives its 2-minute time limit: SIGUSR2, checkpoint, requeue, resume. Run B is
+    `scontrol requeue`d mid-run (preemption): SIGTERM, checkpoint, requeue, resume. Both end
+    with the losses of an uninterrupted run."""
+    steps = 5000
+    spec = _spec(tmp_path, "rq", 8 * 32 * steps, grid={"model": ["tiny-17k"], "seed": [0, 1]},
+                 slurm={"timeout_min": 20, "cpus_per_task": 1, "signal_delay_s": 40})
+    # two sweeps side by side (one run each): A with a 2-minute time limit, B without
+    out = tmp_path / "out"
+    env = dict(os.environ, CGPT_REQUEUE_WAIT_S="120")
+    cmd = [sys.executable, "-m", "cgpt", "sweep", str(spec), "--out"]
+    pa = subprocess.Popen([*cmd, str(out / "a"), "--only", "_s0", "--executor", "slurm",
+                           "--set", "slurm.timeout_min=2"], env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    pb = subprocess.Popen([*cmd, str(out / "b"), "--only", "_s1", "--executor", "slurm"],
+                          env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    run_a = out / "a" / f"tiny-17k_d{sw.spec.fmt_count(8 * 32 * steps)}_s0"
+    assert sw.load_sweep(spec).runs[0].steps == steps
+    run_b = out / "b" / f"tiny-17k_d{sw.spec.fmt_count(8 * 32 * steps)}_s1"
+    # preempt B once it has trained a while
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        m = run_b / "metrics.jsonl"
+        if m.exists() and len(m.read_text().splitlines()) >= 30:
+            break
+        time.sleep(0.5)
+    else:
+        pytest.fail("run B did not start training:\n" + (run_b / "train.log").read_text()[-2000:])
+    job_b = re.search(r"\[SLURM job (\S+), restart", (run_b / "train.log").read_text()).group(1)
+    subprocess.run(["scontrol", "requeue", job_b], check=True, timeout=60)
+    # meanwhile the uninterrupted references
+    refs = []
+    for run in (run_a, run_b):
+        ref = tmp_path / "ref" / run.name
+        refs.append(subprocess.Popen(
+            [sys.executable, "-m", "cgpt", "train", "--config", str(run / "run.yaml"),
+             "--out", str(ref), "--no-progress"], stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL))
+    for p in refs:
+        assert p.wait(timeout=600) == 0
+    for p, name in ((pa, "A"), (pb, "B")):
+        try:
+            text, _ = p.communicate(timeout=900)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            text = p.communicate()[0]
+            pytest.fail(f"sweep {name} did not finish:\n{text[-3000:]}")
+        assert p.returncode == 0, text[-3000:]
+    for run, why in ((run_a, "SIGUSR[12]"), (run_b, "SIGTERM")):
+        log = (run / "train.log").read_text()
+        assert "restart 1]" in log and re.search(f"stopped by {why} after checkpointing step", log), log
+        summary = json.loads((run / "summary.json").read_text())
+        assert 0 < summary["resumed_from_step"] < steps
+        assert _losses(run) == _losses(tmp_path / "ref" / run.name)  # as if never stopped
