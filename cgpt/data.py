@@ -149,6 +149,11 @@ def _one_preparer(path: Path) -> Iterator[None]:
         except BlockingIOError:
             print(f"cgpt.data: waiting for another process preparing the same data ({path})", file=sys.stderr)
             fcntl.flock(f, fcntl.LOCK_EX)
+        except OSError as e:  # a filesystem without locks: say so, and prepare uncoordinated
+            print(f"cgpt.data: cannot lock {path} ({e}); if several processes prepare this data at once, "
+                  "prepare it first with `python -m cgpt data prepare`", file=sys.stderr)
+            yield
+            return
         try:
             yield
         finally:
