@@ -1,4 +1,4 @@
-"""`python -m cgpt {train,sweep,plan,list,eval,generate}` (also the `cgpt` console script)."""
+"""`python -m cgpt {train,sweep,plan,list,eval,generate,data}` (also the `cgpt` console script)."""
 from __future__ import annotations
 
 import argparse

@@ -149,6 +149,11 @@ def _one_preparer(path: Path) -> Iterator[None]:
         except BlockingIOError:
             print(f"cgpt.data: waiting for another process preparing the same data ({path})", file=sys.stderr)
             fcntl.flock(f, fcntl.LOCK_EX)
+        except OSError as e:  # a filesystem without locks: say so, and prepare uncoordinated
+            print(f"cgpt.data: cannot lock {path} ({e}); if several processes prepare this data at once, "
+                  "prepare it first with `python -m cgpt data prepare`", file=sys.stderr)
+            yield
+            return
         try:
             yield
         finally:
@@ -220,7 +225,7 @@ class TokenData:
         self.num_train_sequences: int = num_sequences - val_sequences
         # Evenly spaced held-out windows: distinct because num_sequences > val_sequences.
         self.val_index = np.arange(val_sequences, dtype=np.int64) * num_sequences // val_sequences
-        self.train_index = np.setdiff1d(np.arange(num_sequences, dtype=np.int64), self.val_index)
+        self._val_shift = self.val_index - np.arange(val_sequences)  # see _train_sequence
         self.num_train_tokens: int = self.num_train_sequences * seq_len  # target tokens per epoch
         self.info = dict(info or {})
         self._perms: dict[int, np.ndarray] = {}
@@ -230,6 +235,16 @@ class TokenData:
     def _windows(self, seq_idx: np.ndarray) -> np.ndarray:
         starts = np.asarray(seq_idx, dtype=np.int64) * self.seq_len
         return read_windows(self.tokens, starts, self.seq_len + 1)
+
+    @property
+    def train_index(self) -> np.ndarray:
+        """Every training sequence, ascending (all sequences but the validation windows)."""
+        return self._train_sequence(np.arange(self.num_train_sequences, dtype=np.int64))
+
+    def _train_sequence(self, j: np.ndarray) -> np.ndarray:
+        """The j-th training sequence, without an n-long index array (n is 1e8 at Pile scale):
+        j plus the number of validation windows at or before it, i.e. with val_index[k] - k <= j."""
+        return j + np.searchsorted(self._val_shift, j, side="right")
 
     def _permutation(self, epoch: int) -> np.ndarray:
         if epoch not in self._perms:
@@ -252,7 +267,7 @@ class TokenData:
         out = np.empty(len(example), dtype=np.int64)
         for e in np.unique(epoch):
             sel = epoch == e
-            out[sel] = self.train_index[self._permutation(int(e))[position[sel]]]
+            out[sel] = self._train_sequence(self._permutation(int(e))[position[sel]])
         return out
 
     def train_batch(self, step: int, batch_size: int, rows: slice | None = None) -> np.ndarray:
@@ -293,8 +308,9 @@ class TokenData:
         best model that ignores context, which a trained LM must beat."""
         if self._unigram_entropy is None:
             counts = np.zeros(max(self.vocab_size, int(self.eot_id) + 1), dtype=np.int64)
-            for i in range(0, len(self.train_index), 1 << 14):  # chunks keep memory flat
-                chunk = self._windows(self.train_index[i:i + (1 << 14)])[:, 1:]
+            for i in range(0, self.num_train_sequences, 1 << 14):  # chunks keep memory flat
+                j = np.arange(i, min(i + (1 << 14), self.num_train_sequences), dtype=np.int64)
+                chunk = self._windows(self._train_sequence(j))[:, 1:]
                 counts += np.bincount(chunk.ravel(), minlength=counts.size)[: counts.size]
             p = counts[counts > 0] / counts.sum()
             self._unigram_entropy = float(-(p * np.log(p)).sum())

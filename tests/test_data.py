@@ -463,3 +463,14 @@ def test_default_corpus_has_at_least_5m_tokens(default_data):
     assert int((np.asarray(d.tokens) == d.eot_id).sum()) == manifest["num_documents"]
     assert d.num_val_sequences == 128 and d.train_batch(0, 2).shape == (2, 257)
     assert 3.0 < d.unigram_entropy() < math.log(4096)  # real text: far from uniform
+
+
+def test_train_index_is_the_complement_of_the_val_windows(tmp_path):
+    from tokenizers import Tokenizer, models
+
+    tok = Tokenizer(models.BPE(vocab={EOT: 0, "a": 1}, merges=[]))
+    for n, v in ((10, 2), (11, 3), (257, 16), (1000, 999)):
+        d = data_mod.TokenData(np.zeros(n * 4 + 1, np.uint16), tok, seq_len=4, val_sequences=v, seed=0)
+        want = np.setdiff1d(np.arange(n), d.val_index)
+        np.testing.assert_array_equal(d.train_index, want)
+        np.testing.assert_array_equal(np.sort(d.train_indices(0, d.num_train_sequences)), want)
