@@ -102,8 +102,10 @@ def make_plan(run: RunConfig, replicas: int = 1) -> Plan:
                          f"{micro} x {replicas} replicas")
     total = optim.steps_for_tokens(tokens, batch, seq)
     warmup = t.warmup_steps or optim.warmup_steps_for(total, batch * seq, d["published"])
+    decay = t.decay or ("1-sqrt" if t.schedule == "wsd" else d["decay"])
     recipe = optim.Recipe(
-        peak_lr=t.peak_lr or d["peak_lr"], decay=t.decay or d["decay"],
+        peak_lr=t.peak_lr or d["peak_lr"], decay=decay, schedule=t.schedule,
+        decay_fraction=t.decay_fraction,
         adam_eps=t.adam_eps or d["adam_eps"], batch_size=batch, warmup_steps=min(warmup, total),
         total_steps=total, end_lr_fraction=t.end_lr_fraction, weight_decay=t.weight_decay,
         clip_norm=t.clip_norm)
@@ -160,8 +162,11 @@ def resolve_run(run: RunConfig, out: Path, resume: bool) -> RunConfig:
 
 # ---- the loop ----------------------------------------------------------------------------
 def train(run: RunConfig, out: str | Path, resume: bool = False, progress: bool = True,
-          strategy=None) -> dict:
-    """Train `run` into the run directory `out`; returns the summary (also `summary.json`)."""
+          strategy=None, branch_from: tuple[Path, int] | None = None) -> dict:
+    """Train `run` into the run directory `out`; returns the summary (also `summary.json`).
+
+    branch_from=(RUN, STEP): start from RUN's checkpoint at STEP, a cooldown branch of a WSD
+    run (cgpt.branch)."""
     from tensorboardX import SummaryWriter
     from tqdm.auto import tqdm
 
@@ -197,6 +202,11 @@ def train(run: RunConfig, out: str | Path, resume: bool = False, progress: bool 
         got = ckpt.restore_latest(*strategy.abstract_state(params, opt_state))
         if got is not None:
             start, params, opt_state = got
+    if branch_from is not None and start == 0:  # a cooldown branch of a WSD run
+        from cgpt import branch
+        params, opt_state = branch.begin(branch_from, run, plan.recipe, out,
+                                         *strategy.abstract_state(params, opt_state))
+        start = branch_from[1]
     _truncate_metrics(out / "metrics.jsonl", start)
 
     total = plan.total_steps
