@@ -154,3 +154,18 @@ def plot_envelope(env: EnvelopeFit, *, path=None, title: str | None = None) -> F
     ax2.set(xscale="log", yscale="log", xlabel="compute C (FLOPs)", ylabel="N_opt, D_opt")
     ax2.legend(fontsize=8)
     return _save(fig, path)
+
+
+def plot_curves(curves, *, path=None, title: str | None = None,
+                xlabel: str = "training FLOPs (counted)") -> Figure:
+    """Training curves (analysis.read_curves): loss vs compute, one line per run, labelled
+    with its parameter count."""
+    fig, (ax,) = _figure()
+    for i, (rid, c) in enumerate(curves.groupby("run_id", sort=False)):
+        ax.plot(c["C"], c["loss"], lw=1, color=f"C{i % 10}",
+                label=f"{rid} (N={c['N'].iloc[0]:.3g})")
+    ax.set(xscale="log", yscale="log", xlabel=xlabel, ylabel="training loss (smoothed)",
+           title=title or "training curves")
+    _plain_y(ax)
+    ax.legend(fontsize=6, ncol=2)
+    return _save(fig, path)
