@@ -6,10 +6,11 @@ included) and compute is counted FLOPs (attention included) unless params="nonem
 flops="6nd" is passed.
 """
 from .chinchilla import ChinchillaFit, ChinchillaLaw, fit_chinchilla
+from .envelope import EnvelopeFit, fit_envelope, read_curves
 from .extrapolate import Extrapolation, extrapolation_check
 from .fit import PowerLaw, PowerLawFit, fit_power_law
 from .isoflop import IsoFlopFit, fit_isoflop
-from .plots import plot_isoflop, plot_loss_vs_compute, plot_mup_vs_sp
+from .plots import plot_curves, plot_envelope, plot_isoflop, plot_loss_vs_compute, plot_mup_vs_sp
 from .published import (CEREBRAS_GPT, CHINCHILLA, CHINCHILLA_UNROUNDED, EPOCH, KAPLAN_C,
                         KAPLAN_D, KAPLAN_N, cerebras_gpt_table)
 from .report import sweep_report
@@ -19,10 +20,10 @@ __all__ = [
     "load_results", "finished", "compute", "n_params", "COLUMNS",
     "PowerLaw", "PowerLawFit", "fit_power_law",
     "ChinchillaLaw", "ChinchillaFit", "fit_chinchilla",
-    "IsoFlopFit", "fit_isoflop",
+    "IsoFlopFit", "fit_isoflop", "EnvelopeFit", "fit_envelope", "read_curves",
     "Extrapolation", "extrapolation_check",
     "CEREBRAS_GPT", "CHINCHILLA", "CHINCHILLA_UNROUNDED", "EPOCH", "KAPLAN_N", "KAPLAN_D",
     "KAPLAN_C", "cerebras_gpt_table",
-    "plot_loss_vs_compute", "plot_isoflop", "plot_mup_vs_sp",
+    "plot_loss_vs_compute", "plot_isoflop", "plot_mup_vs_sp", "plot_envelope", "plot_curves",
     "sweep_report",
 ]

@@ -11,6 +11,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FormatStrFormatter
 
 from .fit import PowerLawFit, fit_power_law
+from .envelope import EnvelopeFit
 from .isoflop import IsoFlopFit
 from .published import CEREBRAS_GPT
 
@@ -131,4 +132,40 @@ def plot_mup_vs_sp(x, y, mup, *, reference=None, path=None, title: str | None = 
     ax2.axhline(0, color="0.5", ls="--")
     ax2.set(xscale="log", xlabel=xlabel, ylabel="loss vs SP law (%)")
     ax2.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def plot_envelope(env: EnvelopeFit, *, path=None, title: str | None = None) -> Figure:
+    """Approach 1. Left: every run's training curve (loss vs compute) and their lower envelope.
+    Right: N_opt and D_opt on the envelope against C with the fitted power laws."""
+    fig, (ax, ax2) = _figure(2)
+    for i, (rid, c) in enumerate(env.curves.groupby("run_id", sort=False)):
+        ax.plot(c["C"], c["loss"], lw=0.8, color=f"C{i % 10}", alpha=0.6)
+    e = env.envelope
+    ax.plot(e["C"], e["loss"], color="k", lw=2, label="envelope")
+    ax.set(xscale="log", yscale="log", xlabel="compute C (FLOPs)", ylabel="loss",
+           title=title or "training curves and their envelope")
+    _plain_y(ax)
+    ax.legend(fontsize=8)
+    ax2.scatter(e["C"], e["N"], s=6, color="C0")
+    ax2.plot(e["C"], env.n_opt(e["C"]), color="C0", label=f"N_opt ~ C^{env.a:.3f}")
+    ax2.scatter(e["C"], e["D"], s=6, color="C1")
+    ax2.plot(e["C"], env.d_opt(e["C"]), color="C1", label=f"D_opt ~ C^{env.b:.3f}")
+    ax2.set(xscale="log", yscale="log", xlabel="compute C (FLOPs)", ylabel="N_opt, D_opt")
+    ax2.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def plot_curves(curves, *, path=None, title: str | None = None,
+                xlabel: str = "training FLOPs (counted)") -> Figure:
+    """Training curves (analysis.read_curves): loss vs compute, one line per run, labelled
+    with its parameter count."""
+    fig, (ax,) = _figure()
+    for i, (rid, c) in enumerate(curves.groupby("run_id", sort=False)):
+        ax.plot(c["C"], c["loss"], lw=1, color=f"C{i % 10}",
+                label=f"{rid} (N={c['N'].iloc[0]:.3g})")
+    ax.set(xscale="log", yscale="log", xlabel=xlabel, ylabel="training loss (smoothed)",
+           title=title or "training curves")
+    _plain_y(ax)
+    ax.legend(fontsize=6, ncol=2)
     return _save(fig, path)

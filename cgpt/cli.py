@@ -32,6 +32,9 @@ def _add_train(sub) -> None:
     p.add_argument("--mesh", help="device mesh, e.g. data=2,stage=4")
     p.add_argument("--seed", type=int, help="replicate seed: sets train.seed (init) and data.seed (data order)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--branch-from", metavar="RUN@STEP",
+                   help="cooldown branch: start from a WSD run's stable-phase checkpoint at STEP "
+                   "and decay to the --tokens budget (the run's config, unless overridden)")
     p.add_argument("overrides", nargs="*", metavar="section.key=value")
 
 
@@ -40,6 +43,11 @@ def build_run(args):
     from cgpt.runconfig import from_dict, load_yaml
 
     raw = load_yaml(args.config) if args.config else {}
+    if getattr(args, "branch_from", None) and not args.config:  # the parent's config by default
+        from cgpt.branch import parse_spec
+        from cgpt.checkpoint import read_run_config
+
+        raw = read_run_config(parse_spec(args.branch_from)[0])
     if args.model:
         raw["preset"] = args.model
     flags = []
@@ -75,8 +83,15 @@ def cmd_train(args) -> int:
     run = build_run(args)
     _emulate_cpu_devices(run.train.mesh)
     out = Path(args.out or f"runs/{run.model.name}")
+    branch_from = None
+    if args.branch_from:
+        from cgpt.branch import branch_run, parse_spec
+
+        branch_from = parse_spec(args.branch_from)
+        run = branch_run(branch_from[0], run)
     summary = train(run, out, resume=args.resume, progress=not args.no_progress,
-                    allow_changes=args.allow_train_changes, from_step=args.from_step)
+                    allow_changes=args.allow_train_changes, from_step=args.from_step,
+                    branch_from=branch_from)
     keys = ("model", "n_params", "tokens", "flops", "train_loss", "val_loss", "tokens_per_s",
             "mfu", "epochs", "wall_time_s")
     print(json.dumps({k: summary[k] for k in keys}, indent=2))
@@ -179,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     except Preempted as e:  # checkpointed on SIGTERM/SIGUSR1/SIGUSR2 (cgpt.preempt)
         print(f"cgpt {args.command}: {e}", file=sys.stderr)
         return e.exit_code
-    except (ValueError, TrainError, LoadError, DataError, RunDirError) as e:
+    except (ValueError, TrainError, LoadError, DataError, RunDirError) as e:  # BranchError is a ValueError
         print(f"cgpt {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

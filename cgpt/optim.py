@@ -12,6 +12,11 @@ CPU-scale runs are too short for a 375M-token warmup, so warmup scales with the 
 `warmup = 10%` of the total steps (at least 1), which sits between the published ratios
 (17% of the 111M budget, 1.3% of the 1.3B budget).
 
+WSD (`train.schedule: wsd`, not published for Cerebras-GPT): warmup, a constant stable
+phase, then a decay over the final `decay_fraction` of the steps, linear or 1-sqrt (Hägele et
+al. 2024). Its stable phase does not depend on the run's length, so a checkpoint taken there
+can be cooled down to any longer budget (`cgpt train --branch-from`): one run, many budgets.
+
 μP: every model uses the proxy's tuned peak LR (6e-3) and the decoder kernels (QKV, attention
 output, both MLP matrices) get LR x 1/m_w; embeddings, biases and LN keep the base LR.
 """
@@ -20,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import jax
+import jax.numpy as jnp
 import optax
 
 from cgpt.config import ModelConfig
@@ -43,10 +49,14 @@ CPU_PEAK_LR = 2e-3  # SP CPU family; chosen on cpu-1.7m, see README "Recipe"
 CPU_BATCH = 32
 
 
+SCHEDULES = ("published", "wsd")
+WSD_DECAYS = ("linear", "1-sqrt")
+
+
 @dataclass(frozen=True)
 class Recipe:
     peak_lr: float
-    decay: str  # "linear" | "cosine"
+    decay: str  # published: "linear" | "cosine"; wsd: "linear" | "1-sqrt"
     adam_eps: float
     batch_size: int
     warmup_steps: int
@@ -56,6 +66,19 @@ class Recipe:
     b2: float = 0.95
     weight_decay: float = 0.1
     clip_norm: float = 1.0
+    schedule: str = "published"  # "published" (decay over the whole run) | "wsd"
+    decay_fraction: float = 0.2  # wsd: the final fraction of the steps that decays
+
+    @property
+    def decay_start(self) -> int:
+        """The first step of the decay: the end of warmup, or of the WSD stable phase."""
+        if self.schedule == "wsd":
+            return max(self.warmup_steps, self.total_steps - wsd_decay_steps(self))
+        return self.warmup_steps
+
+
+def wsd_decay_steps(r: Recipe) -> int:
+    return max(1, round(r.decay_fraction * r.total_steps))
 
 
 def published_defaults(cfg: ModelConfig) -> dict:
@@ -78,7 +101,12 @@ def warmup_steps_for(total_steps: int, tokens_per_step: int, published: bool) ->
 
 
 def schedule(r: Recipe) -> optax.Schedule:
-    """Linear warmup 0 -> peak, then linear or cosine decay to `end_lr_fraction * peak`."""
+    """Linear warmup 0 -> peak, then linear or cosine decay to `end_lr_fraction * peak`
+    (or, for WSD, a stable phase at the peak and the decay over the final steps)."""
+    if r.schedule == "wsd":
+        return _wsd(r)
+    if r.schedule != "published":
+        raise ValueError(f"schedule={r.schedule!r}; use one of {', '.join(SCHEDULES)}")
     end = r.peak_lr * r.end_lr_fraction
     decay_steps = max(1, r.total_steps - r.warmup_steps)
     if r.decay == "linear":
@@ -89,6 +117,25 @@ def schedule(r: Recipe) -> optax.Schedule:
         raise ValueError(f"decay={r.decay!r}; use 'linear' or 'cosine'")
     warm = optax.linear_schedule(0.0, r.peak_lr, r.warmup_steps)
     return optax.join_schedules([warm, decay], [r.warmup_steps])
+
+
+def _wsd(r: Recipe) -> optax.Schedule:
+    """Warmup 0 -> peak, constant peak, then linear or 1-sqrt decay to end_lr_fraction * peak."""
+    if r.decay not in WSD_DECAYS:
+        raise ValueError(f"decay={r.decay!r} with schedule='wsd'; use one of {', '.join(WSD_DECAYS)}")
+    if not 0 < r.decay_fraction <= 1:
+        raise ValueError(f"decay_fraction={r.decay_fraction} must be in (0, 1]")
+    peak, end, start = r.peak_lr, r.peak_lr * r.end_lr_fraction, r.decay_start
+    n = max(1, r.total_steps - start)
+
+    def cooldown(step):
+        p = jnp.clip(step / n, 0.0, 1.0)
+        shape = p if r.decay == "linear" else jnp.sqrt(p)
+        return peak - (peak - end) * shape
+
+    warm = optax.linear_schedule(0.0, peak, r.warmup_steps)
+    return optax.join_schedules([warm, optax.constant_schedule(peak), cooldown],
+                                [r.warmup_steps, start])
 
 
 def _path_names(path) -> tuple[str, ...]:

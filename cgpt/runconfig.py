@@ -25,7 +25,9 @@ class TrainConfig:
     batch_size: int | None = None  # global batch in sequences
     micro_batch: int | None = None  # per-replica micro-batch; accumulation fills the rest
     peak_lr: float | None = None
-    decay: str | None = None  # "linear" | "cosine"
+    decay: str | None = None  # "linear" | "cosine"; with schedule wsd "linear" | "1-sqrt"
+    schedule: str = "published"  # "published" | "wsd" (warmup-stable-decay, see cgpt.optim)
+    decay_fraction: float = 0.2  # wsd: the final fraction of the steps that decays
     warmup_steps: int | None = None
     adam_eps: float | None = None
     weight_decay: float = 0.1
@@ -70,8 +72,14 @@ class TrainConfig:
                              f"{self.checkpoint_minutes!r}")
         if self.peak_lr is not None and not self.peak_lr > 0:
             raise ValueError(f"train.peak_lr must be > 0, got {self.peak_lr}")
-        if self.decay not in (None, "linear", "cosine"):
-            raise ValueError(f"train.decay={self.decay!r}; use 'linear' or 'cosine'")
+        if self.schedule not in ("published", "wsd"):
+            raise ValueError(f"train.schedule={self.schedule!r}; use 'published' or 'wsd'")
+        decays = ("linear", "1-sqrt") if self.schedule == "wsd" else ("linear", "cosine")
+        if self.decay not in (None, *decays):
+            raise ValueError(f"train.decay={self.decay!r} with train.schedule={self.schedule}; "
+                             f"use {' or '.join(repr(d) for d in decays)}")
+        if not 0 < self.decay_fraction <= 1:
+            raise ValueError(f"train.decay_fraction={self.decay_fraction} must be in (0, 1]")
         if self.mode not in MODES:
             raise ValueError(f"train.mode={self.mode!r}; use one of {', '.join(MODES)}")
         if self.batch_size and self.micro_batch and self.batch_size % self.micro_batch:

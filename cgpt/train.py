@@ -107,8 +107,10 @@ def make_plan(run: RunConfig, replicas: int = 1) -> Plan:
                          f"{micro} x {replicas} replicas")
     total = optim.steps_for_tokens(tokens, batch, seq)
     warmup = t.warmup_steps or optim.warmup_steps_for(total, batch * seq, d["published"])
+    decay = t.decay or ("1-sqrt" if t.schedule == "wsd" else d["decay"])
     recipe = optim.Recipe(
-        peak_lr=t.peak_lr or d["peak_lr"], decay=t.decay or d["decay"],
+        peak_lr=t.peak_lr or d["peak_lr"], decay=decay, schedule=t.schedule,
+        decay_fraction=t.decay_fraction,
         adam_eps=t.adam_eps or d["adam_eps"], batch_size=batch, warmup_steps=min(warmup, total),
         total_steps=total, end_lr_fraction=t.end_lr_fraction, weight_decay=t.weight_decay,
         clip_norm=t.clip_norm)
@@ -245,23 +247,27 @@ def _close_tb(tb) -> None:
 
 # ---- the loop ----------------------------------------------------------------------------
 def train(run: RunConfig, out: str | Path, resume: bool = False, progress: bool = True,
-          strategy=None, allow_changes: bool = False, from_step: int | None = None) -> dict:
+          strategy=None, allow_changes: bool = False, from_step: int | None = None,
+          branch_from: tuple[Path, int] | None = None) -> dict:
     """Train `run` into the run directory `out`; returns the summary (also `summary.json`).
 
     The directory is locked while this runs; a launch that fails before its config is written
     leaves nothing behind; storage errors end in one `RunDirError` saying what was kept.
     `allow_changes` and `from_step` (with `resume`) continue with changed train.* values
-    (CHANGEABLE_KEYS) and from an earlier kept checkpoint.
+    (CHANGEABLE_KEYS) and from an earlier kept checkpoint. branch_from=(RUN, STEP): start from
+    RUN's checkpoint at STEP, a cooldown branch of a WSD run (cgpt.branch).
     """
     out = Path(out)
     new_dirs = rundir.first_missing(out)
     _check_writable(out)
     with rundir.Launch(out, new_dirs) as launch:
-        return _train(run, out, resume, progress, strategy, launch, allow_changes, from_step)
+        return _train(run, out, resume, progress, strategy, launch, allow_changes, from_step,
+                      branch_from)
 
 
 def _train(run: RunConfig, out: Path, resume: bool, progress: bool, strategy,
-           launch: rundir.Launch, allow_changes: bool, from_step: int | None) -> dict:
+           launch: rundir.Launch, allow_changes: bool, from_step: int | None,
+           branch_from: tuple[Path, int] | None) -> dict:
     from tensorboardX import SummaryWriter
     from tqdm.auto import tqdm
 
@@ -312,6 +318,11 @@ def _train(run: RunConfig, out: Path, resume: bool, progress: bool, strategy,
                 raise TrainError(f"checkpoint {start} in {out / checkpoint.CKPT_DIR} holds "
                                  "non-finite values; resume from an earlier one with "
                                  f"--from-step (kept: {ckpt.steps()}), or start over")
+    if branch_from is not None and start == 0:  # a cooldown branch of a WSD run
+        from cgpt import branch
+        params, opt_state = branch.begin(branch_from, run, plan.recipe, out,
+                                         *strategy.abstract_state(params, opt_state))
+        start = branch_from[1]
     _truncate_metrics(out / "metrics.jsonl", start)
     changes = _record_changes(out, prior, run, start)
 

@@ -15,7 +15,8 @@ sys.path.insert(0, str(FIXTURE))
 import make_notebooks  # noqa: E402  (the notebooks' generator)
 
 CASES = {"01_scaling_law.ipynb": make_notebooks.NB01,
-         "02_cerebras_gpt_published.ipynb": make_notebooks.NB02}
+         "02_cerebras_gpt_published.ipynb": make_notebooks.NB02,
+         "04_three_approaches.ipynb": make_notebooks.NB04}
 
 
 def run(name, kernel, env, monkeypatch):
@@ -50,6 +51,8 @@ def test_01_scaling_law_on_fixture_sweep(kernel, tmp_path, monkeypatch):
     assert images >= 2
     assert "21 runs (18 done, 1 failed, 1 running, 1 pending)" in text
     assert "fit on 12 runs" in text                          # extrapolation check ran
+    assert "skipped with too few distinct x" in text         # the calibrated bootstrap's summary
+    assert "no training curves" in text                      # a results.csv without run dirs
     assert (sweep / "loss_vs_compute.png").stat().st_size > 0
 
 
@@ -58,4 +61,6 @@ def test_02_cerebras_gpt_published(kernel, monkeypatch):
                        monkeypatch)
     assert images >= 2
     assert "b = 0.073293" in text                             # paper: 0.0737
+    assert "c is not identified by these data" in text        # 7 points: the profile over c
+    assert "b = 0.066808" in text                             # Huber delta=1e-3 on log loss
     assert "muP vs SP law: mean -0.43%" in text               # paper: 0.43% better

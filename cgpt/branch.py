@@ -1,0 +1,124 @@
+"""Cooldown branches: one WSD run, several budgets (`cgpt train --branch-from RUN@STEP`).
+
+A warmup-stable-decay run holds the peak LR until its final `decay_fraction` of steps, and the
+stable phase is the same for every budget with the same warmup. So a checkpoint at step S of
+the stable phase can start the decay of any budget whose own decay starts at or after S: the
+branch reloads params and optimizer state at S, continues with the same batches (they are a
+pure function of the step) and its own schedule. The branch directory is a normal run
+directory; its `metrics.jsonl` starts with the parent's lines up to S, so its training curve is
+complete, and `branch.json` records where it came from.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import replace
+from pathlib import Path
+
+from cgpt import checkpoint
+from cgpt.fileio import atomic_write_text
+from cgpt.runconfig import RunConfig, from_dict
+
+BRANCH_FILE = "branch.json"
+
+
+class BranchError(ValueError):
+    """The branch cannot be made as asked; the message says why and what to do."""
+
+
+def parse_spec(spec: str) -> tuple[Path, int]:
+    """'runs/x@1200' -> (Path('runs/x'), 1200)."""
+    m = re.fullmatch(r"(.+)@(\d+)", spec.strip())
+    if not m:
+        raise BranchError(f"--branch-from {spec!r}: expected RUN@STEP, e.g. runs/wsd@1200")
+    return Path(m.group(1)), int(m.group(2))
+
+
+def parent_config(parent: Path) -> RunConfig:
+    """The parent run's config (its config.yaml), with errors naming the file."""
+    if not (parent / checkpoint.CONFIG_FILE).is_file():
+        raise BranchError(f"--branch-from: {parent} is not a run directory (no "
+                          f"{checkpoint.CONFIG_FILE})")
+    return from_dict(checkpoint.read_run_config(parent), str(parent / checkpoint.CONFIG_FILE))
+
+
+def check_branch(parent_run: RunConfig, parent_recipe, run: RunConfig, recipe, step: int,
+                 parent: Path) -> None:
+    """Refuse a branch whose first `step` steps would not equal the parent's."""
+    if parent_recipe.schedule != "wsd":
+        raise BranchError(f"--branch-from: {parent} uses train.schedule={parent_recipe.schedule}; "
+                          "cooldown branches need a wsd run (train.schedule=wsd)")
+    same = {k: (getattr(parent_recipe, k), getattr(recipe, k))
+            for k in ("peak_lr", "warmup_steps", "batch_size", "schedule", "adam_eps",
+                      "weight_decay", "clip_norm", "b1", "b2")}
+    diff = [f"{k} ({a} vs {b})" for k, (a, b) in same.items() if a != b]
+    if parent_run.model != run.model or parent_run.data != run.data:
+        diff.append("the model or data section")
+    if diff:
+        raise BranchError(f"--branch-from: the branch differs from {parent} in {', '.join(diff)}; "
+                          "a branch may change only the budget (--tokens) and the decay")
+    if step > parent_recipe.decay_start:
+        raise BranchError(f"--branch-from {parent}@{step}: step {step} is past the parent's "
+                          f"stable phase (its decay starts at step {parent_recipe.decay_start})")
+    if step > recipe.decay_start:
+        raise BranchError(f"--branch-from {parent}@{step}: a budget of {recipe.total_steps} steps "
+                          f"starts its decay at step {recipe.decay_start}, before {step}; branch "
+                          "from an earlier checkpoint or raise --tokens")
+
+
+def branch_run(parent: Path, run: RunConfig) -> RunConfig:
+    """The branch's config: the asked one, with the parent's resolved warmup made explicit
+    (the CPU warmup rule scales with the run's length, which would change the stable phase)."""
+    from cgpt.train import make_plan
+
+    warmup = make_plan(parent_config(parent)).recipe.warmup_steps
+    if run.train.warmup_steps is None:
+        run = replace(run, train=replace(run.train, warmup_steps=warmup))
+    return run
+
+
+def restore(parent: Path, step: int, abstract_params, abstract_opt_state):
+    """(params, opt_state) of the parent's checkpoint at `step`."""
+    import orbax.checkpoint as ocp
+
+    mngr = checkpoint._manager(parent, create=False)
+    try:
+        steps = sorted(mngr.all_steps())
+        if step not in steps:
+            raise BranchError(f"--branch-from {parent}@{step}: no checkpoint at step {step} in "
+                              f"{parent / checkpoint.CKPT_DIR} (have {steps}); the parent must "
+                              "keep it (train.ckpt_every, train.keep_checkpoints)")
+        out = mngr.restore(step, args=ocp.args.Composite(
+            params=ocp.args.StandardRestore(abstract_params),
+            opt_state=ocp.args.StandardRestore(abstract_opt_state)))
+    finally:
+        mngr.close()
+    return out["params"], out["opt_state"]
+
+
+def start_log(parent: Path, out: Path, step: int) -> None:
+    """The branch's metrics.jsonl begins with the parent's lines up to `step`; branch.json."""
+    lines = []
+    log = parent / "metrics.jsonl"
+    if log.exists():
+        for line in log.read_text().splitlines():
+            try:
+                if json.loads(line).get("step", 0) <= step:
+                    lines.append(line)
+            except json.JSONDecodeError:
+                break
+    atomic_write_text(out / "metrics.jsonl", "".join(x + "\n" for x in lines))
+    atomic_write_text(out / BRANCH_FILE, json.dumps({"parent": str(parent), "step": step}))
+
+
+def begin(branch_from: tuple[Path, int], run: RunConfig, recipe, out: Path, abstract_params,
+          abstract_opt_state):
+    """Check the branch, load the parent's state at the step and start the branch's log."""
+    from cgpt.train import make_plan
+
+    parent, step = branch_from
+    parent_run = parent_config(parent)
+    check_branch(parent_run, make_plan(parent_run).recipe, run, recipe, step, parent)
+    params, opt_state = restore(parent, step, abstract_params, abstract_opt_state)
+    start_log(parent, out, step)
+    return params, opt_state
