@@ -26,6 +26,9 @@ def _add_train(sub) -> None:
     p.add_argument("--mesh", help="device mesh, e.g. data=2,stage=4")
     p.add_argument("--seed", type=int, help="replicate seed: sets train.seed (init) and data.seed (data order)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--peer-timeout", type=int, metavar="SECONDS",
+                   help="multi-process jobs: seconds after which the other processes stop with "
+                        "an error when one stopped responding (default 100)")
     p.add_argument("overrides", nargs="*", metavar="section.key=value")
 
 
@@ -60,18 +63,23 @@ def _emulate_cpu_devices(mesh_spec: str | None) -> None:
     """On a CPU host, expose as many (emulated) devices as --mesh asks for. Only the CPU
     backend reads this, and only if no JAX computation has started yet."""
     if mesh_spec:
+        from cgpt.distributed import devices_per_process
         from cgpt.sharding import emulate_cpu_devices, mesh_size
 
-        emulate_cpu_devices(mesh_size(mesh_spec))
+        emulate_cpu_devices(devices_per_process(mesh_size(mesh_spec)))
 
 
 def cmd_train(args) -> int:
+    from cgpt import distributed
     from cgpt.train import train
 
     run = build_run(args)
     _emulate_cpu_devices(run.train.mesh)
+    distributed.initialize(args.peer_timeout)  # a multi-process job (JAX_* or SLURM env)
     out = Path(args.out or f"runs/{run.model.name}")
     summary = train(run, out, resume=args.resume, progress=not args.no_progress)
+    if not distributed.is_writer():
+        return 0
     keys = ("model", "n_params", "tokens", "flops", "train_loss", "val_loss", "tokens_per_s",
             "mfu", "epochs", "wall_time_s")
     print(json.dumps({k: summary[k] for k in keys}, indent=2))
@@ -160,13 +168,14 @@ def main(argv: list[str] | None = None) -> int:
             [a for a, o in zip(argv, is_override) if o]
     args = ap.parse_args(argv)
     from cgpt.data import DataError
+    from cgpt.distributed import DistributedError
     from cgpt.hf import LoadError
     from cgpt.train import TrainError
 
     handlers = {"train": cmd_train, "list": cmd_list, "generate": cmd_generate, "eval": cmd_eval}
     try:
         return args.func(args) if hasattr(args, "func") else handlers[args.command](args)
-    except (ValueError, TrainError, LoadError, DataError) as e:
+    except (ValueError, TrainError, LoadError, DataError, DistributedError) as e:
         print(f"cgpt {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from cgpt import checkpoint, flops, model, optim
+from cgpt import checkpoint, distributed, flops, model, optim
 from cgpt.config import ModelConfig
 from cgpt.data import load_data
 from cgpt.fileio import atomic_write_text
@@ -170,8 +170,11 @@ def train(run: RunConfig, out: str | Path, resume: bool = False, progress: bool 
 
     wall0 = time.perf_counter()
     out = Path(out)
+    distributed.initialize()  # a multi-process job: join it (no-op otherwise)
+    writer = distributed.is_writer()  # process 0 alone writes the run directory's files
     _check_writable(out)
     run = resolve_run(run, out, resume)
+    distributed.barrier("config-read")  # every process has read config.yaml before it is written
     if resume and (out / "summary.json").exists():  # finished already: nothing to redo
         return json.loads((out / "summary.json").read_text())
     cfg = run.model
@@ -179,13 +182,14 @@ def train(run: RunConfig, out: str | Path, resume: bool = False, progress: bool 
         strategy = make_strategy(run.train.mode, run.train.mesh, cfg, run.train,
                                  seq_len=run.data.seq_len)
     plan = make_plan(run, strategy.data_replicas)
-    data = load_data(run.data, out)
+    data = distributed.first("data preparation", lambda: load_data(run.data, out))
     if data.vocab_size != cfg.vocab_size:  # unused rows would inflate N, D and FLOPs
         raise TrainError(f"the tokenizer has {data.vocab_size} tokens but model.vocab_size is "
                          f"{cfg.vocab_size}; set model.vocab_size={data.vocab_size} (or a "
                          f"tokenizer of {cfg.vocab_size} tokens, e.g. data.vocab_size="
                          f"{cfg.vocab_size} with more text)")
-    atomic_write_text(out / checkpoint.CONFIG_FILE, run.to_yaml())
+    if writer:
+        atomic_write_text(out / checkpoint.CONFIG_FILE, run.to_yaml())
 
     optimizer = optim.make_optimizer(plan.recipe, cfg)
     step_fn, params, opt_state = strategy.compile_step(
@@ -197,7 +201,8 @@ def train(run: RunConfig, out: str | Path, resume: bool = False, progress: bool 
         got = ckpt.restore_latest(*strategy.abstract_state(params, opt_state))
         if got is not None:
             start, params, opt_state = got
-    _truncate_metrics(out / "metrics.jsonl", start)
+    if writer:
+        _truncate_metrics(out / "metrics.jsonl", start)
 
     total = plan.total_steps
     eval_every = run.train.eval_every or max(1, total // 10)
@@ -218,27 +223,34 @@ def train(run: RunConfig, out: str | Path, resume: bool = False, progress: bool 
         raise TrainError(f"data.val_sequences={data.num_val_sequences} is smaller than the "
                          f"{plan.replicas} data replicas; raise data.val_sequences")
 
+    eval_shape = (eval_bs, plan.seq_len + 1)
+    eval_rows = strategy.batch_rows(eval_shape)  # this process's rows of each eval batch
+
     def evaluate() -> float:
         losses, n = [], 0
-        for batch in data.val_batches(eval_bs, drop_last=True):
-            losses.append(float(eval_fn(params, strategy.shard_eval_batch(batch))) * len(batch))
-            n += len(batch)
+        for batch in data.val_batches(eval_bs, drop_last=True, rows=eval_rows):
+            losses.append(float(eval_fn(params, strategy.shard_eval_batch(batch, eval_shape)))
+                          * eval_bs)
+            n += eval_bs
             if run.train.eval_batches and len(losses) >= run.train.eval_batches:
                 break
         return sum(losses) / n
 
-    metrics_f = open(out / "metrics.jsonl", "a")
-    tb = SummaryWriter(str(out / "events"), purge_step=start + 1 if start else None)
+    metrics_f = open(out / "metrics.jsonl", "a") if writer else distributed.NullWriter()
+    tb = (SummaryWriter(str(out / "events"), purge_step=start + 1 if start else None) if writer
+          else distributed.NullWriter())
+    shape = (plan.accum, plan.micro_batch * plan.replicas, plan.seq_len + 1)  # a global batch
+    rows = strategy.batch_rows(shape)  # the rows this process loads
     recent = deque(maxlen=max(1, min(50, total // 20)))
     val_loss, last_saved, t_run, tokens_seen = math.nan, start, 0.0, 0
-    bar = tqdm(total=total, initial=start, disable=not progress, unit="step", dynamic_ncols=True,
-               desc=f"{cfg.name} {plan.tokens / 1e6:.3g}M tok")
+    bar = tqdm(total=total, initial=start, disable=not (progress and writer), unit="step",
+               dynamic_ncols=True, desc=f"{cfg.name} {plan.tokens / 1e6:.3g}M tok")
     try:
         for step in range(start, total):
-            batch = data.train_batch(step, plan.batch_size).reshape(
-                plan.accum, plan.micro_batch * plan.replicas, plan.seq_len + 1)
+            batch = data.train_batch(step, plan.batch_size, rows=rows).reshape(
+                plan.accum, -1, plan.seq_len + 1)
             t0 = time.perf_counter()
-            params, opt_state, m = step_fn(params, opt_state, strategy.shard_batch(batch))
+            params, opt_state, m = step_fn(params, opt_state, strategy.shard_batch(batch, shape))
             loss = float(m["loss"])  # waits for the step: honest timing and a NaN check
             dt = time.perf_counter() - t0
             if not math.isfinite(loss):
@@ -300,5 +312,6 @@ def train(run: RunConfig, out: str | Path, resume: bool = False, progress: bool 
         "peak_lr": plan.recipe.peak_lr, "warmup_steps": plan.recipe.warmup_steps,
         "decay": plan.recipe.decay, "data": data.describe(),
     }
-    atomic_write_text(out / "summary.json", json.dumps(summary, indent=2, default=str))
+    if writer:
+        atomic_write_text(out / "summary.json", json.dumps(summary, indent=2, default=str))
     return summary
