@@ -35,6 +35,9 @@ def _add_train(sub) -> None:
     p.add_argument("--branch-from", metavar="RUN@STEP",
                    help="cooldown branch: start from a WSD run's stable-phase checkpoint at STEP "
                    "and decay to the --tokens budget (the run's config, unless overridden)")
+    p.add_argument("--peer-timeout", type=int, metavar="SECONDS",
+                   help="multi-process jobs: seconds after which the other processes stop with "
+                        "an error when one stopped responding (default 100)")
     p.add_argument("overrides", nargs="*", metavar="section.key=value")
 
 
@@ -72,16 +75,19 @@ def _emulate_cpu_devices(mesh_spec: str | None) -> None:
     """On a CPU host, expose as many (emulated) devices as --mesh asks for. Only the CPU
     backend reads this, and only if no JAX computation has started yet."""
     if mesh_spec:
+        from cgpt.distributed import devices_per_process
         from cgpt.sharding import emulate_cpu_devices, mesh_size
 
-        emulate_cpu_devices(mesh_size(mesh_spec))
+        emulate_cpu_devices(devices_per_process(mesh_size(mesh_spec)))
 
 
 def cmd_train(args) -> int:
+    from cgpt import distributed
     from cgpt.train import train
 
     run = build_run(args)
     _emulate_cpu_devices(run.train.mesh)
+    distributed.initialize(args.peer_timeout)  # a multi-process job (JAX_* or SLURM env)
     out = Path(args.out or f"runs/{run.model.name}")
     branch_from = None
     if args.branch_from:
@@ -92,6 +98,8 @@ def cmd_train(args) -> int:
     summary = train(run, out, resume=args.resume, progress=not args.no_progress,
                     allow_changes=args.allow_train_changes, from_step=args.from_step,
                     branch_from=branch_from)
+    if not distributed.is_writer():
+        return 0
     keys = ("model", "n_params", "tokens", "flops", "train_loss", "val_loss", "tokens_per_s",
             "mfu", "epochs", "wall_time_s")
     print(json.dumps({k: summary[k] for k in keys}, indent=2))
@@ -183,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
             [a for a, o in zip(argv, is_override) if o]
     args = ap.parse_args(argv)
     from cgpt.data import DataError
+    from cgpt.distributed import DistributedError
     from cgpt.hf import LoadError
     from cgpt.preempt import Preempted
     from cgpt.rundir import RunDirError
@@ -194,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     except Preempted as e:  # checkpointed on SIGTERM/SIGUSR1/SIGUSR2 (cgpt.preempt)
         print(f"cgpt {args.command}: {e}", file=sys.stderr)
         return e.exit_code
-    except (ValueError, TrainError, LoadError, DataError, RunDirError) as e:  # BranchError is a ValueError
+    except (ValueError, TrainError, LoadError, DataError, RunDirError, DistributedError) as e:
         print(f"cgpt {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

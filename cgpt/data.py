@@ -270,21 +270,23 @@ class TokenData:
             out[sel] = self._train_sequence(self._permutation(int(e))[position[sel]])
         return out
 
-    def train_batch(self, step: int, batch_size: int, rows: slice | None = None) -> np.ndarray:
+    def train_batch(self, step: int, batch_size: int, rows=slice(None)) -> np.ndarray:
         """int32 [batch_size, seq_len+1]; inputs = [:, :-1], targets = [:, 1:].
 
-        rows=slice(lo, hi): only rows lo..hi-1 of the global batch, [hi-lo, seq_len+1], equal to
-        train_batch(step, batch_size)[lo:hi] but reading only those rows' tokens: each process of
-        a multi-host run reads its own share.
+        `rows` (a slice or an index array) keeps only those rows of the global batch, reading only
+        their tokens: each process of a multi-host run reads its own share. Equal to
+        train_batch(step, batch_size)[rows].
         """
-        return self._windows(self.train_indices(step, batch_size, rows))
+        return self._windows(self.train_indices(step, batch_size)[rows])
 
-    def val_batches(self, batch_size: int, drop_last: bool = False) -> Iterator[np.ndarray]:
+    def val_batches(self, batch_size: int, drop_last: bool = False,
+                    rows=slice(None)) -> Iterator[np.ndarray]:
         """The whole validation split in fixed order, int32 [<=batch_size, seq_len+1].
 
         The last batch is smaller when batch_size does not divide num_val_sequences
         (drop_last=True skips it instead). Every sequence has seq_len targets, so the
-        mean loss over the split is the example-weighted mean of the batch means.
+        mean loss over the split is the example-weighted mean of the batch means. `rows`
+        keeps only those rows of each (full) batch, as in `train_batch`.
         """
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1 (got {batch_size})")
@@ -292,7 +294,7 @@ class TokenData:
             stop = min(start + batch_size, self.num_val_sequences)
             if drop_last and stop - start < batch_size:
                 return
-            yield self._windows(self.val_index[start:stop])
+            yield self._windows(self.val_index[start:stop][rows])
 
     # -- bookkeeping
     def epoch_at(self, step: int, batch_size: int) -> float:

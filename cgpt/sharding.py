@@ -3,7 +3,8 @@
 `make_strategy(mode, mesh_spec, cfg, train_cfg)` returns an object the training loop uses
 without knowing the mode:
   - `compile_step(step, optimizer, seed, plan)` -> (jitted step, params, opt_state)
-  - `compile_eval(cfg)`, `shard_batch(batch)`, `shard_eval_batch(batch)`
+  - `compile_eval(cfg)`, `shard_batch(batch[, shape])`, `shard_eval_batch(batch[, shape])`,
+    `batch_rows(shape)`: the rows of a global batch this process loads
   - `abstract_state(params, opt_state)` -> ShapeDtypeStructs (with shardings) for restore
   - `loss` (params, tokens, cfg) -> scalar; `data_replicas`, `num_devices`, `mesh`
 
@@ -41,7 +42,7 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
-from cgpt import model
+from cgpt import distributed, model
 from cgpt.config import ModelConfig
 from cgpt.pipeline import bubble_fraction, pipelined_loss
 
@@ -90,26 +91,8 @@ SHARDED_MODES = ("data_parallel", "weight_streaming", "layer_pipelined", "auto")
 
 # ---- mesh ----------------------------------------------------------------------------------
 def maybe_initialize_distributed() -> bool:
-    """Join a multi-host job when its environment says there is one; True if initialized.
-
-    `jax.distributed.initialize()` must run before any device is touched. It is called when
-    JAX_COORDINATOR_ADDRESS is set (with JAX_NUM_PROCESSES and JAX_PROCESS_ID), or under a
-    SLURM allocation of more than one task (SLURM_NTASKS > 1, where JAX detects the rest), or
-    on a TPU pod (Cloud TPU metadata; set CGPT_DISTRIBUTED=1). Single-host runs skip it.
-    """
-    if jax.distributed.is_initialized():
-        return True
-    env = os.environ
-    if env.get("JAX_COORDINATOR_ADDRESS"):
-        jax.distributed.initialize(
-            coordinator_address=env["JAX_COORDINATOR_ADDRESS"],
-            num_processes=int(env["JAX_NUM_PROCESSES"]) if "JAX_NUM_PROCESSES" in env else None,
-            process_id=int(env["JAX_PROCESS_ID"]) if "JAX_PROCESS_ID" in env else None)
-        return True
-    if int(env.get("SLURM_NTASKS", "1")) > 1 or env.get("CGPT_DISTRIBUTED") == "1":
-        jax.distributed.initialize()
-        return True
-    return False
+    """Join a multi-host job when its environment says there is one (`cgpt.distributed`)."""
+    return distributed.initialize()
 
 
 def mesh_size(spec: str) -> int:
@@ -238,7 +221,10 @@ class SingleDevice:
         return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh),
                             (params, opt_state))
 
-    def shard_batch(self, batch: np.ndarray) -> jax.Array:
+    def batch_rows(self, shape: tuple[int, ...]) -> slice:
+        return slice(None)  # one process holds every row
+
+    def shard_batch(self, batch: np.ndarray, shape: tuple[int, ...] | None = None) -> jax.Array:
         return jax.numpy.asarray(batch)
 
     shard_eval_batch = shard_batch
@@ -361,20 +347,32 @@ class Sharded:
         sds = lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s)  # noqa: E731
         return jax.tree.map(sds, params, psh), jax.tree.map(sds, opt_state, osh)
 
-    def _put(self, batch: np.ndarray, sharding: NamedSharding) -> jax.Array:
+    def batch_rows(self, shape: tuple[int, ...]):
+        """Rows of a global batch laid out as `shape` ([accum, rows, T+1] or [rows, T+1])
+        that this process loads: those its devices hold (`distributed.process_rows`)."""
+        return distributed.process_rows(self.batch_sharding(len(shape)), shape)
+
+    def _put(self, batch: np.ndarray, sharding: NamedSharding,
+             shape: tuple[int, ...] | None) -> jax.Array:
         batch = np.asarray(batch)
-        if batch.shape[-2 if batch.ndim == 3 else 0] % self.data_replicas:
-            raise ValueError(f"a batch of {batch.shape} rows cannot be split over the "
+        shape = tuple(shape or batch.shape)
+        if shape[-2] % self.data_replicas:
+            raise ValueError(f"a batch of {shape} rows cannot be split over the "
                              f"{self.data_replicas} data replicas of --mesh; make the batch a "
                              "multiple of the data axis")
-        # every process holds the global batch (batches are a pure function of the step)
-        return jax.make_array_from_callback(batch.shape, sharding, lambda idx: batch[idx])
+        if shape == batch.shape:  # the global batch (e.g. one process)
+            return jax.make_array_from_callback(shape, sharding, lambda idx: batch[idx])
+        # this process's rows only (`batch_rows`); the other processes hold the rest
+        return jax.make_array_from_process_local_data(sharding, batch, shape)
 
-    def shard_batch(self, batch: np.ndarray) -> jax.Array:
-        return self._put(batch, self.batch_sharding(3))
+    def shard_batch(self, batch: np.ndarray, shape: tuple[int, ...] | None = None) -> jax.Array:
+        """[accum, rows, T+1]: the global batch, or with `shape` (the global one) only the
+        rows `batch_rows(shape)` of this process."""
+        return self._put(batch, self.batch_sharding(3), shape)
 
-    def shard_eval_batch(self, batch: np.ndarray) -> jax.Array:
-        return self._put(batch, self.batch_sharding(2))
+    def shard_eval_batch(self, batch: np.ndarray,
+                         shape: tuple[int, ...] | None = None) -> jax.Array:
+        return self._put(batch, self.batch_sharding(2), shape)
 
     def describe(self) -> dict:
         return {"mode": self.mode, "mesh": dict(self.mesh.shape), "devices": self.num_devices,
@@ -509,6 +507,10 @@ def make_strategy(mode: str, mesh_spec: str, cfg: ModelConfig, train_cfg=None, *
     """The strategy for `--mode`/`--mesh`. `devices` defaults to all of JAX's devices
     (joining a multi-host job first if the environment describes one)."""
     if mode == "single":
+        if jax.process_count() > 1:
+            raise ValueError(f"--mode single runs on one device, but this job has "
+                             f"{jax.process_count()} processes; use a sharded --mode "
+                             "(data_parallel, weight_streaming, layer_pipelined or auto)")
         if mesh_spec:
             raise ValueError(f"--mesh {mesh_spec!r} needs a sharded --mode (data_parallel, "
                              "weight_streaming, layer_pipelined or auto)")

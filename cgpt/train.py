@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from cgpt import checkpoint, flops, model, optim, preempt, rundir
+from cgpt import checkpoint, distributed, flops, model, optim, preempt, rundir
 from cgpt.config import ModelConfig
 from cgpt.data import load_data
 from cgpt.fileio import atomic_write_text
@@ -258,9 +258,12 @@ def train(run: RunConfig, out: str | Path, resume: bool = False, progress: bool 
     RUN's checkpoint at STEP, a cooldown branch of a WSD run (cgpt.branch).
     """
     out = Path(out)
-    new_dirs = rundir.first_missing(out)
-    _check_writable(out)
-    with rundir.Launch(out, new_dirs) as launch:
+    distributed.initialize()  # a multi-process job: join it (no-op otherwise)
+    owner = distributed.is_writer()  # process 0 alone locks, writes and cleans the directory
+    new_dirs = rundir.first_missing(out) if owner else None
+    if owner:
+        _check_writable(out)
+    with rundir.Launch(out, new_dirs, owner=owner) as launch:
         return _train(run, out, resume, progress, strategy, launch, allow_changes, from_step,
                       branch_from)
 
@@ -275,11 +278,13 @@ def _train(run: RunConfig, out: Path, resume: bool, progress: bool, strategy,
     from cgpt.sharding import make_strategy
 
     wall0 = time.perf_counter()
+    writer = distributed.is_writer()  # process 0 alone writes the run directory's files
     fresh = not (out / checkpoint.CONFIG_FILE).exists()  # else a committed run: its files count
     prior = None if fresh or not resume else checkpoint.read_run_config(out)
     run = resolve_run(run, out, resume, allow_changes)
     if from_step is not None and not resume:
         raise TrainError("--from-step continues a run: use it with --resume")
+    distributed.barrier("config-read")  # every process has read config.yaml before it is written
     if resume and (out / "summary.json").exists():  # finished already: nothing to redo
         return json.loads((out / "summary.json").read_text())
     cfg = run.model
@@ -287,16 +292,18 @@ def _train(run: RunConfig, out: Path, resume: bool, progress: bool, strategy,
         strategy = make_strategy(run.train.mode, run.train.mesh, cfg, run.train,
                                  seq_len=run.data.seq_len)
     plan = make_plan(run, strategy.data_replicas)
-    data = load_data(run.data, None if fresh else out)  # never a failed launch's tokenizer
+    # never a failed launch's tokenizer; process 0 prepares the data once, the others then read it
+    data = distributed.first("data preparation", lambda: load_data(run.data, None if fresh else out))
     if data.vocab_size != cfg.vocab_size:  # unused rows would inflate N, D and FLOPs
         raise TrainError(f"the tokenizer has {data.vocab_size} tokens but model.vocab_size is "
                          f"{cfg.vocab_size}; set model.vocab_size={data.vocab_size} (or a "
                          f"tokenizer of {cfg.vocab_size} tokens, e.g. data.vocab_size="
                          f"{cfg.vocab_size} with more text)")
-    if fresh:
-        launch.created.append(out / "tokenizer.json")
-        data.save_tokenizer(out)
-    atomic_write_text(out / checkpoint.CONFIG_FILE, run.to_yaml())
+    if writer:
+        if fresh:
+            launch.created.append(out / "tokenizer.json")
+            data.save_tokenizer(out)
+        atomic_write_text(out / checkpoint.CONFIG_FILE, run.to_yaml())
     launch.commit()  # from here on the directory holds a resumable run
 
     optimizer = optim.make_optimizer(plan.recipe, cfg)
@@ -323,8 +330,10 @@ def _train(run: RunConfig, out: Path, resume: bool, progress: bool, strategy,
         params, opt_state = branch.begin(branch_from, run, plan.recipe, out,
                                          *strategy.abstract_state(params, opt_state))
         start = branch_from[1]
-    _truncate_metrics(out / "metrics.jsonl", start)
-    changes = _record_changes(out, prior, run, start)
+    changes = []
+    if writer:
+        _truncate_metrics(out / "metrics.jsonl", start)
+        changes = _record_changes(out, prior, run, start)
 
     total = plan.total_steps
     eval_every = run.train.eval_every or max(1, total // 10)
@@ -345,29 +354,36 @@ def _train(run: RunConfig, out: Path, resume: bool, progress: bool, strategy,
         raise TrainError(f"data.val_sequences={data.num_val_sequences} is smaller than the "
                          f"{plan.replicas} data replicas; raise data.val_sequences")
 
+    eval_shape = (eval_bs, plan.seq_len + 1)
+    eval_rows = strategy.batch_rows(eval_shape)  # this process's rows of each eval batch
+
     def evaluate() -> float:
         losses, n = [], 0
-        for batch in data.val_batches(eval_bs, drop_last=True):
-            losses.append(float(eval_fn(params, strategy.shard_eval_batch(batch))) * len(batch))
-            n += len(batch)
+        for batch in data.val_batches(eval_bs, drop_last=True, rows=eval_rows):
+            losses.append(float(eval_fn(params, strategy.shard_eval_batch(batch, eval_shape)))
+                          * eval_bs)
+            n += eval_bs
             if run.train.eval_batches and len(losses) >= run.train.eval_batches:
                 break
         return sum(losses) / n
 
-    metrics_f = open(out / "metrics.jsonl", "a")
-    tb = SummaryWriter(str(out / "events"), purge_step=start + 1 if start else None)
+    metrics_f = open(out / "metrics.jsonl", "a") if writer else distributed.NullWriter()
+    tb = (SummaryWriter(str(out / "events"), purge_step=start + 1 if start else None) if writer
+          else distributed.NullWriter())
+    shape = (plan.accum, plan.micro_batch * plan.replicas, plan.seq_len + 1)  # a global batch
+    rows = strategy.batch_rows(shape)  # the rows this process loads
     # train_loss averages the last `window` steps, each logged: a function of the log alone.
     window = max(1, min(50, total // 20))
     val_loss, t_run, tokens_seen = math.nan, 0.0, 0
-    bar = tqdm(total=total, initial=start, disable=not progress, unit="step", dynamic_ncols=True,
-               desc=f"{cfg.name} {plan.tokens / 1e6:.3g}M tok")
+    bar = tqdm(total=total, initial=start, disable=not (progress and writer), unit="step",
+               dynamic_ncols=True, desc=f"{cfg.name} {plan.tokens / 1e6:.3g}M tok")
     triggers = preempt.CheckpointTriggers(run.train.checkpoint_minutes).install()
     try:
         for step in range(start, total):
-            batch = data.train_batch(step, plan.batch_size).reshape(
-                plan.accum, plan.micro_batch * plan.replicas, plan.seq_len + 1)
+            batch = data.train_batch(step, plan.batch_size, rows=rows).reshape(
+                plan.accum, -1, plan.seq_len + 1)
             t0 = time.perf_counter()
-            params, opt_state, m = step_fn(params, opt_state, strategy.shard_batch(batch))
+            params, opt_state, m = step_fn(params, opt_state, strategy.shard_batch(batch, shape))
             loss = float(m["loss"])  # waits for the step: honest timing and a NaN check
             grad_norm = float(m["grad_norm"])
             dt = time.perf_counter() - t0
@@ -434,5 +450,6 @@ def _train(run: RunConfig, out: Path, resume: bool, progress: bool, strategy,
         "data": {**data.describe(), "tokenizer": "tokenizer.json"},
     }
     summary = json.loads(rundir.json_line(json.loads(json.dumps(summary, default=str))))
-    atomic_write_text(out / "summary.json", json.dumps(summary, indent=2))
+    if writer:
+        atomic_write_text(out / "summary.json", json.dumps(summary, indent=2))
     return summary

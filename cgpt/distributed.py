@@ -1,0 +1,147 @@
+"""Multi-controller runs: one JAX process per host (or per accelerator), N of them in a job.
+
+Every process runs the same training loop on its own devices and the collectives join them.
+What differs between processes is decided here, in one place:
+  - joining the job (`initialize`): from JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES /
+    JAX_PROCESS_ID, or a SLURM allocation of several tasks (`srun`); gloo collectives on CPU;
+  - who writes (`is_writer`): process 0 alone writes the run directory's files, while every
+    process takes part in collectives and in Orbax checkpoint save/restore;
+  - what each process loads (`process_rows`): only the rows of a global batch that its own
+    devices hold, assembled with `jax.make_array_from_process_local_data`;
+  - work done once (`first`): process 0 prepares shared state (the data cache, the tokenizer),
+    the others wait for it and then only read it.
+A process that dies is noticed by JAX's coordination service: after `peer_timeout` seconds
+without its heartbeat (at once if process 0, the coordinator, dies) the others stop with
+"Terminating process because the JAX distributed service detected fatal errors" (exit 134).
+"""
+from __future__ import annotations
+
+import os
+from typing import Callable, TypeVar
+
+import jax
+import numpy as np
+
+T = TypeVar("T")
+
+PEER_TIMEOUT_S = 100  # JAX's default heartbeat timeout
+WAIT_TIMEOUT_S = 7 * 24 * 3600  # for process 0's one-time work; a dead process 0 ends it sooner
+BARRIER_TIMEOUT_S = 600  # for barriers that every process reaches within seconds
+
+
+class DistributedError(RuntimeError):
+    """The processes of a job disagree or one of them failed; the message says which."""
+
+
+def job_processes(env: os._Environ | dict | None = None) -> int:
+    """How many processes the environment says this job has (readable before JAX starts)."""
+    env = os.environ if env is None else env
+    if env.get("JAX_COORDINATOR_ADDRESS"):
+        return int(env.get("JAX_NUM_PROCESSES") or 1)
+    return int(env.get("SLURM_NTASKS") or 1)
+
+
+def devices_per_process(total: int) -> int:
+    """Emulated CPU devices each process of the job exposes for a mesh of `total` devices."""
+    n = job_processes()
+    if total % n:
+        raise ValueError(f"--mesh asks for {total} devices, which the job's {n} processes "
+                         "cannot split evenly; use a mesh whose size is a multiple of "
+                         f"{n}")
+    return total // n
+
+
+def initialize(peer_timeout: int | None = None) -> bool:
+    """Join a multi-process job when the environment describes one; True if joined.
+
+    Must run before any JAX computation. JAX_COORDINATOR_ADDRESS (with JAX_NUM_PROCESSES and
+    JAX_PROCESS_ID) or a SLURM allocation of more than one task (SLURM_NTASKS > 1, where JAX
+    reads the rest) start it; so does CGPT_DISTRIBUTED=1 (Cloud TPU pods). `peer_timeout`
+    (seconds, default 100) bounds how long the others wait for a process that stopped.
+    """
+    if jax.distributed.is_initialized():
+        return True
+    env = os.environ
+    n = job_processes()
+    if n <= 1 and env.get("CGPT_DISTRIBUTED") != "1":
+        return False
+    timeout = int(peer_timeout or PEER_TIMEOUT_S)
+    if timeout < 1:
+        raise ValueError(f"--peer-timeout {peer_timeout}: must be at least 1 second")
+    # Cross-process collectives on the CPU backend (accelerator backends ignore this).
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    kw = dict(heartbeat_timeout_seconds=timeout, shutdown_timeout_seconds=timeout)
+    if env.get("JAX_COORDINATOR_ADDRESS"):
+        if "JAX_PROCESS_ID" not in env:
+            raise ValueError("JAX_COORDINATOR_ADDRESS is set but JAX_PROCESS_ID is not; set "
+                             "JAX_PROCESS_ID (0 .. JAX_NUM_PROCESSES-1) for every process")
+        jax.distributed.initialize(coordinator_address=env["JAX_COORDINATOR_ADDRESS"],
+                                   num_processes=n, process_id=int(env["JAX_PROCESS_ID"]), **kw)
+    else:
+        jax.distributed.initialize(**kw)
+    return True
+
+
+def is_writer() -> bool:
+    """Process 0 writes the run directory (config, metrics, events, summary, progress)."""
+    return jax.process_index() == 0
+
+
+def _client():
+    # The coordination service's key-value store and barriers (what Orbax uses as well).
+    return jax._src.distributed.global_state.client
+
+
+def barrier(name: str, timeout_s: int = BARRIER_TIMEOUT_S) -> None:
+    """Every process waits here until all have arrived (no-op with one process)."""
+    if jax.process_count() > 1:
+        _client().wait_at_barrier(f"cgpt/{name}", timeout_s * 1000)
+
+
+def first(name: str, fn: Callable[[], T], timeout_s: int = WAIT_TIMEOUT_S) -> T:
+    """fn() on process 0 first, then on the others: shared work (preparing the data cache,
+    training the tokenizer) happens once and the rest read its result. If process 0 fails,
+    the others raise DistributedError with its message instead of repeating the work."""
+    if jax.process_count() == 1:
+        return fn()
+    key = f"cgpt/first/{name}"
+    if is_writer():
+        try:
+            out = fn()
+        except BaseException as e:
+            _client().key_value_set(key, f"{type(e).__name__}: {e}")
+            raise
+        _client().key_value_set(key, "ok")
+        return out
+    status = _client().blocking_key_value_get(key, timeout_s * 1000)
+    if status != "ok":
+        raise DistributedError(f"process 0 failed during {name}, so process "
+                               f"{jax.process_index()} stops too: {status}")
+    return fn()
+
+
+def process_rows(sharding: jax.sharding.Sharding, shape: tuple[int, ...]) -> np.ndarray:
+    """Which rows of a global batch this process loads, in the order it passes them on.
+
+    `shape` is the batch as the step sees it, [accum, rows, T+1] or [rows, T+1], and
+    `sharding` splits its rows axis (-2). Returns positions in the global batch's row order
+    (step order: accumulation slice a holds rows a*rows .. a*rows+rows-1): the rows held by
+    this process's devices, in the layout `jax.make_array_from_process_local_data` expects
+    (its devices' slices sorted by start). Every row when one process holds the whole axis.
+    """
+    axis = len(shape) - 2
+    starts = sorted({(idx[axis].start or 0, idx[axis].stop or shape[axis])
+                     for idx in sharding.addressable_devices_indices_map(shape).values()})
+    local = np.concatenate([np.arange(a, b) for a, b in starts])
+    if axis == 0:
+        return local
+    return (np.arange(shape[0])[:, None] * shape[1] + local[None, :]).ravel()
+
+
+class NullWriter:
+    """Stands in for the metrics file and the TensorBoard writer on processes other than 0."""
+
+    def write(self, *args, **kwargs) -> None:
+        pass
+
+    flush = close = add_scalar = write
