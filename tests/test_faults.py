@@ -157,10 +157,10 @@ def test_summary_after_a_late_kill_equals_uninterrupted(corpus, cache, tmp_path,
         data = real(cfg, run_dir)
         batch = data.train_batch
 
-        def train_batch(step, bs):
+        def train_batch(step, bs, **kw):
             if step == 98:  # after checkpoint 97, before the end: like a SIGKILL
                 raise Killed
-            return batch(step, bs)
+            return batch(step, bs, **kw)
         data.train_batch = train_batch
         return data
 
