@@ -122,6 +122,18 @@ def test_prepare_refuses_another_corpus_in_the_same_dir(tmp_path, texts, tokfile
     assert prepare_cli(folder, tokfile, tmp_path / "other", "--num-proc", "1") == 2
 
 
+def test_prepare_can_train_its_tokenizer(tmp_path, texts):
+    src = tmp_path / "c.jsonl"
+    src.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    assert prepare_cli(src, "train", tmp_path / "s", "--vocab-size", "290", "--num-proc", "1") == 0
+    store = TokenStore(tmp_path / "s")
+    assert store.manifest["vocab_size"] == 290
+    tok = train_tokenizer([texts], 290)
+    np.testing.assert_array_equal(np.asarray(store.tokens()),
+                                  expected_tokens(tmp_path / "s" / "tokenizer.json", texts))
+    assert store.tokenizer().to_str() == with_eot(tok, "t").to_str()  # the same BPE, trained deterministically
+
+
 def test_malformed_jsonl_names_the_file_and_line(tmp_path):
     rng = np.random.default_rng(1)
     rows = [json.dumps({"text": doc(rng)}) for _ in range(30)]
