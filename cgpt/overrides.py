@@ -23,7 +23,7 @@ def check_key(key: str, where: str) -> tuple[str, str]:
                          f"{', '.join(SECTIONS)} (e.g. train.peak_lr)")
     names = {f.name for f in dataclasses.fields(_FIELDS[section])}
     if name not in names:
-        raise ValueError(f"{where}: unknown key {key!r}; valid {section} keys: "
+        raise ValueError(f"{where}: unknown key(s) {key}; valid {section} keys: "
                          f"{', '.join(sorted(names))}")
     return section, name
 

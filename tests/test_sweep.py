@@ -107,14 +107,14 @@ def test_spec_errors_name_file_and_key(tmp_path):
         sw.load_sweep(bad)
     with pytest.raises(ValueError, match=r"unknown grid key\(s\) \['modles'\]"):
         sw.load_sweep(_spec(tmp_path, "typo", {"modles": ["tiny-17k"]}))
-    with pytest.raises(ValueError, match=r"key\.yaml: grid\.overrides\[0\]: unknown key "
-                       r"'train\.peak_learning_rate'; valid train keys: .*peak_lr"):
+    with pytest.raises(ValueError, match=r"key\.yaml: grid\.overrides\[0\]: unknown key\(s\) "
+                       r"train\.peak_learning_rate; valid train keys: .*peak_lr"):
         sw.load_sweep(_spec(tmp_path, "key", {"model": ["tiny-17k"],
                                               "overrides": [{"train.peak_learning_rate": 1}]}))
     with pytest.raises(ValueError, match="duplicate run ids"):
         sw.load_sweep(_spec(tmp_path, "dup", {"model": ["tiny-17k"],
                                               "tokens": ["chinchilla"], "tokens_per_param": [20]}))
-    with pytest.raises(ValueError, match=r"dup\.yaml: per_model\.tiny-17k: unknown key 'train\.lr'"):
+    with pytest.raises(ValueError, match=r"dup\.yaml: per_model\.tiny-17k: unknown key\(s\) train\.lr;"):
         sw.load_sweep(_spec(tmp_path, "dup", {"model": ["tiny-17k"]},
                             per_model={"tiny-17k": {"train.lr": 1}}))
     req = _spec(tmp_path, "req", {"model": ["tiny-17k"]}, require=["data.tokenizer"])
@@ -129,7 +129,7 @@ def test_bad_set_key_is_blamed_on_the_flag(tmp_path):
     with pytest.raises(ValueError) as e:
         sw.load_sweep(spec, ["train.nope=1"])
     msg = str(e.value)
-    assert msg.startswith("--set 'train.nope=1': unknown key 'train.nope'") and "ok.yaml" not in msg
+    assert msg.startswith("--set 'train.nope=1': unknown key(s) train.nope;") and "ok.yaml" not in msg
 
 
 def test_set_parses_wherever_it_stands(tmp_path, capsys):
@@ -248,6 +248,11 @@ def test_failure_isolation_and_results_schema(launched):
         r = rows[rid]
         assert r["status"] == "failed" and "no-such-corpus" in r["error"]
         assert r["val_loss"] == "" and int(r["n_params"]) == 13440
+    # the runs shared one persistent compilation cache (item 8), recorded in sweep.yaml
+    assert any((out / ".jax_cache").iterdir())
+    assert yaml.safe_load((out / "sweep.yaml").read_text())["compile_cache"] == \
+        str(out / ".jax_cache")
+    assert sw.compile_cache_env(None) == {}
     analysis = pytest.importorskip("analysis")
     df = analysis.load_results(out)
     assert list(df.columns[: len(sw.COLUMNS)]) == list(sw.COLUMNS)

@@ -213,7 +213,8 @@ class RunTask:
 
     On the time-limit signal submitit calls `checkpoint` (rank 0) before requeueing the job:
     it tells the training process to checkpoint and waits until it has exited, then hands
-    submitit the same call to run again; the requeued job resumes from that checkpoint.
+    submitit the same call to run again; the requeued job resumes from that checkpoint. (A
+    run that finished just before the signal returns None: no requeue.)
     """
 
     def __call__(self, job: Job) -> dict:
@@ -221,6 +222,9 @@ class RunTask:
 
     def checkpoint(self, job: Job, grace_s: float | None = None):
         import submitit
+
+        if (Path(job.run_dir) / "summary.json").exists():
+            return None  # finished just before the signal: nothing to requeue
 
         with _live_lock:
             proc = _live.get(job.run_id)
