@@ -59,15 +59,16 @@ def initialize(peer_timeout: int | None = None) -> bool:
     reads the rest) start it; so does CGPT_DISTRIBUTED=1 (Cloud TPU pods). `peer_timeout`
     (seconds, default 100) bounds how long the others wait for a process that stopped.
     """
+    timeout = PEER_TIMEOUT_S if peer_timeout is None else peer_timeout
+    if isinstance(timeout, bool) or not isinstance(timeout, int) or timeout < 1:
+        raise ValueError(f"--peer-timeout {peer_timeout!r}: must be a whole number of seconds "
+                         ">= 1")
     if jax.distributed.is_initialized():
         return True
     env = os.environ
     n = job_processes()
     if n <= 1 and env.get("CGPT_DISTRIBUTED") != "1":
         return False
-    timeout = int(peer_timeout or PEER_TIMEOUT_S)
-    if timeout < 1:
-        raise ValueError(f"--peer-timeout {peer_timeout}: must be at least 1 second")
     # Cross-process collectives on the CPU backend (accelerator backends ignore this).
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     kw = dict(heartbeat_timeout_seconds=timeout, shutdown_timeout_seconds=timeout)

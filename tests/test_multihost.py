@@ -214,6 +214,8 @@ def test_job_size_from_the_environment(monkeypatch):
     assert distributed.devices_per_process(8) == 4
     with pytest.raises(ValueError, match="--mesh asks for 7 devices"):
         distributed.devices_per_process(7)
+    with pytest.raises(ValueError, match="--peer-timeout 0"):
+        distributed.initialize(0)
     # one process: barriers and `first` are plain calls
     distributed.barrier("x")
     assert distributed.first("x", lambda: 3) == 3
@@ -289,3 +291,15 @@ def test_single_mode_refuses_a_job_of_several_processes(corpus, tmp_path, compil
     job = Job(flags, tmp_path / "logs", compile_cache)
     assert job.wait() == [2, 2]
     assert "--mode single runs on one device, but this job has 2 processes" in job.err(0)
+
+
+def test_failed_data_preparation_stops_every_process(tmp_path, compile_cache):
+    """Process 0 prepares the data alone; when that fails the others stop with its error
+    rather than waiting or preparing it themselves."""
+    missing = tmp_path / "no_such_corpus"
+    job = Job(_flags(missing, tmp_path / "cache", tmp_path / "run", "data_parallel"),
+              tmp_path / "logs", compile_cache)
+    assert job.wait(300) == [2, 2], job.output()
+    assert "does not exist" in job.err(0)
+    assert "process 0 failed during data preparation, so process 1 stops too: DataError" \
+        in job.err(1)
