@@ -150,9 +150,11 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--batch-size", type=int, default=16)
     e.add_argument("--dtype", default="float32")
     from cgpt import plan, sweep
+    from cgpt import coordcheck
 
     sweep.register(sub)
     plan.register(sub)
+    coordcheck.register(sub)
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["train"]:  # section.key=value overrides may sit between flags, as in MaxText
         is_override = [bool(_OVERRIDE.match(a)) for a in argv]
