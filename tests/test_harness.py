@@ -147,7 +147,8 @@ def test_cli_eval_tasks_writes_results_beside_the_run(ckpt, tmp_path, monkeypatc
 
 
 def test_missing_lm_eval_is_a_clear_error(ckpt, monkeypatch, capsys):
-    monkeypatch.setitem(sys.modules, "lm_eval", None)
+    for name in [m for m in sys.modules if m == "lm_eval" or m.startswith("lm_eval.")]:
+        monkeypatch.setitem(sys.modules, name, None)  # as if not installed
     monkeypatch.delitem(sys.modules, "cgpt.harness", raising=False)
     assert main(["eval", str(ckpt), "--tasks", "hellaswag"]) == 2
     assert "pip install lm-eval==0.4.13" in capsys.readouterr().err
