@@ -131,6 +131,12 @@ def cmd_generate(args) -> int:
 
 
 def cmd_eval(args) -> int:
+    if args.tasks:  # lm-evaluation-harness tasks: cgpt/harness.py
+        try:
+            from cgpt.harness import run_tasks
+        except ImportError as e:
+            raise ValueError(str(e)) from e
+        return run_tasks(args)
     import tempfile
 
     import cgpt
@@ -177,13 +183,23 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--sequences", type=int, default=128)
     e.add_argument("--batch-size", type=int, default=16)
     e.add_argument("--dtype", default="float32")
+    e.add_argument("--tasks", help="lm-evaluation-harness tasks, e.g. hellaswag,piqa (needs "
+                   "lm-eval); results go to SOURCE/lm_eval/ unless --output")
+    e.add_argument("--num-fewshot", type=int, help="--tasks: few-shot examples (task default)")
+    e.add_argument("--limit", type=float, help="--tasks: documents per task (or a fraction < 1)")
+    e.add_argument("--include-path", help="--tasks: a folder of extra task YAMLs (local data)")
+    e.add_argument("--output", help="--tasks: results JSON path")
+    e.add_argument("--bootstrap-iters", type=int, default=100000,
+                   help="--tasks: bootstrap resamples for the stderr (0: none)")
     from cgpt import plan, sweep
+    from cgpt import coordcheck
 
     sweep.register(sub)
     plan.register(sub)
     from cgpt import prepare  # `cgpt data prepare`
 
     prepare.register(sub)
+    coordcheck.register(sub)
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["train"]:  # section.key=value overrides may sit between flags, as in MaxText
         is_override = [bool(_OVERRIDE.match(a)) for a in argv]

@@ -11,6 +11,7 @@ torch is imported only for them, and no remote code is ever executed. Every fail
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
@@ -72,10 +73,14 @@ def config_from_hf(cfg: dict, path: Path, compute_dtype: str = "float32") -> Mod
     if act != "gelu":
         bad("activation_function", f"is {act!r}; cgpt implements the exact erf GELU ('gelu') "
             "that Cerebras-GPT uses")
-    for key, want in (("scale_attn_weights", True), ("scale_attn_by_inverse_layer_idx", False),
-                      ("tie_word_embeddings", True)):
-        if cfg.get(key, want) != want:
-            bad(key, f"is {cfg[key]!r}; cgpt supports only {want!r}")
+    mup = cfg.get(MUP_KEY)
+    for key, default, want in (("scale_attn_weights", True, True),
+                               ("scale_attn_by_inverse_layer_idx", False, False),
+                               ("tie_word_embeddings", True, mup is None)):
+        if cfg.get(key, default) != want:
+            bad(key, f"is {cfg.get(key, default)!r}; cgpt supports only {want!r}"
+                + (f" (an untied head is read only from a cgpt μP export with '{MUP_KEY}')"
+                   if key == "tie_word_embeddings" else ""))
     try:
         d = int(cfg["n_embd"])
         return ModelConfig(
@@ -83,7 +88,7 @@ def config_from_hf(cfg: dict, path: Path, compute_dtype: str = "float32") -> Mod
             n_layer=int(cfg["n_layer"]), d_model=d, n_head=int(cfg["n_head"]),
             d_ffn=int(cfg.get("n_inner") or 4 * d), vocab_size=int(cfg["vocab_size"]),
             n_ctx=int(cfg["n_positions"]), ln_eps=float(cfg.get("layer_norm_epsilon", 1e-5)),
-            compute_dtype=compute_dtype)
+            compute_dtype=compute_dtype, **_mup_fields(mup, path))
     except KeyError as e:
         bad(e.args[0], "is missing")
     except (TypeError, ValueError) as e:
@@ -102,6 +107,9 @@ def config_to_hf(cfg: ModelConfig, eot_id: int | None = None) -> dict:
         "scale_attn_by_inverse_layer_idx": False, "reorder_and_upcast_attn": False,
         "resid_pdrop": 0.0, "attn_pdrop": 0.0, "embd_pdrop": 0.0,
         "bos_token_id": eot, "eos_token_id": eot, "torch_dtype": "float32",
+        **({"tie_word_embeddings": False, MUP_KEY: {
+            "mup_base_width": cfg.mup_base_width, "mup_embed_mult": cfg.mup_embed_mult,
+            "mup_init_std": cfg.mup_init_std}} if cfg.mup else {}),
     }
 
 
@@ -259,6 +267,82 @@ def state_dict_from_params(params: dict, cfg: ModelConfig) -> dict[str, np.ndarr
     return sd
 
 
+# ---- μP export: fold the multipliers into the weights -------------------------------------
+# Cerebras ModelZoo's μP -> SP converter: GPT-2 has no embedding or logit multiplier and
+# scales attention by 1/sqrt(d_head), so an exported μP model carries the embedding scale in
+# wte/wpe, the logit scale in an untied lm_head (= wte x 1/m_w), and the extra 1/sqrt(d_head)
+# of μP's QK^T/d_head in the query weights. config.json keeps the μP fields under MUP_KEY so
+# that `cgpt.load` can undo the folding and return the μP model it came from.
+MUP_KEY = "cgpt_mup"
+
+
+def _mup_fields(block, path: Path) -> dict:
+    if block is None:
+        return {}
+    try:
+        return {"mup": True, "mup_base_width": int(block["mup_base_width"]),
+                "mup_embed_mult": float(block["mup_embed_mult"]),
+                "mup_init_std": float(block["mup_init_std"])}
+    except (KeyError, TypeError, ValueError) as e:
+        raise LoadError(f"{path}: key {MUP_KEY!r} must hold mup_base_width, mup_embed_mult and "
+                        f"mup_init_std ({e!r})") from e
+
+
+def _query_columns(cfg: ModelConfig) -> slice:
+    return slice(0, cfg.n_head * cfg.d_head)  # c_attn columns are [Q | K | V]
+
+
+def fold_mup(sd: dict[str, np.ndarray], cfg: ModelConfig) -> dict[str, np.ndarray]:
+    """A μP model's HF tensors (from `state_dict_from_params`) -> plain GPT-2 tensors with the
+    same logits: embeddings x embed_mult, untied lm_head = wte x 1/m_w, Q / sqrt(d_head)."""
+    sd = dict(sd)
+    wte = sd["transformer.wte.weight"]
+    sd["lm_head.weight"] = (wte * np.float32(cfg.logits_mult)).astype(np.float32)
+    for k in ("transformer.wte.weight", "transformer.wpe.weight"):
+        sd[k] = (sd[k] * np.float32(cfg.embed_mult)).astype(np.float32)
+    q, extra = _query_columns(cfg), np.float32(1 / math.sqrt(cfg.d_head))
+    for i in range(cfg.n_layer):
+        for k in (f"transformer.h.{i}.attn.c_attn.weight", f"transformer.h.{i}.attn.c_attn.bias"):
+            t = sd[k].copy()
+            t[..., q] *= extra
+            sd[k] = t
+    return sd
+
+
+def unfold_mup(sd: dict[str, np.ndarray], origin: dict[str, Path], cfg: ModelConfig,
+               where: Path) -> dict[str, np.ndarray]:
+    """Inverse of `fold_mup`, checking that lm_head is the scaled embedding (cgpt ties it)."""
+    sd = {(k if k.startswith(("transformer.", "lm_head")) else "transformer." + k): v
+          for k, v in sd.items()}
+    origin = {(k if k.startswith(("transformer.", "lm_head")) else "transformer." + k): v
+              for k, v in origin.items()}
+    head = sd.pop("lm_head.weight", None)
+    if head is None:
+        raise LoadError(f"{where}: missing tensor 'lm_head.weight', which a μP export "
+                        f"('{MUP_KEY}' in config.json) carries untied")
+    out = dict(sd)
+    for k in ("transformer.wte.weight", "transformer.wpe.weight"):
+        if k not in out:
+            raise LoadError(f"{where}: missing tensor {k!r}")
+        out[k] = np.asarray(out[k], np.float32) / np.float32(cfg.embed_mult)
+    wte = out["transformer.wte.weight"]
+    if head.shape != wte.shape or not np.allclose(
+            np.asarray(head, np.float32), wte * np.float32(cfg.logits_mult), rtol=1e-5,
+            atol=1e-7 * float(np.abs(head).max(initial=0))):
+        raise LoadError(f"{origin.get('lm_head.weight', where)}: key 'lm_head.weight' is not "
+                        f"the μP head (token embedding / embed_mult x 1/m_w = "
+                        f"{cfg.logits_mult:g}); cgpt ties the LM head to the embedding, so a "
+                        "μP export whose head was trained separately cannot be read")
+    q, back = _query_columns(cfg), np.float32(math.sqrt(cfg.d_head))
+    for i in range(cfg.n_layer):
+        for k in (f"transformer.h.{i}.attn.c_attn.weight", f"transformer.h.{i}.attn.c_attn.bias"):
+            if k in out:
+                t = np.array(out[k], np.float32)
+                t[..., q] *= back
+                out[k] = t
+    return out
+
+
 # ---- directories ---------------------------------------------------------------------------
 def load_hf_dir(d: Path, compute_dtype: str = "float32") -> tuple[ModelConfig, dict]:
     cfg_file = d / "config.json"
@@ -271,23 +355,24 @@ def load_hf_dir(d: Path, compute_dtype: str = "float32") -> tuple[ModelConfig, d
         raise LoadError(f"{cfg_file}: not valid JSON ({e})") from e
     cfg = config_from_hf(raw, cfg_file, compute_dtype)
     sd, origin = read_state_dict(d)
+    if cfg.mup:
+        sd = unfold_mup(sd, origin, cfg, d)
     return cfg, params_from_state_dict(sd, origin, cfg, d)
 
 
 def save_hf_dir(params: dict, cfg: ModelConfig, out: Path, tokenizer=None) -> Path:
-    """Write an HF GPT-2 directory atomically (temp dir, then rename)."""
+    """Write an HF GPT-2 directory atomically (temp dir, then rename); a μP model is written
+    with its multipliers folded into the weights (`fold_mup`)."""
     from safetensors.numpy import save_file
 
-    if cfg.mup:
-        raise ValueError("save_hf: μP models need logit/embedding multipliers that GPT-2 "
-                         "cannot express; export the standard-parametrization model instead")
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         eot = tokenizer.token_to_id("<|endoftext|>") if tokenizer is not None else None
         (tmp / "config.json").write_text(json.dumps(config_to_hf(cfg, eot), indent=2))
-        save_file(state_dict_from_params(params, cfg), str(tmp / "model.safetensors"),
+        sd = state_dict_from_params(params, cfg)
+        save_file(fold_mup(sd, cfg) if cfg.mup else sd, str(tmp / "model.safetensors"),
                   metadata={"format": "pt"})
         if tokenizer is not None:
             tokenizer.save(str(tmp / "tokenizer.json"))
