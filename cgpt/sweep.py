@@ -52,7 +52,7 @@ SUMMARY_COLUMNS = ("n_params", "n_params_nonembed", "tokens", "flops_6nd", "flop
                    "val_loss", "wall_time_s", "tokens_per_s", "mfu", "epochs", "mup")
 SPEC_KEYS = ("name", "description", "base", "models", "grid", "per_model", "filter", "require",
              "estimate", "slurm")
-GRID_KEYS = ("model", "tokens", "tokens_per_param", "flops", "seed", "overrides")
+GRID_KEYS = ("model", "tokens", "tokens_per_param", "flops", "seed", "overrides", "branches")
 SECTIONS = ("model", "data", "train")
 EXECUTORS = ("local", "slurm", "submitit-local")
 RUN_FILE = "run.yaml"  # the fully resolved config the sweep hands to `cgpt train --config`
@@ -100,6 +100,7 @@ class Run:
     flops: float  # counted (cgpt.flops.train_flops), at the run's seq_len
     flops_6nd: float
     explicit: frozenset = frozenset()  # section.key names set by the spec or --set
+    branch_from: tuple[str, int] | None = None  # (parent run_id, step): a WSD cooldown branch
 
 
 @dataclass
@@ -369,6 +370,8 @@ def load_sweep(path: str | Path, sets: list[str] | None = None) -> Sweep:
             tokens=d_run, batch_size=plan.batch_size, steps=plan.total_steps,
             flops=flops_mod.train_flops(cfg.model, d_run, plan.seq_len),
             flops_6nd=flops_mod.flops_6nd(cfg.model, d_run), explicit=frozenset(explicit)))
+    if grid.get("branches"):
+        runs = _with_branches(runs, [float(f) for f in _as_list(grid["branches"])], spec_path)
     seen: dict[str, int] = {}
     for r in runs:
         seen[r.run_id] = seen.get(r.run_id, 0) + 1
@@ -385,6 +388,29 @@ def load_sweep(path: str | Path, sets: list[str] | None = None) -> Sweep:
         raise ValueError(f"{spec_path}: the grid is empty after filter: {flt}; widen the filter")
     return Sweep(name=name, path=spec_path, runs=runs, require=require, slurm=slurm,
                  estimate=estimate, dropped=dropped)
+
+
+def _with_branches(runs: list[Run], fractions: list[float], spec_path: Path) -> list[Run]:
+    """`grid.branches`: each run becomes a WSD parent plus one cooldown branch per fraction of
+    its budget (cgpt.branch.plan_branches); parents first, so they start before their branches."""
+    from dataclasses import replace
+
+    from cgpt.branch import plan_branches
+    from cgpt.train import make_plan
+
+    parents, branches = [], []
+    for r in runs:
+        cfg, planned = plan_branches(r.config, fractions, f"{spec_path}: grid.branches")
+        parents.append(replace(r, config=cfg))
+        for f, (bcfg, step) in zip(sorted(fractions), planned):
+            plan = make_plan(bcfg)
+            d = plan.total_steps * plan.tokens_per_step
+            branches.append(replace(
+                r, run_id=f"{r.run_id}_b{f:g}", budget=f"{f:g} x {r.budget} (branch)",
+                config=bcfg, tokens=d, steps=plan.total_steps, branch_from=(r.run_id, step),
+                flops=flops_mod.train_flops(bcfg.model, d, plan.seq_len),
+                flops_6nd=flops_mod.flops_6nd(bcfg.model, d)))
+    return parents + branches
 
 
 def select(runs: list[Run], only: str | None) -> list[Run]:
@@ -503,6 +529,7 @@ class Job:
     run_id: str
     run_dir: str
     resume: bool
+    branch_from: str = ""  # "PARENT_DIR@STEP" for a cooldown branch (waits for the checkpoint)
 
 
 # Launcher run as `python -c`: hold the run's lock for the whole training process (the fd is
@@ -536,6 +563,8 @@ def train_argv(job: Job) -> list[str]:
     """The `python -m cgpt ...` arguments of one run."""
     d = Path(job.run_dir)
     argv = ["train", "--config", str(d / RUN_FILE), "--out", str(d), "--no-progress"]
+    if job.branch_from:
+        argv += ["--branch-from", job.branch_from]
     return argv + (["--resume"] if job.resume else [])
 
 
@@ -564,7 +593,10 @@ def execute_run(job: Job) -> dict:
     ntasks = int(os.environ.get("SLURM_NTASKS", "1") or 1)
     # a requeued single-task job finds the config its first attempt wrote: resume it
     resume = job.resume or (ntasks == 1 and (d / "config.yaml").exists())
-    job = Job(job.run_id, job.run_dir, resume)
+    job = Job(job.run_id, job.run_dir, resume, job.branch_from)
+    if job.branch_from and not _wait_for_parent(job):
+        return {"run_id": job.run_id, "status": "failed", "returncode": None,
+                "error": f"parent {job.branch_from} did not produce its checkpoint"}
     log = d / (LOG_FILE if rank == 0 else f"train.rank{rank}.log")
     if rank == 0:
         (d / FAILED_FILE).unlink(missing_ok=True)
@@ -602,6 +634,21 @@ def execute_run(job: Job) -> dict:
         atomic_write_text(d / FAILED_FILE,
                           json.dumps({**result, "error": err, "log": str(log)}, indent=2))
     return {**result, "status": "failed", "error": err}
+
+
+def _wait_for_parent(job: Job, poll_s: float = 2.0) -> bool:
+    """A branch starts once its parent's checkpoint exists; False if the parent failed."""
+    parent, _, step = job.branch_from.rpartition("@")
+    p = Path(parent)
+    while not _stopping.is_set():
+        if (p / "checkpoints" / step).is_dir() and not any(
+                (p / "checkpoints").glob(f"{step}.orbax-checkpoint-tmp*")):
+            return True
+        if (p / FAILED_FILE).exists() or ((p / "summary.json").exists()
+                                          and not (p / "checkpoints" / step).is_dir()):
+            return False
+        time.sleep(poll_s)
+    return False
 
 
 def _stop_local(grace_s: float = 20.0) -> None:
@@ -749,13 +796,16 @@ def launch(sweep: Sweep, out: Path, parallel: int | None = None, executor: str =
               + (f", parallel {parallel or 1}]" if executor == "local" else "]"))
         if (parallel or 1) > 1 and executor == "local":
             # longest first: K workers finish sooner when the long pole starts at once
-            todo.sort(key=lambda r: -sweep.estimate.seconds(r.steps, r.flops))
+            todo.sort(key=lambda r: (r.branch_from is not None,  # parents before branches
+                                     -sweep.estimate.seconds(r.steps, r.flops)))
         jobs = []
         for r in todo:
             d = out / r.run_id
             d.mkdir(parents=True, exist_ok=True)
             (d / RUN_FILE).write_text(r.config.to_yaml())
-            jobs.append(Job(r.run_id, str(d), resume=(d / "config.yaml").exists()))
+            jobs.append(Job(r.run_id, str(d), resume=(d / "config.yaml").exists(),
+                            branch_from=f"{out / r.branch_from[0]}@{r.branch_from[1]}"
+                            if r.branch_from else ""))
 
         failures: dict[str, str] = {}
         bar = tqdm(total=len(runs), initial=n_done, unit="run", desc=f"sweep {sweep.name}",
