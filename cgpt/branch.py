@@ -122,3 +122,35 @@ def begin(branch_from: tuple[Path, int], run: RunConfig, recipe, out: Path, abst
     params, opt_state = restore(parent, step, abstract_params, abstract_opt_state)
     start_log(parent, out, step)
     return params, opt_state
+
+
+def plan_branches(parent: RunConfig, fractions: list[float],
+                  where: str = "grid.branches") -> tuple[RunConfig, list[tuple[RunConfig, int]]]:
+    """One run, several budgets (the sweep's `branches:` axis).
+
+    Returns the parent's config (made WSD, keeping every checkpoint) and, per fraction f of its
+    budget, the branch's config and the parent step to branch from: the last checkpoint at or
+    before the branch's own decay start (the branch trains at the peak LR up to there, exactly
+    as an independent run of its budget would).
+    """
+    from cgpt.train import make_plan
+
+    bad = [f for f in fractions if not (isinstance(f, (int, float)) and 0 < f < 1)]
+    if bad:
+        raise ValueError(f"{where}: entries are fractions of each run's budget in (0, 1), got {bad}")
+    t = parent.train
+    plan = make_plan(replace(parent, train=replace(t, schedule="wsd")))
+    every = t.ckpt_every or max(1, plan.total_steps // 10)
+    parent = replace(parent, train=replace(
+        t, schedule="wsd", warmup_steps=plan.recipe.warmup_steps, ckpt_every=every,
+        keep_checkpoints=max(t.keep_checkpoints, plan.total_steps // every + 1)))
+    out = []
+    for f in sorted(fractions):
+        cfg = replace(parent, train=replace(parent.train, tokens=max(1, round(f * plan.tokens))))
+        step = make_plan(cfg).recipe.decay_start // every * every
+        if step < 1:
+            raise ValueError(f"{where}: the branch at {f:g} of the budget decays before the "
+                             f"parent's first checkpoint (step {every}); set a smaller "
+                             "train.ckpt_every or drop that fraction")
+        out.append((cfg, step))
+    return parent, out

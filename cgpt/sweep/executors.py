@@ -40,6 +40,7 @@ class Job:
     resume: bool
     env: dict = field(default_factory=dict, hash=False)  # extra environment (compile cache)
     pin: tuple = ()  # (slot, slots): local runs get their own share of the devices
+    branch_from: str = ""  # "PARENT_DIR@STEP" for a cooldown branch (waits for the checkpoint)
 
 
 # Launcher run as `python -c`: hold the run's lock for the whole training process (the fd is
@@ -112,6 +113,8 @@ def train_argv(job: Job) -> list[str]:
     """The `python -m cgpt ...` arguments of one run."""
     d = Path(job.run_dir)
     argv = ["train", "--config", str(d / RUN_FILE), "--out", str(d), "--no-progress"]
+    if job.branch_from:
+        argv += ["--branch-from", job.branch_from]
     return argv + (["--resume"] if job.resume else [])
 
 
@@ -126,6 +129,21 @@ def _error_from_log(log: Path, lines: int = 3) -> str:
     if errs:
         return errs[-1][-600:]
     return " | ".join(text[-lines:])[-600:] or "no output"
+
+
+def _wait_for_parent(job: Job, poll_s: float = 2.0) -> bool:
+    """A branch starts once its parent's checkpoint exists; False if the parent failed."""
+    parent, _, step = job.branch_from.rpartition("@")
+    p = Path(parent)
+    while not _stopping.is_set():
+        if (p / "checkpoints" / step).is_dir() and not any(
+                (p / "checkpoints").glob(f"{step}.orbax-checkpoint-tmp*")):
+            return True
+        if (p / FAILED_FILE).exists() or ((p / "summary.json").exists()
+                                          and not (p / "checkpoints" / step).is_dir()):
+            return False
+        time.sleep(poll_s)
+    return False
 
 
 def slurm_job_id() -> str:
@@ -148,6 +166,9 @@ def execute_run(job: Job) -> dict:
     # A requeued or relaunched run finds the config its first attempt wrote: resume it (every
     # rank alike; the sweep checked that the config is the same before launching).
     job = replace(job, resume=job.resume or (d / "config.yaml").exists())
+    if job.branch_from and not _wait_for_parent(job):
+        return {"run_id": job.run_id, "status": "failed", "returncode": None,
+                "error": f"parent {job.branch_from} did not produce its checkpoint"}
     log = d / (LOG_FILE if rank == 0 else f"train.rank{rank}.log")
     if rank == 0:
         (d / FAILED_FILE).unlink(missing_ok=True)

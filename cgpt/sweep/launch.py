@@ -208,10 +208,13 @@ def launch(sweep: Sweep, out: Path, parallel: int | None = None, executor: str =
               + (f", parallel {parallel or 1}]" if executor == "local" else "]"))
         if (parallel or 1) > 1 and executor == "local":
             # longest first: K workers finish sooner when the long pole starts at once
-            todo.sort(key=lambda r: -sweep.estimate.seconds(r.steps, r.flops))
+            todo.sort(key=lambda r: (r.branch_from is not None,  # parents before branches
+                                     -sweep.estimate.seconds(r.steps, r.flops)))
         env = compile_cache_env(Path(cache).resolve() if cache else None)
         jobs = [Job(r.run_id, str(prepare_run_dir(r, out).resolve()),
-                    resume=(out / r.run_id / "config.yaml").exists(), env=env) for r in todo]
+                    resume=(out / r.run_id / "config.yaml").exists(), env=env,
+                    branch_from=f"{(out / r.branch_from[0]).resolve()}@{r.branch_from[1]}"
+                    if r.branch_from else "") for r in todo]
 
         failures: dict[str, str] = {}
         bar = tqdm(total=len(runs), initial=n_done, unit="run", desc=f"sweep {sweep.name}",

@@ -23,7 +23,7 @@ from cgpt.runconfig import RunConfig, from_dict, load_yaml
 
 SPEC_KEYS = ("name", "description", "base", "models", "grid", "per_model", "filter", "require",
              "estimate", "slurm")
-GRID_KEYS = ("model", "tokens", "tokens_per_param", "flops", "seed", "overrides")
+GRID_KEYS = ("model", "tokens", "tokens_per_param", "flops", "seed", "overrides", "branches")
 # Placement may change between launches of one run (checkpoints restore into any layout),
 # so it is not part of a run's identity (the same rule as `cgpt train --resume`).
 PLACEMENT_KEYS = ("mode", "mesh", "micro_batches", "host_offload")
@@ -75,6 +75,7 @@ class Run:
     flops_budget: float | None = None  # the nominal C of an isoFLOP grid point
     peak_lr: float = math.nan  # resolved (the preset's published value unless set)
     slurm: dict = field(default_factory=dict, hash=False, compare=False)  # this run's resources
+    branch_from: tuple[str, int] | None = None  # (parent run_id, step): a WSD cooldown branch
 
     @property
     def devices(self) -> int:
@@ -378,6 +379,8 @@ def load_sweep(path: str | Path, sets: list[str] | None = None) -> Sweep:
             flops_6nd=flops_mod.flops_6nd(cfg.model, d_run), explicit=frozenset(explicit),
             flops_budget=value if kind == "flops" else None, peak_lr=plan.recipe.peak_lr,
             slurm={**(spec.get("slurm") or {}), **model_slurm, **slurm_set}))
+    if grid.get("branches"):
+        runs = _with_branches(runs, [float(f) for f in _as_list(grid["branches"])], spec_path)
     seen: dict[str, int] = {}
     for r in runs:
         seen[r.run_id] = seen.get(r.run_id, 0) + 1
@@ -394,6 +397,29 @@ def load_sweep(path: str | Path, sets: list[str] | None = None) -> Sweep:
         raise ValueError(f"{spec_path}: the grid is empty after filter: {flt}; widen the filter")
     return Sweep(name=name, path=spec_path, runs=runs, require=require, slurm=slurm,
                  estimate=estimate, dropped=dropped)
+
+
+def _with_branches(runs: list[Run], fractions: list[float], spec_path: Path) -> list[Run]:
+    """`grid.branches`: each run becomes a WSD parent plus one cooldown branch per fraction of
+    its budget (cgpt.branch.plan_branches); parents first, so they start before their branches."""
+    from dataclasses import replace
+
+    from cgpt.branch import plan_branches
+    from cgpt.train import make_plan
+
+    parents, branches = [], []
+    for r in runs:
+        cfg, planned = plan_branches(r.config, fractions, f"{spec_path}: grid.branches")
+        parents.append(replace(r, config=cfg))
+        for f, (bcfg, step) in zip(sorted(fractions), planned):
+            plan = make_plan(bcfg)
+            d = plan.total_steps * plan.tokens_per_step
+            branches.append(replace(
+                r, run_id=f"{r.run_id}_b{f:g}", budget=f"{f:g} x {r.budget} (branch)",
+                config=bcfg, tokens=d, steps=plan.total_steps, branch_from=(r.run_id, step),
+                flops=flops_mod.train_flops(bcfg.model, d, plan.seq_len),
+                flops_6nd=flops_mod.flops_6nd(bcfg.model, d)))
+    return parents + branches
 
 
 def select(runs: list[Run], only: str | None) -> list[Run]:
