@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import logging
 import shutil
+import sys
 import warnings
 from pathlib import Path
 
 import jax
 import yaml
 
+from cgpt import rundir
 from cgpt.config import ModelConfig
 from cgpt.hf import LoadError
 
@@ -30,7 +32,8 @@ DISCARDED_DIR = "discarded_checkpoints"
 def brief(e: BaseException, limit: int = 160) -> str:
     """An exception as one short line: TensorStore errors carry a ~60-line JSON spec."""
     text = str(e).strip().splitlines()[0] if str(e).strip() else ""
-    text = text.split(" {", 1)[0].split("; spec", 1)[0]
+    for cut in (" See full TensorStore details", " TensorStore(", " {"):
+        text = text.split(cut, 1)[0]
     text = text if len(text) <= limit else text[:limit] + "..."
     return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
@@ -47,23 +50,73 @@ def _manager(run_dir: Path, keep: int | None = None, create: bool = True):
     return ocp.CheckpointManager((run_dir / CKPT_DIR).absolute(), options=opts)
 
 
+class _HoldErrors(logging.Filter):
+    """Holds back error records (Orbax logs a traceback per failed writer thread) until
+    `release()` re-emits them; records of a failure that is raised anyway are dropped."""
+
+    def __init__(self):
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.ERROR:
+            self.records.append(record)
+            return False
+        return True
+
+    def release(self) -> None:
+        records, self.records = self.records, []
+        for r in records:
+            logging.getLogger(r.name).handle(r)
+
+
+def _quiet_closed_loop(hook):
+    def quiet(kind, value, tb):
+        if not (kind is RuntimeError and str(value) == "Event loop is closed"):
+            hook(kind, value, tb)
+    return quiet
+
+
 class Checkpointer:
     """Save/restore {params, opt_state, step} with the last `keep` checkpoints kept."""
 
     def __init__(self, run_dir: Path, keep: int = 2):
         self.run_dir = Path(run_dir)
         self.mngr = _manager(self.run_dir, keep)
+        self._muted: _HoldErrors | None = None  # set after a failed save, until close()
 
     def steps(self) -> list[int]:
         return sorted(self.mngr.all_steps())
 
     def save(self, step: int, params, opt_state) -> None:
+        """Write checkpoint `step`. If the storage refuses (disk full, quota, read-only), the
+        error names the checkpoint's path and Orbax's per-thread tracebacks are not logged."""
         import orbax.checkpoint as ocp
 
-        self.mngr.save(step, args=ocp.args.Composite(
-            params=ocp.args.StandardSave(params), opt_state=ocp.args.StandardSave(opt_state)),
-            force=True)
-        self.mngr.wait_until_finished()
+        held, absl = _HoldErrors(), logging.getLogger("absl")
+        absl.addFilter(held)
+        error = None
+        try:
+            self.mngr.save(step, args=ocp.args.Composite(
+                params=ocp.args.StandardSave(params),
+                opt_state=ocp.args.StandardSave(opt_state)), force=True)
+            self.mngr.wait_until_finished()
+        except Exception as e:  # noqa: BLE001 - re-raised below
+            error = e
+        cause = rundir.storage_oserror(error) if error is not None else None
+        if cause is None:
+            absl.removeFilter(held)
+            held.release()
+            if error is not None:
+                raise error
+            return
+        # Orbax's writer threads log their tracebacks as they end, and TensorStore's pending
+        # writes print one each into the event loop Orbax closed: both are muted until close().
+        self._muted = held
+        self._excepthook = sys.excepthook
+        sys.excepthook = _quiet_closed_loop(sys.excepthook)
+        raise OSError(cause.errno, cause.strerror, str(self.run_dir / CKPT_DIR / str(step))
+                      ) from error
 
     def discard_after(self, step: int) -> list[int]:
         """Move the checkpoints newer than `step` to `discarded_checkpoints/` (a rewind)."""
@@ -113,7 +166,13 @@ class Checkpointer:
         return None
 
     def close(self) -> None:
-        self.mngr.close()
+        try:
+            self.mngr.close()
+        finally:
+            if self._muted is not None:
+                logging.getLogger("absl").removeFilter(self._muted)
+                sys.excepthook = self._excepthook
+                self._muted = None
 
 
 def read_run_config(run_dir: Path) -> dict:

@@ -22,8 +22,9 @@ CKPT_DIR = "checkpoints"  # = cgpt.checkpoint.CKPT_DIR (kept import-free: no jax
 # errno values that mean "the storage refused the write", not "the program is wrong".
 STORAGE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO, errno.EACCES,
                   errno.EPERM, errno.EFBIG}
-_STORAGE_TEXT = re.compile(r"No space left on device|Disk quota exceeded|Read-only file system|"
-                           r"Input/output error|Permission denied|File too large")
+_TEXT_ERRNO = {os.strerror(n): n for n in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO,
+                                           errno.EACCES, errno.EFBIG)}
+_STORAGE_TEXT = re.compile("|".join(map(re.escape, _TEXT_ERRNO)))
 
 
 class RunDirError(RuntimeError):
@@ -175,22 +176,30 @@ class Launch:
 
 
 # ---- storage errors ---------------------------------------------------------------------
-def storage_error(exc: BaseException) -> str | None:
-    """'cannot write PATH: REASON' when `exc` (or what caused it) is the storage refusing a
-    write; None for any other error. Orbax and TensorStore wrap the OSError, or only keep its
-    text, so both the chain and the message are searched."""
-    seen, e = set(), exc
+def storage_oserror(exc: BaseException) -> OSError | None:
+    """The storage refusing a write, as an OSError, if that is what `exc` is: Orbax and
+    TensorStore wrap the OSError, or keep only its text, so the chain and the text are read."""
+    found, seen, e = [], set(), exc
     while e is not None and id(e) not in seen:
         seen.add(id(e))
-        if isinstance(e, OSError) and e.errno in STORAGE_ERRNOS:
-            where = e.filename or "the run directory"
-            return f"cannot write {where}: {e.strerror or os.strerror(e.errno)}"
         m = _STORAGE_TEXT.search(str(e))
-        if m and not isinstance(e, (KeyboardInterrupt, SystemExit)):
+        if isinstance(e, OSError) and e.errno in STORAGE_ERRNOS:
+            found.append(e)
+        elif m and not isinstance(e, (KeyboardInterrupt, SystemExit)):
             path = re.search(r"""["'](/[^"']+)["']""", str(e))
-            return f"cannot write {path.group(1) if path else 'the run directory'}: {m.group(0)}"
+            found.append(OSError(_TEXT_ERRNO[m.group(0)], m.group(0),
+                                 path.group(1) if path else None))
         e = e.__cause__ or e.__context__
-    return None
+    # a failed close() after the real failure hides it: prefer an error that names its file
+    return next((f for f in found if f.filename), found[0] if found else None)
+
+
+def storage_error(exc: BaseException) -> str | None:
+    """'cannot write PATH: REASON' when `exc` is the storage refusing a write, else None."""
+    e = storage_oserror(exc)
+    if e is None:
+        return None
+    return f"cannot write {e.filename or 'the run directory'}: {e.strerror}"
 
 
 def kept(out: Path) -> str:
