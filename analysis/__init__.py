@@ -14,6 +14,8 @@ from .plots import plot_curves, plot_envelope, plot_isoflop, plot_loss_vs_comput
 from .published import (CEREBRAS_GPT, CHINCHILLA, CHINCHILLA_UNROUNDED, EPOCH, KAPLAN_C,
                         KAPLAN_D, KAPLAN_N, cerebras_gpt_table)
 from .report import sweep_report
+from .downstream import cerebras_gpt_downstream, fit_downstream, plot_downstream
+from .transfer import LrOptimum, lr_drift, lr_optimum, lr_sweep, plot_lr_transfer, transfer_table
 from .results import COLUMNS, compute, finished, load_results, n_params
 
 __all__ = [
@@ -26,4 +28,6 @@ __all__ = [
     "KAPLAN_C", "cerebras_gpt_table",
     "plot_loss_vs_compute", "plot_isoflop", "plot_mup_vs_sp", "plot_envelope", "plot_curves",
     "sweep_report",
+    "cerebras_gpt_downstream", "fit_downstream", "plot_downstream",
+    "LrOptimum", "lr_optimum", "lr_sweep", "transfer_table", "lr_drift", "plot_lr_transfer",
 ]
