@@ -3,7 +3,6 @@ the submitit path. Real `python -m cgpt train` subprocesses on a tiny corpus the
 import csv
 import json
 import math
-import os
 import random
 import re
 import shutil
