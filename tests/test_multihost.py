@@ -147,25 +147,31 @@ def _wait_past_checkpoint(job: Job, out: Path, timeout: float = 600) -> list[dic
     pytest.fail(f"no step past a checkpoint within {timeout} s:\n{job.output()}")
 
 
-def _check_resumed(out: Path, before: list[dict], reference: dict[int, float]) -> None:
+def _check_resumed(out: Path, before: list[dict], reference: dict[tuple, float]) -> None:
     after = _log(out)
     steps = [r["step"] for r in after]
     assert steps == list(range(1, STEPS + 1)), steps  # every logged step exactly once
-    got = {r["step"]: r["loss"] for r in after}
+    def same(r: dict) -> dict:  # everything but the timings
+        return {k: v for k, v in r.items() if k not in ("tokens_per_s", "mfu")}
+
+    got = {r["step"]: same(r) for r in after}
     # the steps recomputed after the restore are bit-identical to the ones logged before
     summary = json.loads((out / "summary.json").read_text())
     redone = [r for r in before if r["step"] > summary["resumed_from_step"]]
     assert summary["resumed_from_step"] >= 5 and redone
-    assert all(got[r["step"]] == r["loss"] for r in redone), (redone, got)
-    # ... and the whole series equals the one-process, 8-device run
-    diffs = [abs(got[s] - reference[s]) for s in reference]
-    assert max(diffs) <= 1e-6, diffs
+    assert all(got[r["step"]] == same(r) for r in redone), (redone, got)
+    # ... and the whole series (train and validation losses) equals the 1-process, 8-device run
+    vals = {(r["step"], k): r[k] for r in after for k in ("loss", "val_loss") if k in r}
+    assert vals.keys() == reference.keys() and (STEPS, "val_loss") in vals
+    diffs = {k: abs(vals[k] - reference[k]) for k in reference}
+    assert max(diffs.values()) <= 1e-6, diffs
 
 
-def _reference(corpus, tmp_path, mode) -> dict[int, float]:
+def _reference(corpus, tmp_path, mode) -> dict[tuple, float]:
+    """{(step, "loss" | "val_loss"): value} of the run in this one process on 8 devices."""
     ref = tmp_path / "ref"
     train(_run(corpus, tmp_path / "ref_cache", mode), ref, progress=False)
-    return {r["step"]: r["loss"] for r in _log(ref)}
+    return {(r["step"], k): r[k] for r in _log(ref) for k in ("loss", "val_loss") if k in r}
 
 
 # ---- pieces that need no second process ----------------------------------------------------
