@@ -121,16 +121,18 @@ class Launch:
     next launch finds nothing half-made to reuse. Storage errors become one `RunDirError`.
     """
 
-    def __init__(self, out: Path, new_dirs: Path | None):
+    def __init__(self, out: Path, new_dirs: Path | None, lock: bool = True):
         self.out, self.new_dirs = Path(out), new_dirs
         self.created: list[Path] = []
         self.committed = False
-        self.lock = RunLock(self.out)
+        self.lock = RunLock(self.out)  # `lock=False`: a process that is not the run's writer
         self._lock_existed = self.lock.path.exists()
+        self._locking = lock
 
     def __enter__(self) -> "Launch":
         try:
-            self.lock.acquire()
+            if self._locking:
+                self.lock.acquire()
         except BaseException:
             self._clean(lock_too=False)
             raise
