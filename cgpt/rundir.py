@@ -121,18 +121,18 @@ class Launch:
     next launch finds nothing half-made to reuse. Storage errors become one `RunDirError`.
     """
 
-    def __init__(self, out: Path, new_dirs: Path | None, owner: bool = True):
-        self.out, self.new_dirs, self.owner = Path(out), new_dirs, owner  # owner: process 0
+    def __init__(self, out: Path, new_dirs: Path | None, lock: bool = True):
+        self.out, self.new_dirs = Path(out), new_dirs
         self.created: list[Path] = []
         self.committed = False
-        self.lock = RunLock(self.out)
+        self.lock = RunLock(self.out)  # `lock=False`: a process that is not the run's writer
         self._lock_existed = self.lock.path.exists()
+        self._locking = lock
 
     def __enter__(self) -> "Launch":
-        if not self.owner:  # another process of the job holds the lock and cleans up
-            return self
         try:
-            self.lock.acquire()
+            if self._locking:
+                self.lock.acquire()
         except BaseException:
             self._clean(lock_too=False)
             raise
@@ -142,11 +142,6 @@ class Launch:
         self.committed = True
 
     def __exit__(self, kind, exc, tb) -> bool:
-        if not self.owner:
-            err = storage_error(exc) if exc is not None else None
-            if err is not None:
-                raise RunDirError(f"{err}; {kept(self.out)}") from exc
-            return False
         if exc is None:
             self.lock.release()
             return False

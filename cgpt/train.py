@@ -204,8 +204,9 @@ def _nonfinite_stop(what: str, step: int, ckpt, out: Path, note: str = "") -> Tr
     earlier = (f"; if the loss was already diverging there (see metrics.jsonl), go back further "
                f"with --from-step {steps[-2]}" if len(steps) > 1 else "")
     return TrainError(
-        f"{what} at step {step}{note}; training stopped before saving anything from it. The last good "
-        f"checkpoint (step {steps[-1]}, verified finite) is kept in {out / checkpoint.CKPT_DIR}"
+        f"{what} at step {step}{note}; training stopped before saving anything from it. The "
+        f"last good checkpoint (step {steps[-1]}, verified finite) is kept in "
+        f"{out / checkpoint.CKPT_DIR}"
         f" (kept steps: {', '.join(map(str, steps))}). To continue with a lower learning rate, "
         "rerun the same command with --resume --allow-train-changes train.peak_lr=<lower> "
         f"(or a larger train.warmup_steps){earlier}; or start over in a new --out")
@@ -263,7 +264,7 @@ def train(run: RunConfig, out: str | Path, resume: bool = False, progress: bool 
     new_dirs = rundir.first_missing(out) if owner else None
     if owner:
         _check_writable(out)
-    with rundir.Launch(out, new_dirs, owner=owner) as launch:
+    with rundir.Launch(out, new_dirs, lock=owner) as launch:
         return _train(run, out, resume, progress, strategy, launch, allow_changes, from_step,
                       branch_from)
 

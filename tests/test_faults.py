@@ -109,7 +109,8 @@ def test_from_step_must_name_a_kept_checkpoint(corpus, cache, tmp_path):
     out = tmp_path / "run"
     train(_run(corpus, cache, tokens=8 * 16 * 20), out, progress=False)
     (out / "summary.json").unlink()
-    with pytest.raises(TrainError, match=r"--from-step 7: no kept checkpoint at step 7.*\[10, 20\]"):
+    with pytest.raises(TrainError, match=r"--from-step 7: no kept checkpoint at step 7.*"
+                                         r"\[10, 20\]"):
         train(_run(corpus, cache, tokens=8 * 16 * 20), out, resume=True, progress=False,
               from_step=7)
 
