@@ -77,7 +77,7 @@ def sweep_report(sweep_dir: str | Path, out_png: str | Path | None = None, *,
 
 
 def _extrapolation_line(x, y, n_boot: int, seed: int) -> str:
-    """The law fitted without the largest model, predicting it (needs 4 distinct sizes)."""
+    """The law fitted without the largest-compute run(s), predicting them (needs 4 distinct C)."""
     if np.unique(x).size < 4:
         return ("extrapolation check: skipped, it needs at least 4 model sizes "
                 "(3 to fit A, b, c and 1 to predict)")
@@ -86,6 +86,6 @@ def _extrapolation_line(x, y, n_boot: int, seed: int) -> str:
     y_true, pred = t["y"].mean(), t["y_pred"].iloc[0]
     lo, hi = t["lo"].iloc[0], t["hi"].iloc[0]
     covered = "covers" if lo <= y_true <= hi else "does NOT cover"
-    return (f"extrapolation check: fitted without the largest model (C = {t['x'].iloc[0]:.3g}, "
+    return (f"extrapolation check: fitted without the largest compute (C = {t['x'].iloc[0]:.3g}, "
             f"{len(t)} run(s)), predicted {pred:.4f} [{lo:.4f}, {hi:.4f}] vs actual "
             f"{y_true:.4f}: error {100 * (pred / y_true - 1):+.2f}%; the band {covered} it")

@@ -64,3 +64,17 @@ def test_02_cerebras_gpt_published(kernel, monkeypatch):
     assert "c is not identified by these data" in text        # 7 points: the profile over c
     assert "b = 0.066808" in text                             # Huber delta=1e-3 on log loss
     assert "muP vs SP law: mean -0.43%" in text               # paper: 0.43% better
+
+
+def test_04_three_approaches_on_a_real_sweep(kernel, tmp_path, monkeypatch):
+    """A real run of sweeps/approaches.yaml (15 tiny runs; training curves kept)."""
+    sweep = tmp_path / "approaches"
+    shutil.copytree(FIXTURE / "approaches", sweep)
+    text, images = run("04_three_approaches.ipynb", kernel,
+                       {"CGPT_APPROACHES_DIR": str(sweep), "CGPT_N_BOOT": "20",
+                        "CGPT_FIG_DIR": str(tmp_path)}, monkeypatch)
+    assert images >= 3                 # envelope (with the curves), isoFLOP, side by side
+    assert "approach 1 (training-curve envelope)" in text
+    assert "isoFLOP fit over 2 budgets" in text and "left out: ['1e+11']" in text
+    assert "N_opt ~ C^" in text and "1: envelope" in text and "3: parametric" in text
+    assert (tmp_path / "approaches.png").stat().st_size > 5000

@@ -78,7 +78,7 @@ def test_sweep_report(tmp_path):
     assert "seeds of a model resampled together" in text
     res = re.search(r"residuals \(run / fit - 1.*\): (.*); rms (\S+)%", text)
     assert res and res.group(1).count("%") == 7 and float(res.group(2)) < 1.0   # 0.5% noise
-    ex = re.search(r"extrapolation check: fitted without the largest model .* error (\S+)%; "
+    ex = re.search(r"extrapolation check: fitted without the largest compute .* error (\S+)%; "
                    r"the band (covers|does NOT cover) it", text)
     assert ex and abs(float(ex.group(1))) < 2.0
     text6 = sweep_report(sweep / "results.csv", out_png=tmp_path / "r6.png", flops="6nd", n_boot=0)
