@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import yaml
+from matplotlib.ticker import NullFormatter
 
 from .plots import _figure, _plain_y, _save
 from .results import finished, load_results
@@ -165,6 +166,7 @@ def plot_lr_transfer(sweep: pd.DataFrame, table: pd.DataFrame | None = None, pat
                         [hi - t["lr_opt"]]], fmt="*", color=colors[w], ms=11, capsize=3,
                         mec="k", mew=0.5)
         ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_yscale("log")
         _plain_y(ax)
         ax.set_xlabel("peak learning rate")

@@ -181,6 +181,7 @@ def plot(checks: list[CoordCheck], path: str | Path) -> Path:
     """One row per parametrization, one panel per activation: mean |x| against width, one
     line per training step (the classic coordinate-check figure)."""
     import matplotlib
+    import matplotlib.ticker
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -195,7 +196,7 @@ def plot(checks: list[CoordCheck], path: str | Path) -> Path:
             for t, row in enumerate(c.stats[k]):
                 ax.loglog(c.widths, row, "o-", ms=3, color=colors[t], label=f"step {t}")
             ax.set_xticks(c.widths, [str(w) for w in c.widths])
-            ax.minorticks_off()
+            ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
             ax.set_title(f"{c.name}: {k}", fontsize=8)
             ax.tick_params(labelsize=7)
             if r == len(checks) - 1:

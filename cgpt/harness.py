@@ -1,10 +1,10 @@
 """cgpt as an EleutherAI lm-evaluation-harness model, registered as `cgpt`.
 
-    lm_eval --model cgpt --model_args pretrained=runs/x,dtype=float32 --tasks hellaswag
-    python -m cgpt eval runs/x --tasks hellaswag,piqa      # the same, results beside the run
+    python -m cgpt eval runs/x --tasks hellaswag,piqa      # results beside the run
+    import cgpt.harness; lm_eval.simple_evaluate(model="cgpt",
+        model_args="pretrained=runs/x,dtype=float32,batch_size=16", tasks=["hellaswag"])
 
-(`lm_eval` finds the `cgpt` name once this module is imported; `python -m cgpt eval` does
-that.) `pretrained` is anything `cgpt.load` reads: a run directory, a Hugging Face GPT-2
+(lm-eval knows the name `cgpt` once this module is imported.) `pretrained` is anything `cgpt.load` reads: a run directory, a Hugging Face GPT-2
 directory or a hub id. Requests are scored the way lm-eval's own `hf` model scores them
 (same truncation to the last n_ctx + 1 tokens, same rolling windows, same stop sequences),
 so the two agree to float precision; they run batched, longest first, padded to a few

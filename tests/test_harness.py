@@ -115,7 +115,7 @@ metric_list:
     return tasks
 
 
-def test_local_task_same_accuracy_as_hf(models, tmp_path, monkeypatch):
+def test_local_task_same_accuracy_as_hf(models, ckpt, tmp_path, monkeypatch):
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
 
@@ -130,6 +130,10 @@ def test_local_task_same_accuracy_as_hf(models, tmp_path, monkeypatch):
           for k, r in runs.items()}
     np.testing.assert_allclose(ll["cgpt"], ll["hf"], atol=1e-4)
     assert len(ll["cgpt"]) == len(QUESTIONS)
+    # the registered name and model_args, as `lm_eval --model cgpt --model_args ...` uses them
+    by_name = simple_evaluate(model="cgpt", model_args=f"pretrained={ckpt},batch_size=3",
+                              tasks=["cgpt_local_mc"], task_manager=manager, bootstrap_iters=0)
+    assert by_name["results"]["cgpt_local_mc"]["acc,none"] == res["hf"]
 
 
 def test_cli_eval_tasks_writes_results_beside_the_run(ckpt, tmp_path, monkeypatch, capsys):

@@ -212,8 +212,11 @@ def test_batch_rows_read_only_their_share(tmp_path, texts, tokfile):
         read.clear()
         np.testing.assert_array_equal(d.train_batch(step, B, rows=slice(lo, hi)), full[lo:hi])
         np.testing.assert_array_equal(read[0], d.train_indices(step, B)[lo:hi] * 8)  # only those rows
-    with pytest.raises(ValueError, match="slice"):
-        d.train_batch(0, B, rows=[1, 2])
+    # an index array (a process's rows under gradient accumulation) reads only those rows too
+    read.clear()
+    idx = np.array([1, 2, 7])
+    np.testing.assert_array_equal(d.train_batch(step, B, rows=idx), full[idx])
+    np.testing.assert_array_equal(read[0], d.train_indices(step, B)[idx] * 8)
 
 
 # --------------------------------------------------------------------------- GPT-2 BPE files
