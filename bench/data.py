@@ -12,6 +12,8 @@ in the same run and on the same text:
 
     python bench/data.py [--gb 1.0] [--files 8] [--dir /tmp/cgpt-bench-data]
 Targets: prepare >= 80% of the raw tokens/s; peak RSS <= 2 GB. The corpus is never committed.
+Also printed: tokens per CPU-second of each side, the fair comparison on a machine shared with
+other jobs, where wall-clock rates follow the neighbours' load. (psutil comes with orbax.)
 """
 from __future__ import annotations
 
