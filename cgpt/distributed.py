@@ -12,7 +12,7 @@ What differs between processes is decided here, in one place:
     the others wait for it and then only read it.
 A process that dies is noticed by JAX's coordination service: after `peer_timeout` seconds
 without its heartbeat (at once if process 0, the coordinator, dies) the others stop with
-"Terminating process because the JAX distributed service detected fatal errors" (exit 134).
+"Terminating process because the JAX distributed service detected fatal errors" (SIGABRT).
 """
 from __future__ import annotations
 

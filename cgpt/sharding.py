@@ -347,7 +347,7 @@ class Sharded:
         sds = lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s)  # noqa: E731
         return jax.tree.map(sds, params, psh), jax.tree.map(sds, opt_state, osh)
 
-    def batch_rows(self, shape: tuple[int, ...]):
+    def batch_rows(self, shape: tuple[int, ...]) -> np.ndarray:
         """Rows of a global batch laid out as `shape` ([accum, rows, T+1] or [rows, T+1])
         that this process loads: those its devices hold (`distributed.process_rows`)."""
         return distributed.process_rows(self.batch_sharding(len(shape)), shape)
