@@ -13,7 +13,6 @@ side by side.
 """
 from __future__ import annotations
 
-import numpy as np
 import pandas as pd
 
 from .fit import PowerLawFit, fit_power_law

@@ -63,7 +63,7 @@ def sweep_report(sweep_dir: str | Path, out_png: str | Path | None = None, *,
         lines.append(f"    c is not identified by these runs: any c in [{lo:.3g}, {hi:.3g}] fits "
                      "within the 95% profile threshold, so read b together with c")
     per_model = sp.assign(r=resid).groupby("model", sort=False)["r"].mean()
-    lines.append(f"  residuals (run / fit - 1, mean per model, small to large): "
+    lines.append("  residuals (run / fit - 1, mean per model, small to large): "
                  + ", ".join(f"{m} {r:+.2f}%" for m, r in per_model.items())
                  + f"; rms {np.sqrt(np.mean(resid ** 2)):.2f}%")
     lines.append("  " + _extrapolation_line(x, y, n_boot, seed))

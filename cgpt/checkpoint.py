@@ -18,7 +18,7 @@ from pathlib import Path
 import jax
 import yaml
 
-from cgpt import rundir
+from cgpt import distributed, rundir
 from cgpt.config import ModelConfig
 from cgpt.hf import LoadError
 
@@ -36,6 +36,16 @@ def brief(e: BaseException, limit: int = 160) -> str:
         text = text.split(cut, 1)[0]
     text = text if len(text) <= limit else text[:limit] + "..."
     return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+def _set_aside(src: Path, aside: Path) -> None:
+    """Move a checkpoint directory out of the way; in a multi-process job process 0 alone moves
+    it (the others wait at a barrier before they reload)."""
+    if not distributed.is_writer():
+        return
+    aside.parent.mkdir(exist_ok=True)
+    shutil.rmtree(aside, ignore_errors=True)
+    shutil.move(str(src), str(aside))
 
 
 def is_run_dir(path: Path) -> bool:
@@ -122,11 +132,9 @@ class Checkpointer:
         """Move the checkpoints newer than `step` to `discarded_checkpoints/` (a rewind)."""
         later = [s for s in self.steps() if s > step]
         for s in later:
-            aside = self.run_dir / DISCARDED_DIR / str(s)
-            aside.parent.mkdir(exist_ok=True)
-            shutil.rmtree(aside, ignore_errors=True)
-            shutil.move(str(self.run_dir / CKPT_DIR / str(s)), str(aside))
+            _set_aside(self.run_dir / CKPT_DIR / str(s), self.run_dir / DISCARDED_DIR / str(s))
         if later:
+            distributed.barrier(f"discard-after-{step}")  # process 0 moved them; all reload
             self.mngr.reload()
         return later
 
@@ -152,10 +160,9 @@ class Checkpointer:
                 aside = self.run_dir / "corrupt_checkpoints" / str(b)
                 warnings.warn(f"{src}: checkpoint is unreadable ({brief(e)}); "
                               f"falling back to step {step} (moved it to {aside})", stacklevel=2)
-                aside.parent.mkdir(exist_ok=True)
-                shutil.rmtree(aside, ignore_errors=True)
-                shutil.move(str(src), str(aside))
+                _set_aside(src, aside)
             if bad:
+                distributed.barrier(f"corrupt-aside-{step}")  # process 0 moved them; all reload
                 self.mngr.reload()
             return step, out["params"], out["opt_state"]
         if bad:  # never silently restart a run whose checkpoints all fail to load

@@ -191,14 +191,11 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--output", help="--tasks: results JSON path")
     e.add_argument("--bootstrap-iters", type=int, default=100000,
                    help="--tasks: bootstrap resamples for the stderr (0: none)")
-    from cgpt import plan, sweep
-    from cgpt import coordcheck
+    from cgpt import coordcheck, plan, prepare, sweep
 
     sweep.register(sub)
     plan.register(sub)
-    from cgpt import prepare  # `cgpt data prepare`
-
-    prepare.register(sub)
+    prepare.register(sub)  # `cgpt data prepare`
     coordcheck.register(sub)
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["train"]:  # section.key=value overrides may sit between flags, as in MaxText
