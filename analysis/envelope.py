@@ -19,11 +19,12 @@ import numpy as np
 import pandas as pd
 from scipy.stats import linregress
 
+from .isoflop import Allocation
 from .results import FLOPS, PARAMS, finished, load_results
 
 
 @dataclass
-class EnvelopeFit:
+class EnvelopeFit(Allocation):
     """The envelope (per grid point: C, loss, the winning run, its N and D) and the fits."""
     envelope: pd.DataFrame       # C, loss, run_id, N, D
     curves: pd.DataFrame         # run_id, N, C, D, loss (smoothed, after skip_frac)
@@ -33,15 +34,6 @@ class EnvelopeFit:
     log_kD: float
     a_stderr: float
     b_stderr: float
-
-    def n_opt(self, C) -> np.ndarray:
-        return np.exp(self.log_kN + self.a * np.log(np.asarray(C, float)))
-
-    def d_opt(self, C) -> np.ndarray:
-        return np.exp(self.log_kD + self.b * np.log(np.asarray(C, float)))
-
-    def tokens_per_param(self, C) -> np.ndarray:
-        return self.d_opt(C) / self.n_opt(C)
 
     def summary(self) -> str:
         e = self.envelope

@@ -14,8 +14,22 @@ import pandas as pd
 from scipy.stats import linregress
 
 
+class Allocation:
+    """N_opt(C) = kN·C^a and D_opt(C) = kD·C^b, shared by the approach-1 and approach-2 fits
+    (their dataclasses hold a, b, log_kN, log_kD)."""
+
+    def n_opt(self, C) -> np.ndarray:
+        return np.exp(self.log_kN + self.a * np.log(np.asarray(C, float)))
+
+    def d_opt(self, C) -> np.ndarray:
+        return np.exp(self.log_kD + self.b * np.log(np.asarray(C, float)))
+
+    def tokens_per_param(self, C) -> np.ndarray:
+        return self.d_opt(C) / self.n_opt(C)
+
+
 @dataclass
-class IsoFlopFit:
+class IsoFlopFit(Allocation):
     """Per-budget minima (`minima`), the parabolas, and the fitted allocation exponents."""
     minima: pd.DataFrame        # budget, C, N_opt, D_opt, loss_opt, in_range, n_runs
     parabolas: dict             # budget -> (c2, c1, c0) of loss = c2 u^2 + c1 u + c0, u = log N
@@ -26,15 +40,6 @@ class IsoFlopFit:
     log_kD: float
     a_stderr: float
     b_stderr: float
-
-    def n_opt(self, C) -> np.ndarray:
-        return np.exp(self.log_kN + self.a * np.log(np.asarray(C, float)))
-
-    def d_opt(self, C) -> np.ndarray:
-        return np.exp(self.log_kD + self.b * np.log(np.asarray(C, float)))
-
-    def tokens_per_param(self, C) -> np.ndarray:
-        return self.d_opt(C) / self.n_opt(C)
 
     def summary(self) -> str:
         return (f"isoFLOP fit over {len(self.minima)} budgets: "

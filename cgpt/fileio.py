@@ -7,6 +7,16 @@ from pathlib import Path
 from typing import Callable
 
 
+def probe_writable(directory: str | os.PathLike) -> None:
+    """Create `directory` (and parents) and write and remove a probe file in it: an unusable
+    output directory fails here, before any work, with the OSError that says why."""
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    probe = d / f".write-test-{os.getpid()}"
+    probe.write_text("ok")
+    probe.unlink()
+
+
 def atomic_write(path: str | os.PathLike, write: Callable[[Path], None]) -> None:
     """Call write(tmp) on a temp file next to `path`, then rename it into place.
 

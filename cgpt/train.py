@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -23,7 +22,7 @@ import optax
 from cgpt import checkpoint, distributed, flops, model, optim, preempt, rundir
 from cgpt.config import ModelConfig
 from cgpt.data import load_data
-from cgpt.fileio import atomic_write_text
+from cgpt.fileio import atomic_write_text, probe_writable
 from cgpt.runconfig import RunConfig, from_dict
 
 
@@ -121,10 +120,7 @@ def make_plan(run: RunConfig, replicas: int = 1) -> Plan:
 # ---- run directory helpers ---------------------------------------------------------------
 def _check_writable(out: Path) -> None:
     try:
-        out.mkdir(parents=True, exist_ok=True)
-        probe = out / f".write-test-{os.getpid()}"
-        probe.write_text("ok")
-        probe.unlink()
+        probe_writable(out)
     except OSError as e:
         raise TrainError(f"output directory {out} is not writable ({e.strerror or e}); "
                          "choose another --out") from e

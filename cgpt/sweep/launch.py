@@ -13,6 +13,7 @@ from pathlib import Path
 
 import yaml
 
+from cgpt.fileio import probe_writable
 from cgpt.sweep.executors import Job, run_local, run_submitit
 from cgpt.sweep.spec import Run, Sweep, fmt_count, fmt_time, missing_required, select
 from cgpt.sweep.state import LOG_FILE, SUPERSEDED_DIR, config_change, prepare_run_dir, read_json, \
@@ -113,10 +114,7 @@ class SweepLock:
 def check_out_dir(out: Path) -> None:
     """--out must be a directory this process can write (a clear one-line error otherwise)."""
     try:
-        out.mkdir(parents=True, exist_ok=True)
-        probe = out / f".write-test-{os.getpid()}"
-        probe.write_text("ok")
-        probe.unlink()
+        probe_writable(out)
     except OSError as e:
         raise ValueError(f"--out {out}: cannot use it as the sweep directory "
                          f"({e.strerror or e}); choose another --out") from None
