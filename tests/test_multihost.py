@@ -244,8 +244,10 @@ def test_killed_process_ends_the_job_and_resume_continues(corpus, tmp_path, comp
     took = time.time() - t_kill
     assert code != 0
     err = job.err(0)
-    assert "JAX distributed service detected fatal errors" in err, err[-3000:]
-    assert "another task died" in err
+    # Usually JAX's coordination service ends it; when the peer died in the middle of a
+    # collective, gloo's TCP transport can abort first (seen under load): both end the job.
+    assert ("JAX distributed service detected fatal errors" in err and "another task died" in err
+            ) or "gloo" in err, err[-3000:]
     assert took < PEER_TIMEOUT + GRACE
     assert not (out / "summary.json").exists()
     # data preparation and tokenizer training happened once, in process 0
