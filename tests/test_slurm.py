@@ -100,7 +100,7 @@ def test_time_limit_and_preemption_requeue_and_resume(cluster, tmp_path):
     """Run A outlives its 2-minute time limit: SIGUSR2, checkpoint, requeue, resume. Run B is
     `scontrol requeue`d mid-run (preemption): SIGTERM, checkpoint, requeue, resume. Both end
     with the losses of an uninterrupted run."""
-    steps = 5000
+    steps = 15000  # ~2.3 min of training on a quiet 2-core machine: longer than the 2-min limit
     spec = _spec(tmp_path, "rq", 8 * 32 * steps, grid={"model": ["tiny-17k"], "seed": [0, 1]},
                  slurm={"timeout_min": 20, "cpus_per_task": 1, "signal_delay_s": 40})
     # two sweeps side by side (one run each): A with a 2-minute time limit, B without
