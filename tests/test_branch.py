@@ -5,8 +5,6 @@ budget ends (same batches, same schedule up to the branch point, same state); an
 to use branches for approach 1, no worse than a full run with the published schedule.
 """
 import json
-import shutil
-import sysconfig
 from pathlib import Path
 
 import numpy as np
@@ -21,15 +19,6 @@ from cgpt.runconfig import RunConfig, TrainConfig
 from cgpt.train import make_plan, train
 
 TOK_PER_STEP = 8 * 16
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    d = tmp_path_factory.mktemp("corpus")
-    lib = Path(sysconfig.get_paths()["stdlib"])
-    for name in ("textwrap.py", "shlex.py", "fnmatch.py", "glob.py", "bisect.py", "heapq.py"):
-        shutil.copy(lib / name, d / name)
-    return d
 
 
 def _run(corpus, cache, steps, **kw) -> RunConfig:

@@ -26,16 +26,6 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    import sysconfig
-    d = tmp_path_factory.mktemp("corpus")
-    lib = Path(sysconfig.get_paths()["stdlib"])
-    for name in ("textwrap.py", "shlex.py", "fnmatch.py", "glob.py", "bisect.py", "heapq.py"):
-        shutil.copy(lib / name, d / name)
-    return d
-
-
-@pytest.fixture(scope="module")
 def cache(tmp_path_factory):
     return tmp_path_factory.mktemp("cache")
 

@@ -10,7 +10,6 @@ the whole-job kill are `slow`.
 """
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -36,16 +35,6 @@ MESHES = {"data_parallel": "data=8", "weight_streaming": "data=8",
 MODES = [pytest.param("data_parallel"),
          pytest.param("weight_streaming", marks=pytest.mark.slow),
          pytest.param("layer_pipelined", marks=pytest.mark.slow)]
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    import sysconfig
-    d = tmp_path_factory.mktemp("corpus")
-    lib = Path(sysconfig.get_paths()["stdlib"])
-    for name in ("textwrap.py", "shlex.py", "fnmatch.py", "glob.py", "bisect.py", "heapq.py"):
-        shutil.copy(lib / name, d / name)
-    return d
 
 
 @pytest.fixture(scope="module")

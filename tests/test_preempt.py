@@ -2,7 +2,6 @@
 interval; the resumed run's losses equal an uninterrupted run's."""
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -20,16 +19,6 @@ from cgpt.train import train
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS = 120
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    import sysconfig
-    d = tmp_path_factory.mktemp("corpus")
-    lib = Path(sysconfig.get_paths()["stdlib"])
-    for name in ("textwrap.py", "shlex.py", "fnmatch.py", "glob.py", "bisect.py", "heapq.py"):
-        shutil.copy(lib / name, d / name)
-    return d
 
 
 def _flags(corpus, tmp_path, out):
