@@ -80,11 +80,53 @@ class _HoldErrors(logging.Filter):
             logging.getLogger(r.name).handle(r)
 
 
-def _quiet_closed_loop(hook):
-    def quiet(kind, value, tb):
-        if not (kind is RuntimeError and str(value) == "Event loop is closed"):
-            hook(kind, value, tb)
-    return quiet
+class _DropStorageAftermath(logging.Filter):
+    """Drops the log records of a save the storage refused: Orbax's writer threads log their
+    tracebacks as they end (`absl`), and asyncio logs the unretrieved ENOSPC futures of
+    TensorStore's pending writes when they are garbage-collected (often at exit)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.name == "absl":
+            return not (record.levelno >= logging.ERROR and "orbax" in record.pathname)
+        exc = record.exc_info[1] if record.exc_info else None
+        text = record.getMessage()
+        return not ("never retrieved" in text and (
+            (exc is not None and rundir.storage_oserror(exc) is not None)
+            or rundir.storage_oserror(RuntimeError(text)) is not None))
+
+
+def _closed_loop(u) -> bool:
+    return isinstance(u.exc_value, RuntimeError) and str(u.exc_value) == "Event loop is closed"
+
+
+def _orbax_write(u) -> bool:
+    """An Orbax write coroutine finalized unfinished (at interpreter exit, after a failed save)."""
+    code = getattr(u.object, "cr_code", None)
+    return code is not None and "orbax" in code.co_filename
+
+
+def _mute_storage_aftermath(hook) -> None:
+    """After a save the storage refused, silence its aftermath for the rest of the process.
+
+    The run is ending with one error line; what would follow it is noise with no new facts:
+    Orbax's threads log a traceback each as they end, TensorStore's C++ threads deliver the
+    remaining writes' results into the event loop Orbax already closed (each an unraisable
+    "Event loop is closed" traceback), asyncio logs their unretrieved ENOSPC futures, and the
+    write coroutines still pending are finalized at exit (each an unraisable ImportError).
+    All arrive asynchronously, up to interpreter exit, so the hooks stay for the process's
+    life; they drop nothing else. `hook`: the unraisable hook to pass everything else to."""
+    if getattr(hook, "_cgpt_storage", False):
+        sys.unraisablehook = hook
+    else:
+        def quiet(u):
+            if not (_closed_loop(u) or _orbax_write(u)):
+                hook(u)
+        quiet._cgpt_storage = True
+        sys.unraisablehook = quiet
+    for name in ("absl", "asyncio"):
+        log = logging.getLogger(name)
+        if not any(isinstance(f, _DropStorageAftermath) for f in log.filters):
+            log.addFilter(_DropStorageAftermath())
 
 
 class Checkpointer:
@@ -93,18 +135,21 @@ class Checkpointer:
     def __init__(self, run_dir: Path, keep: int = 2):
         self.run_dir = Path(run_dir)
         self.mngr = _manager(self.run_dir, keep)
-        self._muted: _HoldErrors | None = None  # set after a failed save, until close()
 
     def steps(self) -> list[int]:
         return sorted(self.mngr.all_steps())
 
     def save(self, step: int, params, opt_state) -> None:
         """Write checkpoint `step`. If the storage refuses (disk full, quota, read-only), the
-        error names the checkpoint's path and Orbax's per-thread tracebacks are not logged."""
+        error names the checkpoint's path and the failure's aftermath is not printed."""
         import orbax.checkpoint as ocp
 
         held, absl = _HoldErrors(), logging.getLogger("absl")
         absl.addFilter(held)
+        # TensorStore reports writes that end after Orbax closed its event loop as unraisable
+        # "Event loop is closed" errors, possibly before the save returns: held back here
+        unraisable, prev_hook = [], sys.unraisablehook
+        sys.unraisablehook = lambda u: unraisable.append(u) if _closed_loop(u) else prev_hook(u)
         error = None
         try:
             self.mngr.save(step, args=ocp.args.Composite(
@@ -113,18 +158,22 @@ class Checkpointer:
             self.mngr.wait_until_finished()
         except Exception as e:  # noqa: BLE001 - re-raised below
             error = e
+        except BaseException:
+            sys.unraisablehook = prev_hook
+            absl.removeFilter(held)
+            raise
         cause = rundir.storage_oserror(error) if error is not None else None
         if cause is None:
+            sys.unraisablehook = prev_hook
             absl.removeFilter(held)
             held.release()
+            for u in unraisable:
+                prev_hook(u)
             if error is not None:
                 raise error
             return
-        # Orbax's writer threads log their tracebacks as they end, and TensorStore's pending
-        # writes print one each into the event loop Orbax closed: both are muted until close().
-        self._muted = held
-        self._excepthook = sys.excepthook
-        sys.excepthook = _quiet_closed_loop(sys.excepthook)
+        _mute_storage_aftermath(prev_hook)  # replaces the hold above in one assignment
+        absl.removeFilter(held)  # its records are of the failure raised here: dropped
         raise OSError(cause.errno, cause.strerror, str(self.run_dir / CKPT_DIR / str(step))
                       ) from error
 
@@ -173,13 +222,7 @@ class Checkpointer:
         return None
 
     def close(self) -> None:
-        try:
-            self.mngr.close()
-        finally:
-            if self._muted is not None:
-                logging.getLogger("absl").removeFilter(self._muted)
-                sys.excepthook = self._excepthook
-                self._muted = None
+        self.mngr.close()
 
 
 def read_run_config(run_dir: Path) -> dict:
