@@ -150,3 +150,59 @@ def test_time_limit_and_preemption_requeue_and_resume(cluster, tmp_path):
         summary = json.loads((run / "summary.json").read_text())
         assert 0 < summary["resumed_from_step"] < steps
         assert _losses(run) == _losses(tmp_path / "ref" / run.name)  # as if never stopped
+
+
+def test_multi_task_job_is_one_jax_job_and_resumes_after_requeue(cluster, tmp_path):
+    """A run on 2 SLURM tasks (the shape of a 2-node job: one JAX process per task, joined by
+    SLURM's environment, gloo collectives) is `scontrol requeue`d mid-run: both processes
+    checkpoint the same step, the requeued job resumes, every step is logged once, and the
+    losses equal the same run in one process on 2 devices."""
+    steps = 2500  # requeued after ~300: the rest is well over the few seconds a requeue takes
+    spec = _spec(tmp_path, "mt", 8 * 32 * steps, grid={"model": ["tiny-17k"], "seed": [0]},
+                 slurm={"timeout_min": 20, "cpus_per_task": 1, "tasks_per_node": 2})
+    raw = yaml.safe_load(spec.read_text())
+    # Adam's eps raised as in test_multihost.py: gloo's and XLA's reduction orders differ in
+    # rounding, which a near-zero gradient over eps=1e-8 would turn into lr-sized flips
+    raw["base"]["train"].update(mode="data_parallel", mesh="data=2", peak_lr=3e-3, adam_eps=1e-3)
+    spec.write_text(yaml.safe_dump(raw, sort_keys=False))
+    out = tmp_path / "out"
+    env = dict(os.environ, CGPT_REQUEUE_WAIT_S="120")
+    p = subprocess.Popen([sys.executable, "-m", "cgpt", "sweep", str(spec), "--out", str(out),
+                          "--executor", "slurm"], env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True)
+    run = out / sw.load_sweep(spec).runs[0].run_id
+    deadline = time.time() + 400
+    while time.time() < deadline and p.poll() is None:
+        m = run / "metrics.jsonl"
+        if m.exists() and len(m.read_text().splitlines()) >= 30:
+            break
+        time.sleep(0.5)
+    else:
+        log = (run / "train.log").read_text() if (run / "train.log").exists() else "no log"
+        p.kill()
+        pytest.fail("the 2-task run did not start training:\n" + log[-3000:]
+                    + (p.communicate()[0] or "")[-2000:])
+    job = re.search(r"\[SLURM job (\S+), restart", (run / "train.log").read_text()).group(1)
+    subprocess.run(["scontrol", "requeue", job], check=True, timeout=60)
+    ref = tmp_path / "ref"
+    r = subprocess.run([sys.executable, "-m", "cgpt", "train", "--config", str(run / "run.yaml"),
+                        "--out", str(ref), "--no-progress"], capture_output=True, text=True,
+                       timeout=900, env={**os.environ, "XLA_FLAGS": ""})
+    assert r.returncode == 0, r.stderr[-3000:]
+    try:
+        text, _ = p.communicate(timeout=900)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        pytest.fail("the sweep did not finish:\n" + p.communicate()[0][-3000:])
+    assert p.returncode == 0, text[-3000:]
+    log = (run / "train.log").read_text()
+    assert "restart 1]" in log and re.search(r"stopped by SIGTERM after checkpointing step", log), log
+    assert (run / "train.rank1.log").exists()  # the second task ran its own process
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["placement"]["mesh"] == {"data": 2}
+    assert 0 < summary["resumed_from_step"] < steps
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert len({r["step"] for r in rows}) == len(rows)  # one writer: every step once
+    got, want = _losses(run), _losses(ref)
+    assert got.keys() == want.keys()
+    assert max(abs(got[s] - want[s]) for s in got) <= 1e-5
