@@ -331,9 +331,9 @@ def test_explicit_two_dim_mesh_is_honoured():
 
 
 def test_dims_that_do_not_divide_are_reported(caplog):
-    """256M on 128 devices: batch 264 -> data=8 x fsdp=16; d_model=1088 splits 16 but not
-    128 ways, so 1-D embed-only weights stay replicated over `data`: reported, warned about,
-    never silent. The 2-D kernels still cover all 128 devices through their other dim."""
+    """256M on 128 devices: batch 264 -> data=8 x fsdp=16; d_model=1088 splits 8 but not
+    128 ways, so 1-D embed-only weights stay replicated over `fsdp`: reported, warned about,
+    never silent. The kernels still cover all 128 devices: embed over data, heads over fsdp."""
     cfg = get_config("256M")
     mode, axes, why, _ = sharding.placement("weight_streaming", "", cfg, None, num_devices=128)
     assert axes == {"data": 8, "fsdp": 16}
@@ -342,10 +342,11 @@ def test_dims_that_do_not_divide_are_reported(caplog):
     assert "cannot be split as the rules ask" in caplog.text
     report = {(u["array"], u["logical"]): u for u in s.describe()["unsharded"]}
     ln = report[("ln_f/scale", "embed")]
-    assert ln["dim"] == 1088 and ln["wanted"] == ["fsdp", "data"] and ln["got"] == ["fsdp"]
-    assert "1088 is not a multiple of fsdp=16 x data=8" in ln["why"]
-    assert ("h/attn/c_attn/kernel", "embed") not in report  # heads=3264 took `data`
-    assert s.param_specs()["h"]["attn"]["c_attn"]["kernel"] == P(None, "fsdp", "data")
+    assert ln["dim"] == 1088 and ln["wanted"] == ["data", "fsdp"] and ln["got"] == ["data"]
+    assert "1088 is not a multiple of data=8 x fsdp=16" in ln["why"]
+    assert not any(a.startswith("h/attn/c_attn/kernel") for a, _ in report)
+    assert s.param_specs()["h"]["attn"]["c_attn"]["kernel"] == P(None, "data", "fsdp")
+    assert s.param_specs()["h"]["mlp"]["c_proj"]["kernel"] == P(None, "fsdp", "data")
     assert {a for a, _ in report} >= {"wte", "wpe", "ln_f/bias", "h/ln_1/scale"}
 
 
@@ -364,3 +365,12 @@ def test_plan_shows_the_unsharded_dims():
     assert not any(a == "h/attn/c_attn/kernel" for a, _ in got)
     assert "unsharded     ln_f/scale embed=80 not over data: 80 is not a multiple" in \
         plan.format_plan(r)
+
+
+def test_auto_pipelines_only_where_the_batch_splits_over_data():
+    """111M on 64 devices: 2 stages would leave data=32, which 120 sequences do not split
+    over, so auto streams weights on data=8 x fsdp=8; 13B pipelines on stage=8,data=8."""
+    mode, axes, why = sharding.choose_auto(get_config("111M"), 64, 80 * 10**9, 120, 2048)
+    assert (mode, axes) == ("weight_streaming", {"data": 8, "fsdp": 8}), why
+    mode, axes, why = sharding.choose_auto(get_config("13B"), 64, 80 * 10**9, 720, 2048)
+    assert (mode, axes) == ("layer_pipelined", {"stage": 8, "data": 8}), why

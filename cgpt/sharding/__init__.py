@@ -109,9 +109,9 @@ def strategy_on(mesh, mode: str, cfg: ModelConfig, train_cfg=None, mesh_reason: 
                 f"the global batch {batch} is not a multiple of data={axes.get('data', 1)} x "
                 f"fsdp={axes['fsdp']}" + (f" x micro-batch {micro}" if micro else "")))
             log.warning("weight_streaming: the batch of %d splits over data=%d only; the "
-                        "fsdp=%d devices of each group compute the same rows (the weights are "
-                        "still sharded over all %d)", batch, axes.get("data", 1), axes["fsdp"],
-                        mesh.size)
+                        "fsdp=%d devices of each group share its rows and split their MLP "
+                        "instead (the weights are still sharded over all %d)", batch,
+                        axes.get("data", 1), axes["fsdp"], mesh.size)
     else:
         s = LayerPipelined(cfg, mesh, getattr(train_cfg, "micro_batches", None), mesh_reason)
     s.auto_reason = auto_reason

@@ -95,9 +95,9 @@ def choose_auto(cfg: ModelConfig, num_devices: int, memory: int, batch: int, seq
       --mesh with fsdp    weight_streaming on it
       --mesh data=N       data_parallel, then weight_streaming, on it
       empty --mesh        layer_pipelined on the most stages dividing both n_layer and the
-                          device count (the rest as `data`) when that is > 1 stage, else
-                          data_parallel; then weight_streaming factored by
-                          `weight_streaming_axes`
+                          device count with the rest (`data`) dividing the batch, when that
+                          is > 1 stage, else data_parallel when the batch splits over every
+                          device; then weight_streaming factored by `weight_streaming_axes`
     A 1-stage mesh is never called layer-pipelined. In flight per batch shard:
     `micro_batch` sequences, or one when it is unset (the least a step holds; train's
     accumulation fills the rest). ValueError, with the numbers and the fix, when none fits.
@@ -115,14 +115,17 @@ def choose_auto(cfg: ModelConfig, num_devices: int, memory: int, batch: int, seq
                   ("weight_streaming", mesh, weight_streaming_bytes_per_device(
                       cfg, num_devices, rows, seq_len))]
     else:
-        stages = max(s for s in range(1, num_devices + 1)
-                     if num_devices % s == 0 and cfg.n_layer % s == 0)
+        # the rest of the devices become `data`, which the batch must split over
+        step = batch // micro_batch if micro_batch and batch % micro_batch == 0 else batch
+        stages = max(s for s in range(1, num_devices + 1) if num_devices % s == 0
+                     and cfg.n_layer % s == 0 and step % (num_devices // s) == 0
+                     or s == 1)
         data = num_devices // stages
         if stages > 1:
             axes = {"stage": stages, "data": data} if data > 1 else {"stage": stages}
             cands.append(("layer_pipelined", axes,
                           pipeline_bytes_per_device(cfg, stages, rows, seq_len)))
-        else:
+        elif step % num_devices == 0:
             cands.append(("data_parallel", {"data": num_devices},
                           data_parallel_bytes_per_device(cfg, rows, seq_len)))
         cands.append(("weight_streaming", weight_streaming_axes(num_devices, batch, micro_batch)[0],

@@ -6,8 +6,9 @@ Mesh axis names (MaxText's, where the role is the same):
          optimizer state are sharded over it too, so they cover every device.
   fsdp   weight_streaming only: the weights and optimizer state are sharded over it; the
          batch is split over it as well where the global batch divides data x fsdp
-         (MaxText's fsdp), otherwise its devices share a batch shard. An empty `--mesh`
-         uses it only for the part of the device count the batch cannot absorb.
+         (MaxText's fsdp), otherwise its devices share a batch shard and split its MLP
+         (tensor-parallel style). An empty `--mesh` uses it only for the part of the device
+         count the batch cannot absorb.
   stage  layer_pipelined: contiguous groups of layers, one per stage.
 """
 from __future__ import annotations

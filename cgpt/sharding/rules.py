@@ -8,7 +8,8 @@ embed dim while activations shard on batch. `heads` is the fused QKV/attention-o
 divide the mesh; d_model does.
 
 `logical_to_spec` splits a dimension over the listed mesh axes that exist with size > 1,
-are not already used by another dimension of the array, and divide it. An axis that the
+are not already used by another dimension of the array, and divide it (first choices
+first, see there). An axis that the
 rules want for an array but that none of its dimensions could take leaves the array
 replicated over it: that is recorded as an `Unsharded` entry (never silent), which the
 strategy shows in `describe()` (the run's `placement`) and `cgpt plan` prints.
@@ -37,7 +38,7 @@ WEIGHT_STREAMING: Rules = [
     ("act_seq", ()), ("act_embed", ()), ("act_mlp", ()),
     # weights (and optimizer state): the "external store", sharded on weight dims over
     # every device ...
-    ("embed", ("fsdp", "data")), ("heads", ("fsdp", "data")), ("mlp", ("fsdp", "data")),
+    ("embed", ("data", "fsdp")), ("heads", ("fsdp", "data")), ("mlp", ("fsdp", "data")),
     ("vocab", ()), ("pos", ()),
     # ... and never on `layers`: without a pipeline XLA would gather every layer up front
     ("layers", ()),
@@ -82,40 +83,49 @@ def logical_to_spec(axes: Sequence[str | None], shape: Sequence[int], rules: Rul
                     report: set | None = None, name: str = "array") -> P:
     """PartitionSpec for an array with these logical axes under `rules` (trailing Nones cut).
 
-    A dimension is split over every listed mesh axis (in order) that exists with size > 1,
-    is not already used by another dimension of the array, and still divides it. With
-    `report`, each dimension whose array ends up replicated over a mesh axis the rules
-    wanted for it is added as an `Unsharded(name, ...)`.
+    Mesh axes (those that exist with size > 1) are handed out in two passes: first each
+    dimension gets the first axis its rule lists, then, dimension by dimension, the rest
+    of its list; an axis is taken if no other dimension of the array took it and the
+    dimension still divides. So weight streaming's kernels get `embed` over `data` and
+    `heads`/`mlp` over `fsdp` (a 2-D layout whose per-layer gather keeps the output dim
+    split), while 1-D weights take both axes. With `report`, each dimension whose array
+    ends up replicated over a mesh axis the rules wanted for it is added as an
+    `Unsharded(name, ...)`.
     """
     table = dict(rules)
     sizes = dict(mesh.shape)
+    wanted = [tuple(a for a in table.get(n, ()) if sizes.get(a, 1) > 1) if n else ()
+              for n in axes]
+    picks: list[list[str]] = [[] for _ in axes]
+    skipped: list[dict[str, str]] = [{} for _ in axes]
     used: set[str] = set()
-    out: list = []
-    misses: list[tuple[str, int, tuple[str, ...], list[str], dict[str, str]]] = []
-    for logical, dim in zip(axes, shape):
-        picks: list[str] = []
-        skipped: dict[str, str] = {}
-        wanted = tuple(a for a in (table.get(logical, ()) if logical else ())
-                       if sizes.get(a, 1) > 1)
-        for ax in wanted:
-            n = sizes[ax] * math.prod(sizes[a] for a in picks)
-            if ax in used:
-                skipped[ax] = f"{ax} already splits another dim"
-            elif dim % n:
-                skipped[ax] = (f"{dim} is not a multiple of "
-                               f"{' x '.join(f'{a}={sizes[a]}' for a in [*picks, ax])}")
-            else:
-                picks.append(ax)
-                used.add(ax)
-        if skipped:
-            misses.append((logical, dim, wanted, picks, skipped))
-        out.append(None if not picks else picks[0] if len(picks) == 1 else tuple(picks))
+
+    def take(i: int, ax: str) -> None:
+        n = sizes[ax] * math.prod(sizes[a] for a in picks[i])
+        if ax in used:
+            skipped[i][ax] = f"{ax} already splits another dim"
+        elif shape[i] % n:
+            skipped[i][ax] = (f"{shape[i]} is not a multiple of "
+                              f"{' x '.join(f'{a}={sizes[a]}' for a in [*picks[i], ax])}")
+        else:
+            picks[i].append(ax)
+            used.add(ax)
+            skipped[i].pop(ax, None)
+
+    for i, w in enumerate(wanted):  # pass 1: first choices
+        if w:
+            take(i, w[0])
+    for i, w in enumerate(wanted):  # pass 2: the rest, in order
+        for ax in w[1:]:
+            if ax not in picks[i]:
+                take(i, ax)
     if report is not None:
-        for logical, dim, wanted, picks, skipped in misses:
-            lost = [a for a in skipped if a not in used]  # axes the whole array misses
+        for i, w in enumerate(wanted):
+            lost = [a for a in skipped[i] if a not in used]  # axes the whole array misses
             if lost:
-                report.add(Unsharded(name, logical, int(dim), wanted, tuple(picks),
-                                     "; ".join(skipped[a] for a in lost)))
+                report.add(Unsharded(name, str(axes[i]), int(shape[i]), w, tuple(picks[i]),
+                                     "; ".join(skipped[i][a] for a in lost)))
+    out = [None if not p else p[0] if len(p) == 1 else tuple(p) for p in picks]
     while out and out[-1] is None:
         out.pop()
     return P(*out)

