@@ -202,7 +202,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-remat", action="store_true",
                    help="keep each layer's matmul outputs rather than only its input")
     p.add_argument("--host-offload", action="store_true",
-                   help="weight_streaming: keep params/optimizer in pinned_host memory")
+                   help="removed (weights are not streamed from pinned host memory): an error")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -322,6 +322,8 @@ def plan(model: str, mode: str, mesh: str = "", devices: int = 8,
         "micro_batches": (strategy._micro(p.micro_batch * p.replicas)
                           if strategy.mode == "layer_pipelined" else None),
         "compile_s": round(compile_s, 2),
+        # dims the mode's rules could not split (replicated over those mesh axes instead)
+        "unsharded": strategy.describe()["unsharded"],
     }
 
 
@@ -354,6 +356,9 @@ def format_plan(r: dict) -> str:
     if r["bubble_fraction"] is not None:
         lines.append(f"bubble        {r['bubble_fraction']:.1%} ({r['micro_batches']} "
                      f"micro-batches, {r['mesh'].get('stage', 1)} stages)")
+    for u in r.get("unsharded") or []:
+        lines.append(f"unsharded     {u['array']} {u['logical']}={u['dim']} not over "
+                     f"{','.join(a for a in u['wanted'] if a not in u['got'])}: {u['why']}")
     if r.get("auto_reason"):
         lines.append(f"auto          {r['auto_reason']}")
     lines.append(f"compile       {r['compile_s']:.1f} s")

@@ -43,7 +43,7 @@ class TrainConfig:
     mode: str = "single"
     mesh: str = ""  # e.g. "data=2,stage=4"; empty = all devices on the mode's main axis
     micro_batches: int | None = None  # layer_pipelined: micro-batches streamed per step
-    host_offload: bool = False  # weight_streaming: params/optimizer state in pinned host memory
+    host_offload: bool = False  # removed: true is an error (cgpt.sharding.HOST_OFFLOAD_REMOVED)
 
     def __post_init__(self) -> None:
         t = self.tokens

@@ -1,0 +1,145 @@
+"""`--mode auto` and the memory model it (and `cgpt plan`'s callers) use.
+
+Per-device footprints, in bytes, of the three placements for `rows` sequences of `seq_len`
+tokens in flight per batch shard (one accumulation step):
+  state        16 bytes per parameter held (f32 weight, gradient, Adam's mu and nu)
+  activations  f32: each layer's input (remat) or input + its weight matmuls' outputs
+               (8 d more), for the layers a device runs, plus one layer's full set
+               (~16 d + 2 H T floats per token, Korthikanti et al.) rebuilt in the backward
+  logits       B x T x V in f32 and their gradient (8 bytes each): at V = 50257 they
+               outweigh a whole 111M model's activations
+Rough by design (within a few percent of the compiled plan for 13B on stage=8,data=8);
+`cgpt plan` compiles the real step for the exact figure.
+"""
+from __future__ import annotations
+
+import math
+import os
+
+import jax
+
+from cgpt.config import ModelConfig
+from cgpt.sharding.mesh import weight_streaming_axes
+
+BYTES_PER_PARAM_STATE = 16  # f32 weight + gradient + Adam mu + nu
+
+
+def device_memory_bytes(device=None) -> int:
+    """Memory of one device: the allocator's limit on GPU/TPU, RAM / device count on CPU."""
+    device = device or jax.devices()[0]
+    stats = None
+    try:
+        stats = device.memory_stats()
+    except Exception:
+        pass
+    if stats and stats.get("bytes_limit"):
+        return int(stats["bytes_limit"])
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return ram // max(1, jax.local_device_count())
+
+
+def _block_params(cfg: ModelConfig) -> int:
+    return cfg.num_params(embedding=False) - 2 * cfg.d_model  # the stacked layers only
+
+
+def logits_bytes(cfg: ModelConfig, rows: int, seq_len: int) -> int:
+    """f32 logits [rows, T, V] and their gradient."""
+    return 2 * 4 * rows * seq_len * cfg.vocab_size
+
+
+def activation_bytes(cfg: ModelConfig, layers: int, rows: int, seq_len: int) -> int:
+    """What `layers` layers keep for the backward pass, plus one layer's full set."""
+    full = 16 * cfg.d_model + 2 * cfg.n_head * seq_len
+    per_token = layers * cfg.d_model * (1 if cfg.remat else 9) + full
+    return 4 * rows * seq_len * per_token
+
+
+def pipeline_bytes_per_device(cfg: ModelConfig, stages: int, rows: int, seq_len: int) -> int:
+    """layer_pipelined (stages = 1: data_parallel): state of one stage's layers and the
+    replicated embeddings, activations of the `rows` sequences a data replica has in flight
+    through its stage's layers, and the logits of the rows/stages the head runs per device."""
+    blocks = _block_params(cfg)
+    state = BYTES_PER_PARAM_STATE * (blocks // stages + cfg.num_params() - blocks)
+    return (state + activation_bytes(cfg, cfg.n_layer // stages, rows, seq_len)
+            + logits_bytes(cfg, math.ceil(rows / stages), seq_len))
+
+
+def data_parallel_bytes_per_device(cfg: ModelConfig, rows: int, seq_len: int) -> int:
+    """data_parallel: every parameter's state, all layers' activations for `rows`."""
+    return pipeline_bytes_per_device(cfg, 1, rows, seq_len)
+
+
+def weight_streaming_bytes_per_device(cfg: ModelConfig, num_devices: int, rows: int,
+                                      seq_len: int) -> int:
+    """weight_streaming: 1/N of the state, all layers' activations for the `rows` of this
+    device's batch shard, the logits, and the gathered weights in use (two layers' weights
+    and gradients, double-buffered, and the token embedding for the head)."""
+    layer = _block_params(cfg) // cfg.n_layer
+    gathered = 4 * 2 * (2 * layer + cfg.vocab_size * cfg.d_model)
+    return (BYTES_PER_PARAM_STATE * cfg.num_params() // num_devices + gathered
+            + activation_bytes(cfg, cfg.n_layer, rows, seq_len)
+            + logits_bytes(cfg, rows, seq_len))
+
+
+def _gib(x: int) -> str:
+    return f"{x / 2**30:.2f} GiB"
+
+
+def choose_auto(cfg: ModelConfig, num_devices: int, memory: int, batch: int, seq_len: int,
+                micro_batch: int | None = None,
+                mesh: dict[str, int] | None = None) -> tuple[str, dict[str, int], str]:
+    """(mode, mesh axes, reason) for `--mode auto`.
+
+    Candidates in order, the first whose footprint fits `memory` wins:
+      --mesh with stage   layer_pipelined on it (the axes are honoured)
+      --mesh with fsdp    weight_streaming on it
+      --mesh data=N       data_parallel, then weight_streaming, on it
+      empty --mesh        layer_pipelined on the most stages dividing both n_layer and the
+                          device count with the rest (`data`) dividing the batch, when that
+                          is > 1 stage, else data_parallel when the batch splits over every
+                          device; then weight_streaming factored by `weight_streaming_axes`
+    A 1-stage mesh is never called layer-pipelined. In flight per batch shard:
+    `micro_batch` sequences, or one when it is unset (the least a step holds; train's
+    accumulation fills the rest). ValueError, with the numbers and the fix, when none fits.
+    """
+    rows = micro_batch or 1
+    cands: list[tuple[str, dict[str, int], int]] = []
+    if mesh and mesh.get("stage", 1) > 1:
+        cands.append(("layer_pipelined", mesh, pipeline_bytes_per_device(
+            cfg, mesh["stage"], rows, seq_len)))
+    elif mesh and mesh.get("fsdp", 1) > 1:
+        cands.append(("weight_streaming", mesh, weight_streaming_bytes_per_device(
+            cfg, num_devices, rows, seq_len)))
+    elif mesh:
+        cands += [("data_parallel", mesh, data_parallel_bytes_per_device(cfg, rows, seq_len)),
+                  ("weight_streaming", mesh, weight_streaming_bytes_per_device(
+                      cfg, num_devices, rows, seq_len))]
+    else:
+        # the rest of the devices become `data`, which the batch must split over
+        step = batch // micro_batch if micro_batch and batch % micro_batch == 0 else batch
+        stages = max(s for s in range(1, num_devices + 1) if num_devices % s == 0
+                     and cfg.n_layer % s == 0 and step % (num_devices // s) == 0
+                     or s == 1)
+        data = num_devices // stages
+        if stages > 1:
+            axes = {"stage": stages, "data": data} if data > 1 else {"stage": stages}
+            cands.append(("layer_pipelined", axes,
+                          pipeline_bytes_per_device(cfg, stages, rows, seq_len)))
+        elif step % num_devices == 0:
+            cands.append(("data_parallel", {"data": num_devices},
+                          data_parallel_bytes_per_device(cfg, rows, seq_len)))
+        cands.append(("weight_streaming", weight_streaming_axes(num_devices, batch, micro_batch)[0],
+                      weight_streaming_bytes_per_device(cfg, num_devices, rows, seq_len)))
+    tried = "; ".join(f"{m} on {','.join(f'{k}={v}' for k, v in a.items())} needs ~{_gib(b)}"
+                      for m, a, b in cands)
+    for i, (mode, axes, need) in enumerate(cands):
+        if need <= memory:
+            skipped = f" ({'; '.join(tried.split('; ')[:i])} does not)" if i else ""
+            return mode, axes, (f"{mode} fits: ~{_gib(need)} per device of {_gib(memory)} "
+                                f"with {rows} sequence(s) in flight per batch shard{skipped}")
+    raise ValueError(
+        f"--mode auto: nothing fits {_gib(memory)} per device with {rows} sequence(s) of "
+        f"{seq_len} tokens in flight per batch shard: {tried}. Use more devices"
+        + (", a smaller train.micro_batch" if rows > 1 else "")
+        + (", or leave --mesh empty so auto may stream weights" if mesh and "fsdp" not in mesh
+           else "") + (" (or a shorter data.seq_len)" if rows == 1 else ""))
