@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parents[1]
 STEPS, BATCH, SEQ = 10, 8, 16
 PEER_TIMEOUT = 10  # seconds; the survivors must be gone well within PEER_TIMEOUT + GRACE
 GRACE = 60
-MESHES = {"data_parallel": "data=8", "weight_streaming": "data=8",
+MESHES = {"data_parallel": "data=8", "weight_streaming": "data=2,fsdp=4",
           "layer_pipelined": "stage=2,data=4"}
 MODES = [pytest.param("data_parallel"),
          pytest.param("weight_streaming", marks=pytest.mark.slow),
