@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from cgpt import model
+from cgpt import decode, model
 from cgpt.config import ModelConfig
 
 TINY = ModelConfig(name="tiny", n_layer=2, d_model=32, n_head=4, vocab_size=97, n_ctx=16)
@@ -127,15 +127,15 @@ def test_kv_cache_decode_equals_full_forward(layout):
     ids = jnp.asarray(np.random.default_rng(4).integers(0, 97, (2, 9)))
     full = model.forward(params, ids, TINY)[0]
     if layout == "decode":
-        params = model.decode_layout(params)
+        params = decode.decode_layout(params)
         assert isinstance(params["h"], list) and len(params["h"]) == TINY.n_layer
         assert params["h"][0]["mlp"]["c_fc"]["kernel_t"].shape == (TINY.d_ffn, TINY.d_model)
-    cache = model.init_cache(TINY, 2, 16)
+    cache = decode.init_cache(TINY, 2, 16)
     step_logits = []
-    logits, cache = model.forward(params, ids[:, :5], TINY, cache, 0)
+    logits, cache = decode.forward(params, ids[:, :5], TINY, cache, 0)
     step_logits.append(logits)
     for t in range(5, 9):
-        logits, cache = model.forward(params, ids[:, t:t + 1], TINY, cache, t)
+        logits, cache = decode.forward(params, ids[:, t:t + 1], TINY, cache, t)
         step_logits.append(logits)
     np.testing.assert_allclose(jnp.concatenate(step_logits, 1), full, atol=1e-5)
 
