@@ -15,29 +15,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from cgpt import hf
+from cgpt import decode, hf
 from cgpt.config import ModelConfig
-from cgpt.hf import LoadError
-from cgpt import decode
+from cgpt.errors import LoadError
 from cgpt.model import cross_entropy, forward
+from cgpt.tokenizer import load_checkpoint_tokenizer as load_tokenizer  # re-exported
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
-
-
-def load_tokenizer(d: Path):
-    """The checkpoint's tokenizer (tokenizer.json or GPT-2 vocab.json + merges.txt), else None."""
-    from cgpt.data import load_tokenizer as read_tokenizer
-
-    d = Path(d)
-    if not ((d / "tokenizer.json").exists() or (d / "vocab.json").exists()):
-        return None
-    try:
-        tok = read_tokenizer(d)
-    except Exception as e:  # tokenizers raises plain Exception subclasses on bad files
-        raise LoadError(f"{d}: tokenizer files are unreadable ({e})") from e
-    if tok.token_to_id("<|endoftext|>") is not None:
-        tok.add_special_tokens(["<|endoftext|>"])
-    return tok
 
 
 def _next_pow2(n: int) -> int:

@@ -119,11 +119,20 @@ def init_params(cfg: ModelConfig, seed: int | jax.Array = 0) -> Params:
 
 
 def param_specs(cfg: ModelConfig) -> dict[tuple[str, ...], tuple[tuple[int, ...], tuple[str, ...]]]:
-    """{path in the parameter tree: (shape, logical axis names)}, in the tree's order,
-    read from the module without allocating anything."""
-    abstract = nnx.eval_shape(lambda: GPT(cfg, rngs=nnx.Rngs(0)))
-    return {tuple(str(k) for k in path): (tuple(v.value.shape), v.get_metadata()["axes"])
-            for path, v in nnx.to_flat_state(nnx.state(abstract, nnx.Param))}
+    """{path in the parameter tree: (shape, logical axis names)} in the order the modules
+    define them (HF's order: wte, wpe, h.*, ln_f; kernel before bias), without allocating."""
+
+    def walk(module: nnx.Module, path: tuple):
+        for name, v in vars(module).items():
+            if isinstance(v, nnx.Param):
+                yield (*path, name), (tuple(v.value.shape), v.get_metadata()["axes"])
+            elif isinstance(v, nnx.Module):
+                yield from walk(v, (*path, name))
+
+    specs: dict = {}
+    # Built inside eval_shape (abstract values); read there, where the insertion order lives.
+    jax.eval_shape(lambda: specs.update(walk(GPT(cfg, rngs=nnx.Rngs(0)), ())))
+    return specs
 
 
 def param_axes(cfg: ModelConfig) -> Params:
