@@ -70,8 +70,10 @@ def bench_torch(cfg, tokens: np.ndarray, steps: int, device: str, dtype: str,
     from cgpt.hf import config_to_hf
 
     torch.manual_seed(0)
-    hf_cfg = transformers.GPT2Config(**config_to_hf(cfg.replace(compute_dtype="float32")))
-    m = transformers.GPT2LMHeadModel(hf_cfg, attn_implementation="sdpa").to(device).train()
+    hf_cfg = transformers.GPT2Config(**config_to_hf(cfg.replace(compute_dtype="float32")),
+                                     attn_implementation="sdpa")
+    m = transformers.GPT2LMHeadModel(hf_cfg).to(device).train()
+    assert m.config._attn_implementation == "sdpa", m.config._attn_implementation
     opt = torch.optim.AdamW(m.parameters(), lr=1e-4, betas=(0.9, 0.95), eps=1e-8,
                             weight_decay=0.1, fused=device == "cuda")
     x = torch.tensor(tokens, device=device)
@@ -91,7 +93,7 @@ def bench_torch(cfg, tokens: np.ndarray, steps: int, device: str, dtype: str,
         loss.backward()
         torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
         opt.step()
-        out["last"] = float(loss)  # synchronizes
+        out["last"] = float(loss.detach())  # synchronizes
 
     return _median_step(run, steps), out["last"], torch.__version__
 
@@ -149,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         n_tok = args.batch * args.seq
         step_flops = flops.train_flops_per_token(cfg, args.seq) * n_tok
         print(f"\n{name}: {cfg.num_params():,} params, batch {args.batch} x seq {args.seq}, "
-              f"{step_flops / 1e12:.2f} TFLOP/step; cgpt kernels: attention {k.attention}, "
+              f"{step_flops / 1e9:,.1f} GFLOP/step; cgpt kernels: attention {k.attention}, "
               f"vocab padded to {backend.padded_vocab(cfg)}")
         t_jax, l_jax = bench_cgpt(cfg, tokens, args.steps)
         rows = [("cgpt (jax " + jax.__version__ + ")", t_jax, l_jax)]

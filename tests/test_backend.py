@@ -116,6 +116,7 @@ def _old_run_dir(tmp_path, **model_keys):
     raw["model"].update(compute_dtype="float32", **model_keys)
     for k in ("attention", "vocab_multiple"):
         raw["model"].pop(k)
+    tmp_path.mkdir(parents=True, exist_ok=True)
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
     return tmp_path
 
