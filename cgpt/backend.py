@@ -54,14 +54,16 @@ def _platform_name(platform: str) -> str:
 
 
 def current_platform() -> str:
-    """The platform JAX compiles for: "cpu", "gpu" (CUDA), "rocm" or "tpu"."""
+    """The platform JAX compiles for: "cpu", "gpu" (CUDA), "rocm" or "tpu". Any other
+    backend (a plugin) gets the CPU's conservative choices: f32 and no fused kernels."""
     import jax
 
     p = jax.default_backend()
     if p == "gpu":
         version = getattr(jax.devices()[0].client, "platform_version", "") or ""
         return "rocm" if "rocm" in version.lower() else "gpu"
-    return _ALIASES.get(p, p) if _ALIASES.get(p, p) in _DEFAULTS else "cpu"
+    p = _ALIASES.get(p, p)
+    return p if p in _DEFAULTS else "cpu"
 
 
 def defaults(platform: str) -> Kernels:
