@@ -10,7 +10,7 @@ from cgpt import backend, model
 from cgpt.config import ModelConfig
 from cgpt.runconfig import from_dict
 
-TINY = ModelConfig(name="tiny", n_layer=2, d_model=32, n_head=4, vocab_size=97, n_ctx=256)
+TINY = ModelConfig(name="tiny", n_layer=1, d_model=16, n_head=2, vocab_size=97, n_ctx=256)
 
 
 def test_platform_defaults():
@@ -83,8 +83,8 @@ def test_padded_vocabulary_gives_the_same_logits_loss_and_gradients():
     _assert_close(g0, g1, 1e-6)
 
 
-@pytest.mark.parametrize("T", [12, 200])  # one chunk; 4 chunks, the last ragged
-def test_xla_attention_matches_chunked(T):
+def test_xla_attention_matches_chunked():
+    T = 200  # 4 query chunks, the last ragged
     cfg = TINY.replace(compute_dtype="float32", attention="chunked")
     xla = cfg.replace(attention="xla")
     params = model.init_params(cfg, seed=12)

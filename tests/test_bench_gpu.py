@@ -1,8 +1,10 @@
-"""bench/train_gpu.py (~25 s on 2 cores): refuses to report GPU figures without a GPU; runs end to end on a CPU."""
+"""bench/train_gpu.py: refuses to report GPU figures without a GPU; runs end to end on a CPU."""
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 
 SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "train_gpu.py"
@@ -21,6 +23,7 @@ def test_refuses_gpu_figures_without_a_gpu():
     assert "tokens/s" not in r.stdout  # nothing measured, nothing estimated
 
 
+@pytest.mark.slow  # 25 s on a quiet 2-core machine, 76 s on a loaded one
 def test_cpu_smoke_run_measures_both_sides():
     r = _run("--models", "tiny-45k", "--seq", "64", "--batch", "2", "--steps", "1",
              "--device", "cpu", "--no-compile")
