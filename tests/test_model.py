@@ -164,3 +164,27 @@ def test_generate_follows_replaced_params():
     lm.params = b
     np.testing.assert_array_equal(lm.generate(ids, 6), LM(TINY, b).generate(ids, 6))
     assert not np.array_equal(LM(TINY, a).generate(ids, 6), LM(TINY, b).generate(ids, 6))
+
+
+def test_axes_and_hf_names_derive_from_the_module():
+    from cgpt import hf
+
+    specs = model.param_specs(TINY)
+    params = model.init_params(TINY, seed=0)
+    flat = {tuple(k.key for k in path): a for path, a in jax.tree_util.tree_leaves_with_path(params)}
+    assert {p: s for p, (s, _) in specs.items()} == {p: a.shape for p, a in flat.items()}
+    top, layer = hf.key_map(TINY)
+    assert list(top) == ["wte.weight", "wpe.weight", "ln_f.weight", "ln_f.bias"]
+    assert list(layer) == [f"{m}.{w}" for m in ("ln_1", "attn.c_attn", "attn.c_proj", "ln_2",
+                                                 "mlp.c_fc", "mlp.c_proj") for w in ("weight", "bias")]
+    assert len(top) + len(layer) == len(specs)  # every parameter named once
+    sd = hf.state_dict_from_params(params, TINY)
+    assert len(sd) == len(top) + TINY.n_layer * len(layer)
+    back = hf.params_from_state_dict(sd, {}, TINY, "mem")
+    jax.tree.map(np.testing.assert_array_equal, back, jax.tree.map(np.asarray, params))
+
+
+def test_forward_points_cache_users_to_decode():
+    params = model.init_params(TINY, seed=0)
+    with pytest.raises(TypeError, match="cgpt.decode.forward"):
+        model.forward(params, jnp.zeros((1, 2), jnp.int32), TINY, decode.init_cache(TINY, 1, 4), 0)
