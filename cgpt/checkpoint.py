@@ -20,7 +20,7 @@ import yaml
 
 from cgpt import distributed, rundir
 from cgpt.config import ModelConfig
-from cgpt.hf import LoadError
+from cgpt.errors import LoadError
 
 log = logging.getLogger(__name__)
 
@@ -239,8 +239,8 @@ def read_run_config(run_dir: Path) -> dict:
 def load_run(run_dir: Path, compute_dtype: str = "float32"):
     """(ModelConfig, params, tokenizer) from the newest good checkpoint of a cgpt run."""
     import orbax.checkpoint as ocp
-    from cgpt.lm import load_tokenizer
     from cgpt.model import init_params
+    from cgpt.tokenizer import load_checkpoint_tokenizer
 
     raw = read_run_config(run_dir)
     try:
@@ -257,7 +257,7 @@ def load_run(run_dir: Path, compute_dtype: str = "float32"):
         try:
             out = mngr.restore(step, args=ocp.args.Composite(
                 params=ocp.args.StandardRestore(abstract)))
-            return cfg, out["params"], load_tokenizer(run_dir)
+            return cfg, out["params"], load_checkpoint_tokenizer(run_dir)
         except Exception as e:
             warnings.warn(f"{run_dir / CKPT_DIR / str(step)}: unreadable checkpoint ({brief(e)}); "
                           "trying the previous one", stacklevel=2)

@@ -205,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     from cgpt.data import DataError
     from cgpt.distributed import DistributedError
-    from cgpt.hf import LoadError
+    from cgpt.errors import LoadError
     from cgpt.preempt import Preempted
     from cgpt.rundir import RunDirError
     from cgpt.train import TrainError

@@ -11,7 +11,8 @@ import math
 import re
 from dataclasses import dataclass
 
-COMPUTE_DTYPES = ("float32", "bfloat16")
+COMPUTE_DTYPES = ("auto", "float32", "bfloat16")
+ATTENTIONS = ("auto", "chunked", "xla", "cudnn")
 
 
 @dataclass(frozen=True)
@@ -40,8 +41,12 @@ class ModelConfig:
     mup_base_width: int = 256
     mup_embed_mult: float = 10.0
     mup_init_std: float = 0.08
-    # Execution: f32 parameters always; matmuls in `compute_dtype`.
-    compute_dtype: str = "float32"
+    # Execution: f32 parameters always; matmuls in `compute_dtype`. "auto" (and a None
+    # vocab_multiple) means the platform's choice, made in `cgpt.backend`; a run records the
+    # concrete dtype it trained with in its config.yaml.
+    compute_dtype: str = "auto"
+    attention: str = "auto"  # "chunked" | "xla" | "cudnn" (jax.nn.dot_product_attention)
+    vocab_multiple: int | None = None  # pad the LM head's vocabulary to a multiple of this
     # Backward pass: True recomputes each layer from its input; False keeps the weight
     # matmuls' outputs and recomputes the rest (elementwise ops, attention).
     remat: bool = False
@@ -68,6 +73,13 @@ class ModelConfig:
         if self.compute_dtype not in COMPUTE_DTYPES:
             raise ValueError(
                 f"ModelConfig.compute_dtype={self.compute_dtype!r}; use one of {COMPUTE_DTYPES}")
+        if self.attention not in ATTENTIONS:
+            raise ValueError(
+                f"ModelConfig.attention={self.attention!r}; use one of {ATTENTIONS}")
+        if self.vocab_multiple is not None and (
+                not isinstance(self.vocab_multiple, int) or self.vocab_multiple < 1):
+            raise ValueError(f"ModelConfig.vocab_multiple must be a positive int or null (the "
+                             f"platform's choice), got {self.vocab_multiple!r}")
         if not self.ln_eps > 0:
             raise ValueError(f"ModelConfig.ln_eps must be > 0, got {self.ln_eps}")
 

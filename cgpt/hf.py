@@ -21,33 +21,30 @@ from pathlib import Path
 import numpy as np
 
 from cgpt.config import ModelConfig
+from cgpt.errors import LoadError  # noqa: F401 - re-exported: `from cgpt.hf import LoadError`
 
 
-class LoadError(Exception):
-    """A checkpoint could not be loaded; the message names the file, the key and the fix."""
+# HF GPT-2 names follow from cgpt's parameter tree (`model.param_specs`) by one rule: the
+# module path joined with dots, kernels and LayerNorm scales called `weight`, per-layer
+# tensors under `h.<i>.` (HF stores one tensor per layer where cgpt stacks them).
+_LEAF_NAMES = {"kernel": "weight", "scale": "weight", "bias": "bias"}
 
 
-# Per-layer HF names -> path inside params["h"].
-_LAYER_KEYS = {
-    "ln_1.weight": ("ln_1", "scale"),
-    "ln_1.bias": ("ln_1", "bias"),
-    "attn.c_attn.weight": ("attn", "c_attn", "kernel"),
-    "attn.c_attn.bias": ("attn", "c_attn", "bias"),
-    "attn.c_proj.weight": ("attn", "c_proj", "kernel"),
-    "attn.c_proj.bias": ("attn", "c_proj", "bias"),
-    "ln_2.weight": ("ln_2", "scale"),
-    "ln_2.bias": ("ln_2", "bias"),
-    "mlp.c_fc.weight": ("mlp", "c_fc", "kernel"),
-    "mlp.c_fc.bias": ("mlp", "c_fc", "bias"),
-    "mlp.c_proj.weight": ("mlp", "c_proj", "kernel"),
-    "mlp.c_proj.bias": ("mlp", "c_proj", "bias"),
-}
-_TOP_KEYS = {
-    "wte.weight": ("wte",),
-    "wpe.weight": ("wpe",),
-    "ln_f.weight": ("ln_f", "scale"),
-    "ln_f.bias": ("ln_f", "bias"),
-}
+def _hf_name(path: tuple[str, ...]) -> str:
+    *modules, leaf = path
+    return ".".join([*modules, _LEAF_NAMES[leaf]]) if modules else f"{leaf}.weight"
+
+
+def key_map(cfg: ModelConfig) -> tuple[dict[str, tuple], dict[str, tuple]]:
+    """({top-level HF name: param path}, {per-layer HF name (after `h.<i>.`): path in params["h"]})."""
+    from cgpt.model import param_specs
+
+    paths = list(param_specs(cfg))
+    top = {_hf_name(p): p for p in paths if p[0] != "h"}
+    layer = {_hf_name(p[1:]): p[1:] for p in paths if p[0] == "h"}
+    return top, layer
+
+
 _BUFFERS = re.compile(r"^h\.\d+\.attn\.(bias|masked_bias)$")  # causal-mask buffers, not params
 _LAYER_RE = re.compile(r"^h\.(\d+)\.(.+)$")
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json",
@@ -178,10 +175,10 @@ def read_state_dict(d: Path) -> tuple[dict[str, np.ndarray], dict[str, Path]]:
 def params_from_state_dict(sd: dict[str, np.ndarray], origin: dict[str, Path],
                            cfg: ModelConfig, where: Path) -> dict:
     """Rename and stack HF tensors into cgpt's param tree, checking every name and shape."""
-    from cgpt.model import init_params  # shapes only, via eval_shape
-    import jax
+    from cgpt.model import param_specs
 
-    want = jax.eval_shape(lambda: init_params(cfg))
+    shapes = {path: shape for path, (shape, _) in param_specs(cfg).items()}
+    top_keys, layer_keys = key_map(cfg)
     top, layers, lm_head = {}, [dict() for _ in range(cfg.n_layer)], None
     for key, arr in sd.items():
         name = key[len("transformer."):] if key.startswith("transformer.") else key
@@ -190,14 +187,14 @@ def params_from_state_dict(sd: dict[str, np.ndarray], origin: dict[str, Path],
             continue
         if name == "lm_head.weight":
             lm_head = (arr, src)
-        elif name in _TOP_KEYS:
-            top[_TOP_KEYS[name]] = arr
-        elif (m := _LAYER_RE.match(name)) and m.group(2) in _LAYER_KEYS:
+        elif name in top_keys:
+            top[top_keys[name]] = arr
+        elif (m := _LAYER_RE.match(name)) and m.group(2) in layer_keys:
             i = int(m.group(1))
             if i >= cfg.n_layer:
                 raise LoadError(f"{src}: key {key!r} is layer {i}, but config.json has "
                                 f"n_layer={cfg.n_layer}")
-            layers[i][_LAYER_KEYS[m.group(2)]] = arr
+            layers[i][layer_keys[m.group(2)]] = arr
         else:
             raise LoadError(f"{src}: unexpected key {key!r}; not part of a GPT-2 LM "
                             "(is this the right architecture?)")
@@ -211,34 +208,24 @@ def params_from_state_dict(sd: dict[str, np.ndarray], origin: dict[str, Path],
                             "expected a floating-point tensor")
         return np.asarray(arr, dtype=np.float32)
 
-    def get(tree, path):
-        for p in path:
-            tree = tree[p]
-        return tree
-
     def put(tree, path, val):
         for p in path[:-1]:
             tree = tree.setdefault(p, {})
         tree[path[-1]] = val
 
-    def hf_key(path, i=None):
-        inv = _TOP_KEYS if i is None else _LAYER_KEYS
-        name = next(k for k, v in inv.items() if v == path)
-        return "transformer." + (name if i is None else f"h.{i}.{name}")
-
     params: dict = {}
-    for name, path in _TOP_KEYS.items():
-        key = hf_key(path)
+    for name, path in top_keys.items():
+        key = "transformer." + name
         if path not in top:
             raise LoadError(f"{where}: missing tensor {key!r} (also tried without 'transformer.')")
-        put(params, path, check(path, top[path], get(want, path).shape, key))
-    for path in _LAYER_KEYS.values():
+        put(params, path, check(path, top[path], shapes[path], key))
+    for name, path in layer_keys.items():
         per_layer = []
         for i in range(cfg.n_layer):
-            key = hf_key(path, i)
+            key = f"transformer.h.{i}.{name}"
             if path not in layers[i]:
                 raise LoadError(f"{where}: missing tensor {key!r}")
-            per_layer.append(check(path, layers[i][path], get(want["h"], path).shape[1:], key))
+            per_layer.append(check(path, layers[i][path], shapes[("h", *path)][1:], key))
         put(params, ("h",) + path, np.stack(per_layer))
     if lm_head is not None:
         arr, src = lm_head
@@ -252,12 +239,13 @@ def params_from_state_dict(sd: dict[str, np.ndarray], origin: dict[str, Path],
 def state_dict_from_params(params: dict, cfg: ModelConfig) -> dict[str, np.ndarray]:
     """cgpt params -> HF GPT-2 tensors (`transformer.*`; the tied lm_head is implied)."""
     sd = {}
-    for name, path in _TOP_KEYS.items():
+    top_keys, layer_keys = key_map(cfg)
+    for name, path in top_keys.items():
         t = params
         for p in path:
             t = t[p]
         sd["transformer." + name] = np.asarray(t, np.float32)
-    for name, path in _LAYER_KEYS.items():
+    for name, path in layer_keys.items():
         t = params["h"]
         for p in path:
             t = t[p]

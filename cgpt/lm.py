@@ -15,28 +15,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from cgpt import hf
+from cgpt import decode, hf
 from cgpt.config import ModelConfig
-from cgpt.hf import LoadError
-from cgpt.model import cross_entropy, decode_layout, forward, init_cache
+from cgpt.errors import LoadError
+from cgpt.model import cross_entropy, forward
+from cgpt.tokenizer import load_checkpoint_tokenizer as load_tokenizer  # re-exported
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
-
-
-def load_tokenizer(d: Path):
-    """The checkpoint's tokenizer (tokenizer.json or GPT-2 vocab.json + merges.txt), else None."""
-    from cgpt.data import load_tokenizer as read_tokenizer
-
-    d = Path(d)
-    if not ((d / "tokenizer.json").exists() or (d / "vocab.json").exists()):
-        return None
-    try:
-        tok = read_tokenizer(d)
-    except Exception as e:  # tokenizers raises plain Exception subclasses on bad files
-        raise LoadError(f"{d}: tokenizer files are unreadable ({e})") from e
-    if tok.token_to_id("<|endoftext|>") is not None:
-        tok.add_special_tokens(["<|endoftext|>"])
-    return tok
 
 
 def _next_pow2(n: int) -> int:
@@ -82,15 +67,15 @@ def _generate(params, prompt, key, temperature, *, cfg, max_new, cache_len, gree
         logits = _filter_logits(logits / temperature, top_k, top_p)
         return jax.random.categorical(key, logits, axis=-1).astype(jnp.int32)
 
-    cache = init_cache(cfg, B, cache_len)
-    logits, cache = forward(params, prompt, cfg, cache, 0)
+    cache = decode.init_cache(cfg, B, cache_len)
+    logits, cache = decode.forward(params, prompt, cfg, cache, 0)
     keys = jax.random.split(key, max_new)
     out = jnp.zeros((B, max_new), jnp.int32).at[:, 0].set(pick(logits[:, -1], keys[0]))
 
     def step(i, carry):
         out, cache = carry
         prev = jax.lax.dynamic_slice_in_dim(out, i - 1, 1, axis=1)
-        logits, cache = forward(params, prev, cfg, cache, P + i - 1)
+        logits, cache = decode.forward(params, prev, cfg, cache, P + i - 1)
         return out.at[:, i].set(pick(logits[:, -1], keys[i])), cache
 
     out, _ = jax.lax.fori_loop(1, max_new, step, (out, cache))
@@ -123,7 +108,7 @@ class LM:
         """The weights in the layout decoding streams fastest, made on the first `generate`
         (one extra copy of the weights, kept until `params` is replaced)."""
         if self._decode is None:
-            self._decode = decode_layout(self._params)
+            self._decode = decode.decode_layout(self._params)
         return self._decode
 
     # ---- inputs ----------------------------------------------------------------------

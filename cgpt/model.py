@@ -9,7 +9,9 @@ nested dict of arrays. Layers are stacked on a leading `layers` axis and applied
 Architecture (all seven published models): learned positions, pre-LN blocks with a final
 LN, exact erf GELU, LayerNorm eps 1e-5, dense causal attention, biases everywhere except
 the LM head, LM head tied to the token embedding, no dropout. μP (embedding x10,
-logits x 1/m_w, QK^T / d_head, μP init) is a config switch.
+logits x 1/m_w, QK^T / d_head, μP init) is a config switch. Kernels and dtypes per platform
+(f32 and chunked attention on CPU; bf16, fused attention and a padded vocabulary on GPU/TPU)
+are chosen in `cgpt.backend`; KV-cache decoding lives in `cgpt.decode`.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from cgpt import backend
 from cgpt.config import ModelConfig
 
 Params = dict  # nested dict of arrays, the layout of `nnx.state(GPT).to_pure_dict()`
@@ -31,44 +34,53 @@ def _no_constraint(x, axes):
 
 
 # ---- parameters ------------------------------------------------------------------------
-def _tn(rngs: nnx.Rngs, shape: tuple, std: float) -> nnx.Param:
+# The tree is written once, here: each nnx.Param carries its logical axis names (`axes`), from
+# which `param_axes` (the sharding rules' input) and `param_specs` (the HF key map in
+# `cgpt.hf`) derive. Weight axis names (`vocab`, `embed`, `heads`, `mlp`, `layers`, `pos`) are
+# distinct from the activation names (`act_*`) so that a rules table can shard weights and
+# activations differently (FSDP shards weights' embed dim while activations shard on batch).
+def _tn(rngs: nnx.Rngs, shape: tuple, std: float, axes: tuple) -> nnx.Param:
     """Truncated normal cut at +-2 sigma, as in the published init."""
-    return nnx.Param(std * jax.random.truncated_normal(rngs.params(), -2.0, 2.0, shape, jnp.float32))
+    return nnx.Param(std * jax.random.truncated_normal(rngs.params(), -2.0, 2.0, shape, jnp.float32),
+                     axes=axes)
 
 
-def _zeros(*shape) -> nnx.Param:
-    return nnx.Param(jnp.zeros(shape, jnp.float32))
-
-
-def _ones(*shape) -> nnx.Param:
-    return nnx.Param(jnp.ones(shape, jnp.float32))
+def _const(value: float, shape: tuple, axes: tuple) -> nnx.Param:
+    return nnx.Param(jnp.full(shape, value, jnp.float32), axes=axes)
 
 
 class LayerNorm(nnx.Module):
     def __init__(self, *lead: int, d: int):
-        self.scale = _ones(*lead, d)
-        self.bias = _zeros(*lead, d)
+        axes = ("layers",) * len(lead) + ("embed",)
+        self.scale = _const(1.0, (*lead, d), axes)
+        self.bias = _const(0.0, (*lead, d), axes)
 
 
 class Linear(nnx.Module):
     """Kernel stored [in, out] (the HF GPT-2 Conv1D layout), optionally stacked over layers."""
 
-    def __init__(self, *lead: int, d_in: int, d_out: int, std: float, rngs: nnx.Rngs):
-        self.kernel = _tn(rngs, (*lead, d_in, d_out), std)
-        self.bias = _zeros(*lead, d_out)
+    def __init__(self, *lead: int, d_in: int, d_out: int, axes: tuple[str, str], std: float,
+                 rngs: nnx.Rngs):
+        layers = ("layers",) * len(lead)
+        self.kernel = _tn(rngs, (*lead, d_in, d_out), std, (*layers, *axes))
+        self.bias = _const(0.0, (*lead, d_out), (*layers, axes[1]))
 
 
 class Attention(nnx.Module):
     def __init__(self, cfg: ModelConfig, L: int, rngs: nnx.Rngs):
         inner = cfg.n_head * cfg.d_head
-        self.c_attn = Linear(L, d_in=cfg.d_model, d_out=3 * inner, std=cfg.hidden_std, rngs=rngs)
-        self.c_proj = Linear(L, d_in=inner, d_out=cfg.d_model, std=cfg.resid_out_std, rngs=rngs)
+        self.c_attn = Linear(L, d_in=cfg.d_model, d_out=3 * inner, axes=("embed", "heads"),
+                             std=cfg.hidden_std, rngs=rngs)
+        self.c_proj = Linear(L, d_in=inner, d_out=cfg.d_model, axes=("heads", "embed"),
+                             std=cfg.resid_out_std, rngs=rngs)
 
 
 class MLP(nnx.Module):
     def __init__(self, cfg: ModelConfig, L: int, rngs: nnx.Rngs):
-        self.c_fc = Linear(L, d_in=cfg.d_model, d_out=cfg.d_ffn, std=cfg.hidden_std, rngs=rngs)
-        self.c_proj = Linear(L, d_in=cfg.d_ffn, d_out=cfg.d_model, std=cfg.resid_out_std, rngs=rngs)
+        self.c_fc = Linear(L, d_in=cfg.d_model, d_out=cfg.d_ffn, axes=("embed", "mlp"),
+                           std=cfg.hidden_std, rngs=rngs)
+        self.c_proj = Linear(L, d_in=cfg.d_ffn, d_out=cfg.d_model, axes=("mlp", "embed"),
+                             std=cfg.resid_out_std, rngs=rngs)
 
 
 class Blocks(nnx.Module):
@@ -87,8 +99,8 @@ class GPT(nnx.Module):
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         self.config = cfg
-        self.wte = _tn(rngs, (cfg.vocab_size, cfg.d_model), cfg.embed_std)
-        self.wpe = _tn(rngs, (cfg.n_ctx, cfg.d_model), cfg.embed_std)
+        self.wte = _tn(rngs, (cfg.vocab_size, cfg.d_model), cfg.embed_std, ("vocab", "embed"))
+        self.wpe = _tn(rngs, (cfg.n_ctx, cfg.d_model), cfg.embed_std, ("pos", "embed"))
         self.h = Blocks(cfg, rngs)
         self.ln_f = LayerNorm(d=cfg.d_model)
 
@@ -106,36 +118,40 @@ def init_params(cfg: ModelConfig, seed: int | jax.Array = 0) -> Params:
     return GPT(cfg, rngs=nnx.Rngs(params=key)).params()
 
 
-def param_axes(cfg: ModelConfig) -> Params:
-    """Logical axis names of every parameter, same tree as `init_params`.
+def param_specs(cfg: ModelConfig) -> dict[tuple[str, ...], tuple[tuple[int, ...], tuple[str, ...]]]:
+    """{path in the parameter tree: (shape, logical axis names)} in the order the modules
+    define them (HF's order: wte, wpe, h.*, ln_f; kernel before bias), without allocating."""
 
-    Weight names (`vocab`, `embed`, `heads`, `mlp`, `layers`, `pos`) are distinct from the
-    activation names (`act_*`) so that a rules table can shard weights and activations
-    differently (FSDP shards weights' embed dim while activations shard on batch).
-    """
-    ln = {"scale": ("layers", "embed"), "bias": ("layers", "embed")}
-    return {
-        "wte": ("vocab", "embed"),
-        "wpe": ("pos", "embed"),
-        "h": {
-            "ln_1": ln,
-            "attn": {
-                "c_attn": {"kernel": ("layers", "embed", "heads"), "bias": ("layers", "heads")},
-                "c_proj": {"kernel": ("layers", "heads", "embed"), "bias": ("layers", "embed")},
-            },
-            "ln_2": ln,
-            "mlp": {
-                "c_fc": {"kernel": ("layers", "embed", "mlp"), "bias": ("layers", "mlp")},
-                "c_proj": {"kernel": ("layers", "mlp", "embed"), "bias": ("layers", "embed")},
-            },
-        },
-        "ln_f": {"scale": ("embed",), "bias": ("embed",)},
-    }
+    def walk(module: nnx.Module, path: tuple):
+        for name, v in vars(module).items():
+            if isinstance(v, nnx.Param):
+                yield (*path, name), (tuple(v.value.shape), v.get_metadata()["axes"])
+            elif isinstance(v, nnx.Module):
+                yield from walk(v, (*path, name))
+
+    specs: dict = {}
+    # Built inside eval_shape (abstract values); read there, where the insertion order lives.
+    jax.eval_shape(lambda: specs.update(walk(GPT(cfg, rngs=nnx.Rngs(0)), ())))
+    return specs
+
+
+def param_axes(cfg: ModelConfig) -> Params:
+    """Logical axis names of every parameter, same tree as `init_params`."""
+    tree: dict = {}
+    for path, (_, axes) in param_specs(cfg).items():
+        node = tree
+        for k in path[:-1]:
+            node = node.setdefault(k, {})
+        node[path[-1]] = axes
+    return tree
 
 
 # ---- computation -----------------------------------------------------------------------
-def _dtype(cfg: ModelConfig):
-    return jnp.bfloat16 if cfg.compute_dtype == "bfloat16" else jnp.float32
+# Backend-dependent choices (dtype, attention kernel, vocabulary padding, dense backward) come
+# from `cgpt.backend.kernels(cfg)`, read at trace time for the platform being compiled for.
+def compute_dtype(cfg: ModelConfig) -> jnp.dtype:
+    """The dtype the matmuls run in on this platform (parameters stay float32)."""
+    return jnp.dtype(backend.kernels(cfg).compute_dtype)
 
 
 def layer_norm(x: jax.Array, p: Params, eps: float) -> jax.Array:
@@ -177,11 +193,16 @@ def _dense_bwd(res, dy):
 dense.defvjp(_dense_fwd, _dense_bwd)
 
 
-def _linear(x: jax.Array, p: Params) -> jax.Array:
-    if "kernel_t" in p:  # output-major decode layout, see `decode_layout`
-        return (jnp.einsum("...i,oi->...o", x, p["kernel_t"].astype(x.dtype))
-                + p["bias"].astype(x.dtype))
-    return dense(x, p["kernel"].astype(x.dtype), p["bias"].astype(x.dtype))
+def linear(x: jax.Array, p: Params) -> jax.Array:
+    """x @ kernel + bias in x's dtype (kernel [in, out]); the hand-written backward where the
+    platform measured it faster (`backend.Kernels.custom_dense_backward`)."""
+    kernel, bias = p["kernel"].astype(x.dtype), p["bias"].astype(x.dtype)
+    if backend.defaults(backend.current_platform()).custom_dense_backward:
+        return dense(x, kernel, bias)
+    return x @ kernel + bias
+
+
+LinearFn = Callable[[jax.Array, Params], jax.Array]
 
 
 def attend(q: jax.Array, k: jax.Array, v: jax.Array, q_pos: jax.Array,
@@ -196,45 +217,56 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, q_pos: jax.Array,
     return jnp.einsum("bhqk,bhkd->bhqd", probs, v)
 
 
-def block(p: Params, x: jax.Array, cfg: ModelConfig, cache: dict | None = None,
-          layer: int = 0, start: jax.Array | int = 0, constrain: Constrain = _no_constraint):
-    """One pre-LN transformer block on x [B, T, d].
+def _chunked_attention(q: jax.Array, k: jax.Array, v: jax.Array, cfg: ModelConfig) -> jax.Array:
+    """Causal attention in up to 4 query chunks, each over only the keys up to its end: ~3/8
+    fewer attention FLOPs, and XLA's CPU backward runs ~2x faster (cpu-19m block: 38 -> 19
+    ms). Computed head-major [B, H, T, Dh]: XLA's CPU backward is ~2x faster than for
+    [B, T, H, Dh]."""
+    q, k, v = (t.transpose(0, 2, 1, 3) for t in (q, k, v))
+    T = q.shape[2]
+    pos, step = jnp.arange(T), max(64, -(-T // 4))
+    att = jnp.concatenate([attend(q[:, :, i:i + step], k[:, :, :i + step], v[:, :, :i + step],
+                                  pos[i:i + step], cfg) for i in range(0, T, step)], axis=2)
+    return att.transpose(0, 2, 1, 3)
 
-    With a KV `cache` ({"k", "v"}: [L, B, H, S, Dh]) the new keys/values are written at
-    (`layer`, `start`) and queries attend over that layer's whole cache (KV-cache decoding);
-    otherwise plain causal self-attention over x. Returns (x, updated cache or None).
-    """
+
+def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, cfg: ModelConfig) -> jax.Array:
+    """Causal self-attention of q, k, v [B, T, H, Dh] -> [B, T, H, Dh] with the platform's
+    kernel: the chunked one above, or `jax.nn.dot_product_attention` (XLA's, or cuDNN's fused
+    flash attention); scores and softmax in f32 in every one."""
+    kind = backend.kernels(cfg).attention
+    if kind == "chunked":
+        return _chunked_attention(q, k, v, cfg)
+    return jax.nn.dot_product_attention(q, k, v, scale=cfg.attn_scale, is_causal=True,
+                                        implementation=kind)
+
+
+def qkv_heads(p: Params, x: jax.Array, cfg: ModelConfig, lin: LinearFn = linear):
+    """The block's first half up to attention: LN, then q, k, v [B, T, H, Dh]."""
     B, T, _ = x.shape
-    H, Dh = cfg.n_head, cfg.d_head
     h = layer_norm(x, p["ln_1"], cfg.ln_eps)
-    qkv = _linear(h, p["attn"]["c_attn"])  # columns ordered [Q | K | V], head-major inside
-    q, k, v = jnp.split(qkv, 3, axis=-1)
-    # Head-major [B, H, T, Dh]: XLA's CPU backward is ~2x faster than for [B, T, H, Dh], and
-    # the KV cache is kept in the same layout so decoding never transposes it.
-    q, k, v = (t.reshape(B, T, H, Dh).transpose(0, 2, 1, 3) for t in (q, k, v))
-    q_pos = start + jnp.arange(T)
-    if cache is not None:
-        # One buffer for all layers, written in place: XLA's CPU backend copies every
-        # per-layer cache array on each step of the decode loop (about 4x slower).
-        at = (layer, 0, 0, start, 0)
-        cache = {n: jax.lax.dynamic_update_slice(cache[n], t[None].astype(cache[n].dtype), at)
-                 for n, t in (("k", k), ("v", v))}
-        k, v = cache["k"][layer].astype(x.dtype), cache["v"][layer].astype(x.dtype)
-        att = attend(q, k, v, q_pos, cfg)
-    else:
-        # Causal, in up to 4 query chunks, each over only the keys up to its end: ~3/8 fewer
-        # attention FLOPs, and XLA's CPU backward runs ~2x faster (cpu-19m block: 38 -> 19 ms).
-        step = max(64, -(-T // 4))
-        att = jnp.concatenate([attend(q[:, :, i:i + step], k[:, :, :i + step],
-                                      v[:, :, :i + step], q_pos[i:i + step], cfg)
-                               for i in range(0, T, step)], axis=2)
-    att = att.transpose(0, 2, 1, 3).reshape(B, T, H * Dh)
-    x = x + constrain(_linear(att, p["attn"]["c_proj"]), ("act_batch", "act_seq", "act_embed"))
+    qkv = lin(h, p["attn"]["c_attn"])  # columns ordered [Q | K | V], head-major inside
+    return tuple(t.reshape(B, T, cfg.n_head, cfg.d_head) for t in jnp.split(qkv, 3, axis=-1))
+
+
+def block_rest(p: Params, x: jax.Array, att: jax.Array, cfg: ModelConfig, lin: LinearFn = linear,
+               constrain: Constrain = _no_constraint) -> jax.Array:
+    """The block after attention (att [B, T, H, Dh]): projection, residual, LN, MLP, residual."""
+    B, T, _ = x.shape
+    att = att.reshape(B, T, cfg.n_head * cfg.d_head)
+    x = x + constrain(lin(att, p["attn"]["c_proj"]), ("act_batch", "act_seq", "act_embed"))
     h = layer_norm(x, p["ln_2"], cfg.ln_eps)
-    h = gelu(_linear(h, p["mlp"]["c_fc"]))
+    h = gelu(lin(h, p["mlp"]["c_fc"]))
     h = constrain(h, ("act_batch", "act_seq", "act_mlp"))
-    x = x + constrain(_linear(h, p["mlp"]["c_proj"]), ("act_batch", "act_seq", "act_embed"))
-    return x, cache
+    return x + constrain(lin(h, p["mlp"]["c_proj"]), ("act_batch", "act_seq", "act_embed"))
+
+
+def block(p: Params, x: jax.Array, cfg: ModelConfig,
+          constrain: Constrain = _no_constraint) -> jax.Array:
+    """One pre-LN transformer block on x [B, T, d] with causal self-attention over x.
+    (KV-cache decoding reuses its two halves: `cgpt.decode`.)"""
+    q, k, v = qkv_heads(p, x, cfg)
+    return block_rest(p, x, causal_attention(q, k, v, cfg), cfg, constrain=constrain)
 
 
 def embed(params: Params, ids: jax.Array, cfg: ModelConfig, start: jax.Array | int = 0,
@@ -242,7 +274,7 @@ def embed(params: Params, ids: jax.Array, cfg: ModelConfig, start: jax.Array | i
     T = ids.shape[1]
     pos = jax.lax.dynamic_slice_in_dim(params["wpe"], start, T, axis=0)
     x = (params["wte"][ids] + pos[None]) * cfg.embed_mult
-    return constrain(x.astype(_dtype(cfg)), ("act_batch", "act_seq", "act_embed"))
+    return constrain(x.astype(compute_dtype(cfg)), ("act_batch", "act_seq", "act_embed"))
 
 
 def apply_layers(layers: Params, x: jax.Array, cfg: ModelConfig,
@@ -250,7 +282,7 @@ def apply_layers(layers: Params, x: jax.Array, cfg: ModelConfig,
     """Scan the stacked blocks over x. `layers` may hold any contiguous slice of the stack."""
 
     def body(x, p):
-        return block(p, x, cfg, constrain=constrain)[0], None
+        return block(p, x, cfg, constrain=constrain), None
 
     # remat=True keeps only each layer's input. remat=False keeps the weight matmuls' outputs
     # and recomputes the elementwise ops and attention in the backward pass: less memory than
@@ -261,72 +293,36 @@ def apply_layers(layers: Params, x: jax.Array, cfg: ModelConfig,
     return jax.lax.scan(body, x, layers)[0]
 
 
-def unstack(layers: Params) -> list:
-    """The stacked blocks as a list of per-layer parameter dicts."""
-    n = jax.tree.leaves(layers)[0].shape[0]
-    return [jax.tree.map(lambda a, i=i: a[i], layers) for i in range(n)]
-
-
-def apply_layers_cached(layers: Params | list, x: jax.Array, cfg: ModelConfig, cache: dict,
-                        start: jax.Array | int):
-    """The blocks one by one (unrolled) over x, reading and writing the KV cache.
-
-    Unrolled rather than scanned because slicing a layer out of the stacked weights inside
-    the decode loop costs more than the matrix-vector products themselves on CPU; pass
-    `decode_layout(params)["h"]` (a list, one dict per layer) for the fast path.
-    """
-    if not isinstance(layers, list):
-        layers = unstack(layers)
-    for i, p in enumerate(layers):
-        x, cache = block(p, x, cfg, cache, i, start)
-    return x, cache
-
-
 def head(params: Params, x: jax.Array, cfg: ModelConfig) -> jax.Array:
-    """Final LN and the tied LM head (no bias); float32 logits."""
+    """Final LN and the tied LM head (no bias); float32 logits [..., vocab_size].
+
+    On accelerators the matmul runs over the vocabulary padded with zero rows to a multiple
+    of 128 (`backend.Kernels.vocab_multiple`: 50257 -> 50304 fills the tensor-core tiles);
+    the padded columns are sliced off here, so no loss, gradient or returned logit sees them.
+    """
     x = layer_norm(x, params["ln_f"], cfg.ln_eps)
-    logits = jnp.einsum("btd,vd->btv", x, params["wte"].astype(x.dtype),
+    wte = params["wte"]
+    V = wte.shape[0]
+    padded = backend.padded_vocab(cfg)
+    if padded != V:
+        wte = jnp.pad(wte, ((0, padded - V), (0, 0)))
+    logits = jnp.einsum("btd,vd->btv", x, wte.astype(x.dtype),
                         preferred_element_type=jnp.float32)
-    return logits * cfg.logits_mult
+    return logits[..., :V] * cfg.logits_mult
 
 
 def forward(params: Params, ids: jax.Array, cfg: ModelConfig, cache: dict | None = None,
             start: jax.Array | int = 0, constrain: Constrain = _no_constraint):
-    """ids [B, T] -> (float32 logits [B, T, V], updated cache or None).
+    """ids [B, T] at positions start..start+T-1 -> (float32 logits [B, T, V], None).
 
-    With a `cache` (from `init_cache`) the tokens are placed at positions start..start+T-1
-    and attend to everything cached before them.
+    KV-cache decoding lives in `cgpt.decode` (`decode.forward`); `cache` is kept in this
+    signature only to point there.
     """
+    if cache is not None:
+        raise TypeError("cgpt.model.forward no longer decodes with a KV cache; use "
+                        "cgpt.decode.forward(params, ids, cfg, cache, start)")
     x = embed(params, ids, cfg, start, constrain)
-    if cache is None:
-        return head(params, apply_layers(params["h"], x, cfg, constrain), cfg), None
-    x, cache = apply_layers_cached(params["h"], x, cfg, cache, start)
-    return head(params, x, cfg), cache
-
-
-@jax.jit
-def decode_layout(params: Params) -> Params:
-    """The weights re-laid out for batch-1 decoding: one dict per layer (a list under "h")
-    with output-major kernels (`kernel_t` [out, in]).
-
-    Decoding is bound by reading the weights; XLA's CPU matrix-vector product streams an
-    [out, in] matrix ~15% faster than [in, out], and unstacked layers avoid slicing the
-    stack in the loop (111M: 36 -> 68 tokens/s). Costs one extra copy of the weights.
-    """
-    def output_major(p):
-        if isinstance(p, dict) and "kernel" in p:
-            return {"kernel_t": p["kernel"].T, "bias": p["bias"]}
-        return {k: output_major(v) for k, v in p.items()} if isinstance(p, dict) else p
-
-    layers = [output_major(p) for p in unstack(params["h"])]
-    return {**{k: v for k, v in params.items() if k != "h"}, "h": layers}
-
-
-def init_cache(cfg: ModelConfig, batch: int, length: int | None = None) -> dict:
-    """Empty KV cache [L, B, H, S, Dh] in the compute dtype."""
-    S = length or cfg.n_ctx
-    shape = (cfg.n_layer, batch, cfg.n_head, S, cfg.d_head)
-    return {"k": jnp.zeros(shape, _dtype(cfg)), "v": jnp.zeros(shape, _dtype(cfg))}
+    return head(params, apply_layers(params["h"], x, cfg, constrain), cfg), None
 
 
 def cross_entropy(logits: jax.Array, targets: jax.Array) -> jax.Array:

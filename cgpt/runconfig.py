@@ -144,7 +144,7 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
 
 
 MIN_VOCAB = 257
-EXECUTION_KEYS = ("name", "compute_dtype", "remat")  # change how it runs, not what is trained
+EXECUTION_KEYS = ("name", "compute_dtype", "remat", "attention", "vocab_multiple")  # how it runs, not what
 
 
 def _reshaped_name(base: ModelConfig, model: ModelConfig, given: dict) -> str:

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable
 
+from cgpt.errors import LoadError
 from cgpt.sources import DataError
 
 if TYPE_CHECKING:
@@ -52,6 +53,21 @@ def load_tokenizer(path: str | os.PathLike) -> "tokenizers.Tokenizer":
                         "valid tokenizer.json or a vocab.json + merges.txt directory") from e
     raise DataError(f"tokenizer {str(path)!r} is not a tokenizer.json file nor a directory with tokenizer.json "
                     "or vocab.json + merges.txt; set DataConfig.tokenizer to such a path or to 'train'")
+
+
+def load_checkpoint_tokenizer(d: str | os.PathLike):
+    """A checkpoint's tokenizer (tokenizer.json or GPT-2 vocab.json + merges.txt) with
+    <|endoftext|> marked special, or None when the directory has none."""
+    d = Path(d)
+    if not ((d / "tokenizer.json").exists() or (d / "vocab.json").exists()):
+        return None
+    try:
+        tok = load_tokenizer(d)
+    except Exception as e:  # tokenizers raises plain Exception subclasses on bad files
+        raise LoadError(f"{d}: tokenizer files are unreadable ({e})") from e
+    if tok.token_to_id(EOT) is not None:
+        tok.add_special_tokens([EOT])
+    return tok
 
 
 def with_eot(tok, origin: str):

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from cgpt import checkpoint, distributed, flops, model, optim, preempt, rundir
+from cgpt import backend, checkpoint, distributed, flops, model, optim, preempt, rundir
 from cgpt.config import ModelConfig
 from cgpt.data import load_data
 from cgpt.fileio import atomic_write_text, probe_writable
@@ -149,14 +149,16 @@ def resolve_run(run: RunConfig, out: Path, resume: bool, allow_changes: bool = F
     """The config to train with; on resume, the saved one (and it must match what was asked).
 
     `allow_changes` accepts differences in CHANGEABLE_KEYS (e.g. a lower train.peak_lr after
-    a NaN): the run continues with the new values."""
+    a NaN): the run continues with the new values. An "auto" compute dtype becomes the
+    platform's (or, resuming, the saved run's) before anything is compared or written."""
     saved = out / checkpoint.CONFIG_FILE
     if not saved.exists():
-        return run
+        return replace(run, model=backend.resolve(run.model))
     if not resume:
         raise TrainError(f"{out} already holds a run ({saved.name}); pass --resume to continue "
                          "it, or choose a new --out")
     prior = from_dict(checkpoint.read_run_config(out), str(saved))
+    run = replace(run, model=backend.resolve(run.model, saved=prior.model))
     # Placement may change between launches (checkpoints restore into any mode's layout).
     placement = {k: getattr(run.train, k) for k in PLACEMENT_KEYS}
     prior = replace(prior, train=replace(prior.train, **placement))

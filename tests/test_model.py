@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from cgpt import model
+from cgpt import decode, model
 from cgpt.config import ModelConfig
 
 TINY = ModelConfig(name="tiny", n_layer=2, d_model=32, n_head=4, vocab_size=97, n_ctx=16)
@@ -127,15 +127,15 @@ def test_kv_cache_decode_equals_full_forward(layout):
     ids = jnp.asarray(np.random.default_rng(4).integers(0, 97, (2, 9)))
     full = model.forward(params, ids, TINY)[0]
     if layout == "decode":
-        params = model.decode_layout(params)
+        params = decode.decode_layout(params)
         assert isinstance(params["h"], list) and len(params["h"]) == TINY.n_layer
         assert params["h"][0]["mlp"]["c_fc"]["kernel_t"].shape == (TINY.d_ffn, TINY.d_model)
-    cache = model.init_cache(TINY, 2, 16)
+    cache = decode.init_cache(TINY, 2, 16)
     step_logits = []
-    logits, cache = model.forward(params, ids[:, :5], TINY, cache, 0)
+    logits, cache = decode.forward(params, ids[:, :5], TINY, cache, 0)
     step_logits.append(logits)
     for t in range(5, 9):
-        logits, cache = model.forward(params, ids[:, t:t + 1], TINY, cache, t)
+        logits, cache = decode.forward(params, ids[:, t:t + 1], TINY, cache, t)
         step_logits.append(logits)
     np.testing.assert_allclose(jnp.concatenate(step_logits, 1), full, atol=1e-5)
 
@@ -164,3 +164,27 @@ def test_generate_follows_replaced_params():
     lm.params = b
     np.testing.assert_array_equal(lm.generate(ids, 6), LM(TINY, b).generate(ids, 6))
     assert not np.array_equal(LM(TINY, a).generate(ids, 6), LM(TINY, b).generate(ids, 6))
+
+
+def test_axes_and_hf_names_derive_from_the_module():
+    from cgpt import hf
+
+    specs = model.param_specs(TINY)
+    params = model.init_params(TINY, seed=0)
+    flat = {tuple(k.key for k in path): a for path, a in jax.tree_util.tree_leaves_with_path(params)}
+    assert {p: s for p, (s, _) in specs.items()} == {p: a.shape for p, a in flat.items()}
+    top, layer = hf.key_map(TINY)
+    assert list(top) == ["wte.weight", "wpe.weight", "ln_f.weight", "ln_f.bias"]
+    assert list(layer) == [f"{m}.{w}" for m in ("ln_1", "attn.c_attn", "attn.c_proj", "ln_2",
+                                                 "mlp.c_fc", "mlp.c_proj") for w in ("weight", "bias")]
+    assert len(top) + len(layer) == len(specs)  # every parameter named once
+    sd = hf.state_dict_from_params(params, TINY)
+    assert len(sd) == len(top) + TINY.n_layer * len(layer)
+    back = hf.params_from_state_dict(sd, {}, TINY, "mem")
+    jax.tree.map(np.testing.assert_array_equal, back, jax.tree.map(np.asarray, params))
+
+
+def test_forward_points_cache_users_to_decode():
+    params = model.init_params(TINY, seed=0)
+    with pytest.raises(TypeError, match="cgpt.decode.forward"):
+        model.forward(params, jnp.zeros((1, 2), jnp.int32), TINY, decode.init_cache(TINY, 1, 4), 0)

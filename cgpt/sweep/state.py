@@ -13,6 +13,7 @@ hash of its fully resolved config, so a relaunch after a spec change never reuse
 from __future__ import annotations
 
 import csv
+import dataclasses
 import fcntl
 import json
 import shutil
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import yaml
 
+from cgpt.config import ModelConfig
 from cgpt.fileio import atomic_write, atomic_write_text
 from cgpt.sweep.spec import Run, config_hash, identity
 
@@ -131,6 +133,12 @@ def config_change(run: Run, out: Path) -> list[str]:
         return [f"{saved} is not valid YAML"]
     new = identity(yaml.safe_load(run.config.to_yaml()))
     a, b = _flat(old), _flat(new)
+    # Model keys added since the run was written hold their defaults; an "auto" compute dtype
+    # is resolved to the saved run's by train (cgpt.backend.resolve).
+    a = {**{f"model.{f.name}": f.default for f in dataclasses.fields(ModelConfig)
+            if f"model.{f.name}" in b}, **a}
+    if b.get("model.compute_dtype") == "auto":
+        b["model.compute_dtype"] = a["model.compute_dtype"]
     return [f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in sorted(set(a) | set(b))
             if a.get(k) != b.get(k)]
 

@@ -1,0 +1,128 @@
+"""Which kernels and dtypes a platform uses, and why: every backend-dependent choice in one place.
+
+The model's execution settings (`ModelConfig.compute_dtype`, `.attention`, `.vocab_multiple`)
+default to "auto"; `kernels(cfg)` turns them into concrete choices for the platform the code is
+compiled for. `defaults(platform)` gives one platform's choices (`cgpt plan` asks for the GPU's
+while it compiles on emulated CPU devices), and `resolve(cfg, ...)` writes the concrete compute
+dtype into a config so that a run's `config.yaml` records what it trained with.
+
+- **CPU** (measured on the 2-core development machine): float32 (bf16 matmuls are emulated and
+  slower); causal attention in up to 4 query chunks, head-major (`cgpt.model._chunked`: ~3/8
+  fewer FLOPs, XLA's CPU backward ~2x faster than the fused path); the hand-written dense
+  backward (~9% per step); no vocabulary padding (nothing to align to).
+- **GPU**: bfloat16 matmuls with float32 parameters, LayerNorm, softmax, loss and optimizer;
+  attention through `jax.nn.dot_product_attention(implementation="cudnn")`, cuDNN's fused
+  flash attention (bf16 only, so an f32 GPU run uses XLA's); autodiff's dense backward; the LM
+  head's vocabulary padded to a multiple of 128 for the tensor cores (50257 -> 50304).
+- **TPU**: as GPU, with XLA's attention (no cuDNN).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from cgpt.config import ModelConfig
+
+PLATFORMS = ("cpu", "gpu", "rocm", "tpu")
+_ALIASES = {"cuda": "gpu"}
+
+
+@dataclass(frozen=True)
+class Kernels:
+    """The concrete execution choices of one model on one platform."""
+
+    platform: str
+    compute_dtype: str  # "float32" | "bfloat16"; parameters are always float32
+    attention: str  # "chunked" | "xla" | "cudnn"
+    vocab_multiple: int  # the LM head's vocabulary is padded to a multiple of this
+    custom_dense_backward: bool  # cgpt.model.dense's hand-written backward (a CPU tuning)
+
+
+_DEFAULTS = {
+    "cpu": Kernels("cpu", "float32", "chunked", 1, True),
+    "gpu": Kernels("gpu", "bfloat16", "cudnn", 128, False),
+    "rocm": Kernels("rocm", "bfloat16", "xla", 128, False),
+    "tpu": Kernels("tpu", "bfloat16", "xla", 128, False),
+}
+
+
+def _platform_name(platform: str) -> str:
+    p = _ALIASES.get(platform.lower(), platform.lower())
+    if p not in _DEFAULTS:
+        raise ValueError(f"unknown platform {platform!r}; use one of {', '.join(PLATFORMS)}")
+    return p
+
+
+def current_platform() -> str:
+    """The platform JAX compiles for: "cpu", "gpu" (CUDA), "rocm" or "tpu". Any other
+    backend (a plugin) gets the CPU's conservative choices: f32 and no fused kernels."""
+    import jax
+
+    p = jax.default_backend()
+    if p == "gpu":
+        version = getattr(jax.devices()[0].client, "platform_version", "") or ""
+        return "rocm" if "rocm" in version.lower() else "gpu"
+    p = _ALIASES.get(p, p)
+    return p if p in _DEFAULTS else "cpu"
+
+
+def defaults(platform: str) -> Kernels:
+    """The choices for `platform` ("cpu", "gpu"/"cuda", "rocm", "tpu") when nothing is set."""
+    return _DEFAULTS[_platform_name(platform)]
+
+
+def kernels(cfg: ModelConfig, platform: str | None = None) -> Kernels:
+    """`cfg`'s explicit settings over `platform`'s defaults (the current platform if None).
+
+    cuDNN's flash attention takes bf16 only: "auto" attention on an f32 GPU run is XLA's, and
+    an explicit `attention="cudnn"` with float32 compute is an error.
+    """
+    d = defaults(platform or current_platform())
+    dtype = d.compute_dtype if cfg.compute_dtype == "auto" else cfg.compute_dtype
+    attention = d.attention if cfg.attention == "auto" else cfg.attention
+    if attention == "cudnn" and dtype != "bfloat16":
+        if cfg.attention == "cudnn":
+            raise ValueError(f"model.attention=cudnn needs model.compute_dtype=bfloat16 (cuDNN's "
+                             f"flash attention has no float32 kernel), got {dtype}; set "
+                             "model.attention=xla or auto")
+        attention = "xla"
+    multiple = d.vocab_multiple if cfg.vocab_multiple is None else cfg.vocab_multiple
+    return dataclasses.replace(d, compute_dtype=dtype, attention=attention,
+                               vocab_multiple=multiple)
+
+
+def resolve(cfg: ModelConfig, platform: str | None = None,
+            saved: ModelConfig | None = None) -> ModelConfig:
+    """`cfg` with an "auto" compute dtype made concrete, as a run records it in config.yaml.
+
+    Resuming (`saved` = the run's saved model config), "auto" keeps the dtype the run trained
+    with, so a run started before "auto" existed (float32) or on another platform continues
+    as it began; an explicit dtype is kept as given (and compared with the saved one).
+    """
+    if cfg.compute_dtype != "auto":
+        return cfg
+    if saved is not None and saved.compute_dtype != "auto":
+        return cfg.replace(compute_dtype=saved.compute_dtype)
+    return cfg.replace(compute_dtype=kernels(cfg, platform).compute_dtype)
+
+
+def padded_vocab(cfg: ModelConfig, platform: str | None = None) -> int:
+    """The LM head's vocabulary after padding (the parameters keep `cfg.vocab_size` rows)."""
+    m = kernels(cfg, platform).vocab_multiple
+    return -(-cfg.vocab_size // m) * m
+
+
+def for_platform(cfg: ModelConfig, platform: str, compile_on: str | None = None) -> ModelConfig:
+    """`cfg` with every "auto" execution setting made concrete for `platform`: what `cgpt
+    plan` compiles when it plans for GPUs on emulated CPU devices.
+
+    `compile_on`: the platform that will actually lower the step. cuDNN attention cannot lower
+    on a CPU, so there it becomes XLA's (same math; XLA keeps the [T, T] scores that flash
+    attention never stores, so a memory estimate errs on the safe side).
+    """
+    k = kernels(cfg, platform)
+    attention = k.attention
+    if attention == "cudnn" and compile_on is not None and _platform_name(compile_on) != "gpu":
+        attention = "xla"
+    return cfg.replace(compute_dtype=k.compute_dtype, attention=attention,
+                       vocab_multiple=k.vocab_multiple)
