@@ -43,8 +43,9 @@ class ModelConfig:
     # Execution: f32 parameters always; matmuls in `compute_dtype`.
     compute_dtype: str = "float32"
     # Backward pass: True recomputes each layer from its input; False keeps the weight
-    # matmuls' outputs and recomputes the rest (elementwise ops, attention).
-    remat: bool = False
+    # matmuls' outputs and recomputes the rest (elementwise ops, attention). None: `train`
+    # and `plan` choose (off when the step fits the devices, `cgpt.fit`); elsewhere off.
+    remat: bool | None = None
 
     def __post_init__(self) -> None:
         for f in ("n_layer", "d_model", "n_head", "vocab_size", "n_ctx"):
