@@ -25,11 +25,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-import jax
-import jax.numpy as jnp
-
-from cgpt import model
-
 HEADROOM = 0.10  # of device memory kept free: the runtime's own buffers, fragmentation, and
 # the estimate's error (XLA's CPU compiler stands in for the accelerator's in `cgpt plan`)
 
@@ -166,6 +161,11 @@ def search(micros: Sequence[int], per_replica: int, compile_fn: Callable[[int, b
 def compile_step(strategy, step: Callable, cfg, optimizer, plan) -> Any:
     """`step` jitted with the strategy's shardings, lowered on abstract state and a batch
     [accum, micro_batch x replicas, T+1], compiled: the executable `train` runs."""
+    import jax
+    import jax.numpy as jnp
+
+    from cgpt import model
+
     abstract_p = jax.eval_shape(lambda: model.init_params(cfg))
     abstract_o = jax.eval_shape(optimizer.init, abstract_p)
     a_params, a_opt = strategy.abstract_state(abstract_p, abstract_o)
