@@ -13,9 +13,10 @@ usable memory (the device's memory less HEADROOM):
   remat         off, then on, at each micro-batch: remat costs one more forward pass per
                 layer but keeps only each layer's input for the backward pass.
 
-Memory falls as the micro-batch shrinks, so after the two full-batch candidates the search
-bisects the divisors with remat on, then retries remat off at the micro-batch it found: a
-handful of compiles, not one per divisor. The first candidate is what `train` ran before
+Among the accumulating candidates memory falls with the micro-batch (accumulating adds one
+gradient buffer, so the first of them can need more than the full batch), so after the two
+full-batch candidates the search bisects those with remat on, then retries remat off at the
+micro-batch it found: a handful of compiles, not one per divisor. The first candidate is what `train` ran before
 this search existed (no accumulation, remat off); where it fits, as for every CPU preset, the
 search costs that one compile and the compiled step is the one trained. A micro-batch or
 remat the user set is kept and only checked.

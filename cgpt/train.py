@@ -332,8 +332,11 @@ def _train(run: RunConfig, out: Path, resume: bool, progress: bool, strategy,
     optimizer = optim.make_optimizer(make_plan(run, strategy.data_replicas).recipe, cfg)
     # the micro-batch x accumulation and remat whose compiled step fits (cgpt.fit): that
     # compiled step is the one trained; stop here, before any file is written, if none fits
-    plan, cfg, step_fn, fitted = fit_step(run, strategy, optimizer,
-                                          memory or device_memory_bytes())
+    memory = memory or device_memory_bytes()
+    if jax.process_count() > 1:  # every process must compile the same step: the smallest memory
+        from jax.experimental import multihost_utils
+        memory = int(np.min(multihost_utils.process_allgather(np.int64(memory))))
+    plan, cfg, step_fn, fitted = fit_step(run, strategy, optimizer, memory)
     if not fitted.fits:
         mesh = ",".join(f"{k}={v}" for k, v in (strategy.describe().get("mesh") or {}).items())
         raise TrainError(fitted.error(f"{cfg.name} ({cfg.num_params():,} params), "

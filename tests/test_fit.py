@@ -120,10 +120,16 @@ def test_plan_defaults_are_trains(full_step):
     assert r["dtype"] == run.model.compute_dtype == get_config("tiny-116k").compute_dtype
 
 
-def test_small_device_memory_forces_accumulation(full_step):
+@pytest.fixture(scope="module")
+def accumulating(full_step):
+    """The plan on devices whose usable memory is 55% of what the full step needs."""
+    memory = int(0.55 * full_step["per_device_bytes"]["total"] / (1 - fit.HEADROOM))
+    return _plan(device_memory=memory)
+
+
+def test_small_device_memory_forces_accumulation(full_step, accumulating):
     full = full_step["per_device_bytes"]["total"]
-    memory = int(0.55 * full / (1 - fit.HEADROOM))  # the full step needs more than this
-    r = _plan(device_memory=memory)
+    r, memory = accumulating, accumulating["device_memory"]
     assert r["fits"] and r["accum"] > 1 and r["micro_batch"] * r["accum"] == 8
     assert r["per_device_bytes"]["total"] <= r["usable_memory"] < full
     assert r["fit"]["tried"][0] == {"micro_batch": 8, "remat": False, "total": full}
@@ -152,10 +158,9 @@ def _run(corpus, tmp_path, **kw) -> RunConfig:
                           mesh="data=4", **kw))
 
 
-def test_train_chooses_what_plan_chooses_and_records_it(corpus, tmp_path, full_step):
+def test_train_chooses_what_plan_chooses_and_records_it(corpus, tmp_path, accumulating):
     _devices()
-    memory = int(0.55 * full_step["per_device_bytes"]["total"] / (1 - fit.HEADROOM))
-    planned = _plan(device_memory=memory)
+    planned, memory = accumulating, accumulating["device_memory"]
     s = train(_run(corpus, tmp_path, device_memory=str(memory)), tmp_path / "run",
               progress=False)
     p = s["placement"]
@@ -181,3 +186,21 @@ def test_train_stops_before_writing_when_nothing_fits(corpus, tmp_path):
     with pytest.raises(TrainError, match="a smaller train.micro_batch"):
         train(_run(corpus, tmp_path, device_memory="1MB", micro_batch=8), tmp_path / "run2",
               progress=False)
+
+
+def test_old_run_dirs_resume_and_the_launch_picks_its_own_step(tmp_path):
+    """A run directory written before the fit existed (model.remat: false, an explicit
+    micro-batch) resumes under a launch that leaves both unset, and vice versa: they are
+    chosen per launch, like the mode and mesh."""
+    from cgpt.sweep.spec import config_hash
+    from cgpt.train import resolve_run
+
+    old = from_dict({"preset": "tiny-17k", "model": {"remat": False},
+                     "train": {"batch_size": 8, "micro_batch": 2}})
+    (tmp_path / "config.yaml").write_text(old.to_yaml())
+    new = from_dict({"preset": "tiny-17k", "train": {"batch_size": 8}})
+    assert resolve_run(new, tmp_path, resume=True) == new
+    assert config_hash(old.to_dict()) == config_hash(new.to_dict())  # the sweep's identity too
+    with pytest.raises(TrainError, match="train.batch_size"):  # what is trained still counts
+        resolve_run(from_dict({"preset": "tiny-17k", "train": {"batch_size": 16}}), tmp_path,
+                    resume=True)
