@@ -48,8 +48,9 @@ class ModelConfig:
     attention: str = "auto"  # "chunked" | "xla" | "cudnn" (jax.nn.dot_product_attention)
     vocab_multiple: int | None = None  # pad the LM head's vocabulary to a multiple of this
     # Backward pass: True recomputes each layer from its input; False keeps the weight
-    # matmuls' outputs and recomputes the rest (elementwise ops, attention).
-    remat: bool = False
+    # matmuls' outputs and recomputes the rest (elementwise ops, attention). None: `train`
+    # and `plan` choose (off when the step fits the devices, `cgpt.fit`); elsewhere off.
+    remat: bool | None = None
 
     def __post_init__(self) -> None:
         for f in ("n_layer", "d_model", "n_head", "vocab_size", "n_ctx"):

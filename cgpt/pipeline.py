@@ -87,7 +87,7 @@ def pipelined_loss(cfg: ModelConfig, mesh: Mesh, micro_batches: Callable[[int], 
     so the loss is exactly `model.loss_fn`'s mean cross-entropy over the whole batch.
     """
 
-    def loss(params: model.Params, tokens: jax.Array, _cfg: ModelConfig = cfg) -> jax.Array:
+    def loss(params: model.Params, tokens: jax.Array, cfg: ModelConfig = cfg) -> jax.Array:
         B, T = tokens.shape[0], tokens.shape[1] - 1
         M = micro_batches(B)
         x = model.embed(params, tokens[:, :-1], cfg, constrain=constrain)  # [B, T, d]

@@ -43,6 +43,9 @@ import sys
 import time
 from collections import defaultdict
 
+from cgpt import fit
+from cgpt.runconfig import parse_bytes  # noqa: F401 - `cgpt.plan.parse_bytes`, as before
+
 COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "collective-permute", "all-to-all")
 _DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "f8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2,
                 "s32": 4, "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8,
@@ -167,43 +170,32 @@ def hlo_totals(text: str) -> dict:
 
 
 # ---- arguments ----------------------------------------------------------------------------
-_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
-
-
-def parse_bytes(text: str) -> int:
-    """'80GB' -> 80e9, '16GiB' -> 16 * 2**30, '1024' -> 1024."""
-    m = re.fullmatch(r"\s*([\d.]+)\s*([KMGT]?I?B?)\s*", str(text).upper())
-    if not m or m.group(2) not in _UNITS:
-        raise ValueError(f"--device-memory {text!r}: expected a size such as 80GB, 40GiB or "
-                         "512MB")
-    value = float(m.group(1)) * _UNITS[m.group(2)]
-    if value <= 0:
-        raise ValueError(f"--device-memory {text!r} must be positive")
-    return int(value)
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True, help="preset name (see `cgpt list`)")
-    p.add_argument("--mode", required=True,
-                   help="data_parallel | weight_streaming | layer_pipelined | auto")
+    p.add_argument("--model", help="preset name (see `cgpt list`); required")
+    p.add_argument("--mode", help="data_parallel | weight_streaming | layer_pipelined | auto; "
+                   "required")
     p.add_argument("--mesh", default="", help="device mesh, e.g. data=16 or stage=8,data=2")
     p.add_argument("--devices", type=int, default=8,
                    help="emulated devices when --mesh is empty (default 8)")
-    p.add_argument("--device-memory", default="80GB", help="memory per device (default 80GB)")
+    p.add_argument("--device-memory", default="80GB", help="memory per device (default 80GB); "
+                   f"a step fits in it less {fit.HEADROOM:.0%} headroom")
     p.add_argument("--batch", type=int, help="global batch in sequences (default: published)")
     p.add_argument("--micro-batch", type=int,
-                   help="sequences per data replica per accumulation step (default: no "
-                        "accumulation)")
+                   help="sequences per data replica per accumulation step (default: the "
+                        "largest that fits, as train chooses)")
     p.add_argument("--micro-batches", type=int,
                    help="layer_pipelined: micro-batches per step (default: up to 4 x stages)")
     p.add_argument("--seq-len", type=int, help="tokens per sequence (default: n_ctx)")
-    p.add_argument("--dtype", default="float32", help="compute dtype: float32 | bfloat16")
-    p.add_argument("--no-remat", action="store_true",
-                   help="keep each layer's matmul outputs rather than only its input")
+    p.add_argument("--dtype", help="compute dtype: float32 | bfloat16 (default: the preset's, "
+                   "as train uses)")
+    p.add_argument("--remat", choices=("on", "off"),
+                   help="recompute each layer in the backward pass (default: off if the step "
+                        "fits, as train chooses)")
+    p.add_argument("--no-remat", action="store_true", help="the same as --remat off")
     p.add_argument("--host-offload", action="store_true",
                    help="removed (weights are not streamed from pinned host memory): an error")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--requests", help=argparse.SUPPRESS)  # the sweep's dry run: a JSON file
 
 
 def register(subparsers) -> argparse.ArgumentParser:
@@ -239,78 +231,99 @@ def _cpu_devices(n: int):
     return cpu[:n] if len(cpu) >= n else None
 
 
+def _remat(args) -> bool | None:
+    if args.no_remat and args.remat == "on":
+        raise ValueError("--no-remat contradicts --remat on; give one")
+    return False if args.no_remat else {"on": True, "off": False}.get(args.remat)
+
+
 # ---- the plan -----------------------------------------------------------------------------
 def plan(model: str, mode: str, mesh: str = "", devices: int = 8,
          device_memory: int | str = "80GB", batch: int | None = None,
          micro_batch: int | None = None, micro_batches: int | None = None,
-         seq_len: int | None = None, dtype: str = "float32", remat: bool = True,
+         seq_len: int | None = None, dtype: str | None = None, remat: bool | None = None,
          host_offload: bool = False, cpu_devices=None) -> dict:
-    """Compile one train step on abstract arrays and report its per-device costs."""
-    import jax
-
-    from cgpt import flops, optim, sharding
+    """Compile one train step on abstract arrays and report its per-device costs. Unset
+    micro_batch / remat / dtype default as in `train` (`cgpt.fit` chooses the first two)."""
+    from cgpt import sharding
     from cgpt.config import get_config
     from cgpt.data import DataConfig
-    from cgpt.model import init_params
     from cgpt.runconfig import MODES, RunConfig, TrainConfig
-    from cgpt.train import TrainError, make_plan, make_step
 
     if mode not in MODES or mode == "single":
         raise ValueError(f"--mode {mode!r}; use one of {', '.join(sharding.SHARDED_MODES)}")
-    memory = parse_bytes(device_memory) if isinstance(device_memory, str) else int(device_memory)
-    cfg = get_config(model).replace(remat=remat, compute_dtype=dtype)
+    cfg = get_config(model).replace(remat=remat)
+    if dtype is not None:
+        cfg = cfg.replace(compute_dtype=dtype)
     T = seq_len or cfg.n_ctx
     if not 1 <= T <= cfg.n_ctx:
         raise ValueError(f"--seq-len {T}: must be between 1 and the model's n_ctx={cfg.n_ctx}")
+    run = RunConfig(preset=model, model=cfg, data=DataConfig(seq_len=T), train=TrainConfig(
+        batch_size=batch, micro_batch=micro_batch, micro_batches=micro_batches, mode=mode,
+        mesh=mesh, host_offload=host_offload))
     if cpu_devices is None:
+        import jax
         cpu_devices = jax.devices("cpu")[:devices]
-    B = batch or optim.published_defaults(cfg)["batch_size"]
-    train_cfg = TrainConfig(batch_size=B, micro_batch=micro_batch, micro_batches=micro_batches,
-                            mode=mode, mesh=mesh)
-    strategy = sharding.make_strategy(mode, mesh, cfg, train_cfg, devices=cpu_devices,
+    return plan_run(run, device_memory, cpu_devices, mode_flags=True)
+
+
+def plan_run(run, device_memory: int | str, cpu_devices, mode_flags: bool = False) -> dict:
+    """`plan` of a full RunConfig (its mode, mesh, batch, micro-batch, remat) on `cpu_devices`.
+    mode_flags: errors name plan's flags (--batch) rather than config keys (train.batch_size)."""
+    import jax
+
+    from cgpt import flops, optim, sharding
+    from cgpt.runconfig import parse_bytes
+    from cgpt.train import TrainError, fit_step, make_plan
+
+    memory = parse_bytes(device_memory) if isinstance(device_memory, str) else int(device_memory)
+    cfg, T, t = run.model, run.data.seq_len, run.train
+    strategy = sharding.make_strategy(t.mode, t.mesh, cfg, t, devices=cpu_devices,
                                       device_memory=memory, seq_len=T,
-                                      host_offload=host_offload)
-    run = RunConfig(preset=model, model=cfg, data=DataConfig(seq_len=T), train=train_cfg)
+                                      host_offload=t.host_offload)
     try:
-        p = make_plan(run, strategy.data_replicas)
+        optimizer = optim.make_optimizer(make_plan(run, strategy.data_replicas).recipe, cfg)
+        t0 = time.perf_counter()
+        p, cfg, compiled, choice = fit_step(run, strategy, optimizer, memory)
+        compile_s = time.perf_counter() - t0
     except TrainError as e:
-        raise ValueError(str(e).replace("train.batch_size", "--batch")
-                         .replace("train.micro_batch", "--micro-batch")) from None
-    strategy.prepare(p)
-    optimizer = optim.make_optimizer(p.recipe, cfg)
-    abstract_p = jax.eval_shape(lambda: init_params(cfg))
-    abstract_o = jax.eval_shape(optimizer.init, abstract_p)
-    a_params, a_opt = strategy.abstract_state(abstract_p, abstract_o)
-    a_batch = jax.ShapeDtypeStruct((p.accum, p.micro_batch * p.replicas, T + 1), jax.numpy.int32,
-                                   sharding=strategy.batch_sharding(3))
-    step = strategy.jit_step(make_step(cfg, optimizer, strategy.loss), abstract_p, abstract_o)
-    t0 = time.perf_counter()
-    compiled = step.lower(a_params, a_opt, a_batch).compile()
-    compile_s = time.perf_counter() - t0
+        msg = str(e)
+        if mode_flags:
+            msg = msg.replace("train.batch_size", "--batch").replace("train.micro_batch",
+                                                                     "--micro-batch")
+        raise ValueError(msg) from None
 
     def shard_bytes(tree) -> int:
         return sum(math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize
                    for x in jax.tree.leaves(tree))
 
-    mem = compiled.memory_analysis()
-    temp = int(mem.temp_size_in_bytes)
-    total = int(mem.argument_size_in_bytes + mem.output_size_in_bytes + temp
-                - mem.alias_size_in_bytes)
+    from cgpt.model import init_params
+
+    abstract_p = jax.eval_shape(lambda: init_params(cfg))
+    a_params, a_opt = strategy.abstract_state(abstract_p,
+                                              jax.eval_shape(optimizer.init, abstract_p))
+    b = choice.bytes
     hlo = hlo_totals(compiled.as_text())
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
     n = strategy.num_devices
     return {
-        "model": cfg.name, "mode": strategy.mode, "requested_mode": mode,
+        "model": cfg.name, "mode": strategy.mode, "requested_mode": t.mode,
         "auto_reason": getattr(strategy, "auto_reason", None),
-        "mesh": dict(strategy.mesh.shape), "num_devices": n,
+        "mesh": dict(strategy.mesh.shape) if strategy.mesh is not None else {},
+        "num_devices": n,
         "n_params": cfg.num_params(), "batch": p.batch_size, "seq_len": T,
-        "micro_batch": p.micro_batch, "accum": p.accum, "remat": remat, "dtype": dtype,
+        "micro_batch": p.micro_batch, "accum": p.accum, "remat": bool(cfg.remat),
+        "dtype": cfg.compute_dtype,
         "per_device_bytes": {
-            "params": shard_bytes(a_params), "optimizer": shard_bytes(a_opt), "temp": temp,
-            "total": total, "argument": int(mem.argument_size_in_bytes),
-            "output": int(mem.output_size_in_bytes), "alias": int(mem.alias_size_in_bytes)},
-        "device_memory": memory, "fits": total <= memory,
+            "params": shard_bytes(a_params), "optimizer": shard_bytes(a_opt), "temp": b["temp"],
+            "total": b["total"], "argument": b["argument"], "output": b["output"],
+            "alias": b["alias"]},
+        "device_memory": memory, "usable_memory": choice.usable, "fits": choice.fits,
+        "fit": {"searched": [k for k, given in (("micro_batch", choice.micro_given),
+                                                ("remat", choice.remat_given)) if not given],
+                "tried": [{"micro_batch": c.micro_batch, "remat": c.remat,
+                           "total": c.bytes["total"]} for c in choice.tried]},
         "flops_per_step": hlo["dot_flops"] * n,
         "flops_per_step_analytic": flops.train_flops_per_token(cfg, T) * p.batch_size * T,
         "xla_cost_analysis_flops_per_device": float((cost or {}).get("flops", 0.0)),
@@ -337,16 +350,24 @@ def _gb(x: float) -> str:
 def format_plan(r: dict) -> str:
     b = r["per_device_bytes"]
     mesh = ",".join(f"{k}={v}" for k, v in r["mesh"].items())
+    searched = r["fit"]["searched"]
+    tried = r["fit"]["tried"]
+    how = (f"searched {' and '.join(s.replace('_', '-') for s in searched)} over "
+           f"{len(tried)} compiled step(s): "
+           + ", ".join(f"{c['micro_batch']}/{'on' if c['remat'] else 'off'} "
+                       f"{_gb(c['total'])}" for c in tried)) if searched else "as given"
     lines = [
         f"{r['model']} ({r['n_params'] / 1e9:.3g}B params), {r['mode']} on {mesh} "
         f"({r['num_devices']} devices); batch {r['batch']} x {r['seq_len']} tokens, "
-        f"micro-batch {r['micro_batch']} x {r['accum']} accumulation steps, "
-        f"remat {'on' if r['remat'] else 'off'}",
+        f"{r['dtype']}",
+        f"step          micro-batch {r['micro_batch']} x {r['accum']} accumulation steps, "
+        f"remat {'on' if r['remat'] else 'off'} ({how})",
         "per device:",
         f"  params      {_gb(b['params'])}",
         f"  optimizer   {_gb(b['optimizer'])}",
         f"  temp        {_gb(b['temp'])}",
-        f"  total       {_gb(b['total'])} of {_gb(r['device_memory'])}: "
+        f"  total       {_gb(b['total'])} of {_gb(r['usable_memory'])} usable "
+        f"({_gb(r['device_memory'])} less {fit.HEADROOM:.0%}): "
         f"{'fits' if r['fits'] else 'does NOT fit'}",
         f"FLOPs/step    {r['flops_per_step']:.3e} (compiled HLO, all devices)   "
         f"{r['flops_per_step_analytic']:.3e} (analytic)",
@@ -365,11 +386,51 @@ def format_plan(r: dict) -> str:
     return "\n".join(lines)
 
 
+# ---- many runs in one process (the sweep's --dry-run) ---------------------------------------
+def plan_many(requests: list[dict], progress: bool = True) -> list[dict]:
+    """`plan_run` of each request {"run": RunConfig dict, "devices": n, "device_memory":
+    bytes}, in this process if it can emulate enough CPU devices, else in ONE fresh
+    subprocess (JAX fixes its device count at start). Each result is the plan's dict or
+    {"error": message}, in request order."""
+    if not requests:
+        return []
+    n = max(int(r["devices"]) for r in requests)
+    devs = _cpu_devices(n)
+    if devs is None:
+        import tempfile
+
+        env = dict(os.environ, JAX_PLATFORMS="cpu",
+                   XLA_FLAGS=f"--xla_force_host_platform_device_count={n}")
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "requests.json")
+            with open(path, "w") as f:
+                json.dump(requests, f)
+            p = subprocess.run([sys.executable, "-m", "cgpt.plan", "--requests", path],
+                               env=env, stdout=subprocess.PIPE, text=True)
+        if p.returncode:
+            raise RuntimeError(f"the dry run's plan process failed (exit {p.returncode}); "
+                               "its error is printed above")
+        return [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
+    from tqdm.auto import tqdm
+
+    from cgpt.runconfig import from_dict
+
+    out = []
+    for r in tqdm(requests, desc="compiling each run's step", unit="run", disable=not progress,
+                  file=sys.stderr, dynamic_ncols=True):
+        try:
+            run = from_dict(r["run"], "sweep run")
+            out.append(plan_run(run, int(r["device_memory"]), devs[:int(r["devices"])]))
+        except ValueError as e:
+            out.append({"error": str(e)})
+    return out
+
+
 def _argv(args) -> list[str]:
     """The command line that reproduces `args` (for the re-run in a fresh process)."""
     out = []
     for key in ("model", "mode", "mesh", "devices", "device_memory", "batch", "micro_batch",
-                "micro_batches", "seq_len", "dtype"):
+                "micro_batches", "seq_len", "dtype", "remat"):
         v = getattr(args, key)
         if v is not None and v != "":
             out += [f"--{key.replace('_', '-')}", str(v)]
@@ -379,25 +440,40 @@ def _argv(args) -> list[str]:
 
 
 def cmd_plan(args) -> int:
+    if args.requests:  # the sweep's dry run: JSON lines out, one per request
+        with open(args.requests) as f:
+            for r in plan_many(json.load(f)):
+                print(json.dumps(r), flush=True)
+        return 0
+    missing = [f for f in ("model", "mode") if not getattr(args, f)]
+    if missing:
+        raise ValueError(f"{' and '.join('--' + m for m in missing)} required, e.g. --model 1.3B "
+                         "--mode weight_streaming")
     n = _needed_devices(args)
     memory = parse_bytes(args.device_memory)
+    remat = _remat(args)
     devs = _cpu_devices(n)
     if devs is None:  # JAX already started with fewer CPU devices: run in a fresh process
         env = dict(os.environ, JAX_PLATFORMS="cpu",
                    XLA_FLAGS=f"--xla_force_host_platform_device_count={n}")
         return subprocess.run([sys.executable, "-m", "cgpt.plan", *_argv(args)], env=env).returncode
     r = plan(args.model, args.mode, args.mesh, len(devs), memory, args.batch, args.micro_batch,
-             args.micro_batches, args.seq_len, args.dtype, not args.no_remat,
-             args.host_offload, cpu_devices=devs)
+             args.micro_batches, args.seq_len, args.dtype, remat, args.host_offload,
+             cpu_devices=devs)
     print(json.dumps(r) if args.json else format_plan(r))
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m cgpt.plan ...`, the same as `python -m cgpt plan ...`."""
-    from cgpt.cli import main as cli_main
-
-    return cli_main(["plan", *(sys.argv[1:] if argv is None else argv)])
+    """`python -m cgpt.plan ...`, the same as `python -m cgpt plan ...` (errors: one line, 2)."""
+    ap = argparse.ArgumentParser(prog="cgpt plan", description=__doc__.split("\n\n")[0])
+    add_arguments(ap)
+    args = ap.parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        return cmd_plan(args)
+    except ValueError as e:
+        print(f"cgpt plan: error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

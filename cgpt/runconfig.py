@@ -6,6 +6,7 @@ or resumed from it alone. Unknown keys and bad values are errors that name the k
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -15,6 +16,19 @@ from cgpt.config import ModelConfig, get_config
 from cgpt.data import DataConfig
 
 MODES = ("single", "data_parallel", "weight_streaming", "layer_pipelined", "auto")
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+
+
+def parse_bytes(text: str | int | float, what: str = "--device-memory") -> int:
+    """'80GB' -> 80e9, '16GiB' -> 16 * 2**30, '1024' -> 1024; errors name `what`."""
+    m = re.fullmatch(r"\s*([\d.]+(?:E[+-]?\d+)?)\s*([KMGT]?I?B?)\s*", str(text).upper())
+    if not m or m.group(2) not in _UNITS:
+        raise ValueError(f"{what} {text!r}: expected a size such as 80GB, 40GiB or 512MB")
+    value = float(m.group(1)) * _UNITS[m.group(2)]
+    if value < 1:
+        raise ValueError(f"{what} {text!r} must be positive")
+    return int(value)
 
 
 @dataclass(frozen=True)
@@ -44,6 +58,8 @@ class TrainConfig:
     mesh: str = ""  # e.g. "data=2,stage=4"; empty = all devices on the mode's main axis
     micro_batches: int | None = None  # layer_pipelined: micro-batches streamed per step
     host_offload: bool = False  # removed: true is an error (cgpt.sharding.HOST_OFFLOAD_REMOVED)
+    device_memory: str | None = None  # e.g. "16GB": memory per device for the fit (cgpt.fit)
+    # and `--mode auto`; None: what the device reports (allocator limit; RAM / devices on CPU)
 
     def __post_init__(self) -> None:
         t = self.tokens
@@ -82,6 +98,8 @@ class TrainConfig:
             raise ValueError(f"train.decay_fraction={self.decay_fraction} must be in (0, 1]")
         if self.mode not in MODES:
             raise ValueError(f"train.mode={self.mode!r}; use one of {', '.join(MODES)}")
+        if self.device_memory is not None:
+            parse_bytes(self.device_memory, "train.device_memory")
         if self.batch_size and self.micro_batch and self.batch_size % self.micro_batch:
             raise ValueError(f"train.batch_size={self.batch_size} is not a multiple of "
                              f"train.micro_batch={self.micro_batch}")

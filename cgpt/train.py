@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -26,7 +27,10 @@ from cgpt.fileio import atomic_write_text, probe_writable
 from cgpt.runconfig import RunConfig, from_dict
 
 
-PLACEMENT_KEYS = ("mode", "mesh", "micro_batches", "host_offload")
+PLACEMENT_KEYS = ("mode", "mesh", "micro_batches", "host_offload", "micro_batch", "device_memory")
+# with model.remat, these change how a step runs on the hardware at hand, not what is trained
+# (`cgpt.fit` may choose another micro-batch or remat on other devices): on --resume the
+# launch's values win
 # train.* keys `--resume --allow-train-changes` may change: the optimizer's hyperparameters and
 # the logging cadence. The others fix what the checkpoint means (budget, batch, data order).
 CHANGEABLE_KEYS = ("peak_lr", "decay", "warmup_steps", "adam_eps", "weight_decay", "clip_norm",
@@ -117,6 +121,39 @@ def make_plan(run: RunConfig, replicas: int = 1) -> Plan:
                 accum=batch // (micro * replicas), replicas=replicas, seq_len=seq, recipe=recipe)
 
 
+def fit_step(run: RunConfig, strategy, optimizer: optax.GradientTransformation,
+             device_memory: int):
+    """(plan, model config, compiled step, `cgpt.fit.Choice`): the largest micro-batch, and
+    remat off before on, whose compiled step fits `device_memory` per device; a
+    train.micro_batch or model.remat that is set is kept and only checked. If nothing fits,
+    the choice is the smallest step tried and its `fits` is False."""
+    from cgpt import fit
+
+    t, replicas = run.train, strategy.data_replicas
+    per_replica = make_plan(run, replicas).batch_size // replicas
+    micros = [t.micro_batch] if t.micro_batch else [
+        m for m in fit.divisors_desc(per_replica) if not (
+            strategy.mode == "layer_pipelined" and t.micro_batches and m % t.micro_batches)]
+
+    def variant(m: int, remat: bool) -> RunConfig:
+        return replace(run, model=run.model.replace(remat=remat),
+                       train=replace(t, micro_batch=m))
+
+    def compile_one(m: int, remat: bool):
+        r = variant(m, remat)
+        p = make_plan(r, replicas)
+        getattr(strategy, "prepare", lambda p: None)(p)
+        return fit.compile_step(strategy, make_step(r.model, optimizer, strategy.loss), r.model,
+                                optimizer, p)
+
+    choice, compiled = fit.search(micros or [per_replica], per_replica, compile_one,
+                                  device_memory, run.model.remat, bool(t.micro_batch))
+    chosen = variant(choice.micro_batch, choice.remat)
+    plan = make_plan(chosen, replicas)
+    getattr(strategy, "prepare", lambda p: None)(plan)
+    return plan, chosen.model, compiled, choice
+
+
 # ---- run directory helpers ---------------------------------------------------------------
 def _check_writable(out: Path) -> None:
     try:
@@ -161,7 +198,8 @@ def resolve_run(run: RunConfig, out: Path, resume: bool, allow_changes: bool = F
     run = replace(run, model=backend.resolve(run.model, saved=prior.model))
     # Placement may change between launches (checkpoints restore into any mode's layout).
     placement = {k: getattr(run.train, k) for k in PLACEMENT_KEYS}
-    prior = replace(prior, train=replace(prior.train, **placement))
+    prior = replace(prior, train=replace(prior.train, **placement),
+                    model=prior.model.replace(remat=run.model.remat))
     if prior != run:
         diff = _config_diff(prior.to_dict(), run.to_dict())
         changeable = all(d.startswith("train.") and d[6:] in CHANGEABLE_KEYS for d in diff)
@@ -274,7 +312,8 @@ def _train(run: RunConfig, out: Path, resume: bool, progress: bool, strategy,
     from tqdm.auto import tqdm
 
     from cgpt.perf import peak_flops
-    from cgpt.sharding import make_strategy
+    from cgpt.runconfig import parse_bytes
+    from cgpt.sharding import device_memory_bytes, make_strategy
 
     wall0 = time.perf_counter()
     writer = distributed.is_writer()  # process 0 alone writes the run directory's files
@@ -287,10 +326,26 @@ def _train(run: RunConfig, out: Path, resume: bool, progress: bool, strategy,
     if resume and (out / "summary.json").exists():  # finished already: nothing to redo
         return json.loads((out / "summary.json").read_text())
     cfg = run.model
+    memory = (parse_bytes(run.train.device_memory, "train.device_memory")
+              if run.train.device_memory else None)
     if strategy is None:
         strategy = make_strategy(run.train.mode, run.train.mesh, cfg, run.train,
-                                 seq_len=run.data.seq_len)
-    plan = make_plan(run, strategy.data_replicas)
+                                 seq_len=run.data.seq_len, device_memory=memory)
+    optimizer = optim.make_optimizer(make_plan(run, strategy.data_replicas).recipe, cfg)
+    # the micro-batch x accumulation and remat whose compiled step fits (cgpt.fit): that
+    # compiled step is the one trained; stop here, before any file is written, if none fits
+    memory = memory or device_memory_bytes()
+    if jax.process_count() > 1:  # every process must compile the same step: the smallest memory
+        from jax.experimental import multihost_utils
+        memory = int(np.min(multihost_utils.process_allgather(np.int64(memory))))
+    plan, cfg, step_fn, fitted = fit_step(run, strategy, optimizer, memory)
+    if not fitted.fits:
+        mesh = ",".join(f"{k}={v}" for k, v in (strategy.describe().get("mesh") or {}).items())
+        raise TrainError(fitted.error(f"{cfg.name} ({cfg.num_params():,} params), "
+                                      f"{strategy.mode} on {strategy.num_devices} device(s)"
+                                      + (f" ({mesh})" if mesh else "")))
+    if writer:
+        print(f"{cfg.name}: {fitted.line()}", file=sys.stderr, flush=True)
     # never a failed launch's tokenizer; process 0 prepares the data once, the others then read it
     data = distributed.first("data preparation", lambda: load_data(run.data, None if fresh else out))
     if data.vocab_size != cfg.vocab_size:  # unused rows would inflate N, D and FLOPs
@@ -305,8 +360,7 @@ def _train(run: RunConfig, out: Path, resume: bool, progress: bool, strategy,
         atomic_write_text(out / checkpoint.CONFIG_FILE, run.to_yaml())
     launch.commit()  # from here on the directory holds a resumable run
 
-    optimizer = optim.make_optimizer(plan.recipe, cfg)
-    step_fn, params, opt_state = strategy.compile_step(
+    _, params, opt_state = strategy.compile_step(
         make_step(cfg, optimizer, strategy.loss), optimizer, run.train.seed, plan)
     eval_fn = strategy.compile_eval(cfg)
     ckpt = checkpoint.Checkpointer(out, keep=run.train.keep_checkpoints)
@@ -442,7 +496,7 @@ def _train(run: RunConfig, out: Path, resume: bool, progress: bool, strategy,
         "resumed_from_step": start, "tokens_per_s": tps, "mfu": mfu_of(tps),
         "peak_flops_source": peak_src, "epochs": epochs, "mup": cfg.mup,
         "mode": run.train.mode, "devices": strategy.num_devices,
-        "placement": strategy.describe(),
+        "placement": {**strategy.describe(), **fitted.describe()},
         "peak_lr": plan.recipe.peak_lr, "warmup_steps": plan.recipe.warmup_steps,
         "decay": plan.recipe.decay, "config_changes": changes,
         # the run's own copy (relative to the run directory), the same after a resume

@@ -1,5 +1,7 @@
 """`cgpt plan` on 8 emulated CPU devices: schema, per-device bytes, collectives, bubble, errors."""
 import json
+import subprocess
+import sys
 
 import jax
 import pytest
@@ -67,10 +69,25 @@ def test_layer_pipelined_bubble_and_permutes(capsys):
     assert r["per_device_bytes"]["params"] == 4 * (blocks // 4 + rest)
 
 
-def test_fits_compares_total_to_device_memory(capsys):
-    r = _plan(capsys, "--mode", "weight_streaming", "--mesh", "data=8", "--device-memory", "1MB")
-    assert r["device_memory"] == 10**6 and r["fits"] is False
+def test_fits_compares_total_to_usable_memory(capsys):
+    r = _plan(capsys, "--mode", "weight_streaming", "--mesh", "data=8", "--device-memory", "1MB",
+              "--micro-batch", "2", "--remat", "off")
+    assert r["device_memory"] == 10**6 and r["usable_memory"] == 900_000 and r["fits"] is False
     assert r["per_device_bytes"]["total"] > 10**6
+    assert (r["micro_batch"], r["accum"], r["remat"]) == (2, 1, False)  # given: only checked
+    assert r["fit"] == {"searched": [], "tried": [
+        {"micro_batch": 2, "remat": False, "total": r["per_device_bytes"]["total"]}]}
+
+
+def test_plan_runs_without_the_cli(tmp_path):
+    """`python -m cgpt.plan` parses its own arguments: plan never imports cgpt.cli."""
+    code = ("import sys; from cgpt import plan; rc = plan.main(['--model', 'cpu-870k', "
+            "'--mode', 'warp']); assert rc == 2, rc; assert 'cgpt.cli' not in sys.modules; "
+            "assert plan.main(['--mode', 'auto']) == 2")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert "cgpt plan: error: --mode 'warp'" in p.stderr
+    assert "cgpt plan: error: --model required" in p.stderr
 
 
 @pytest.mark.parametrize("args,flag", [

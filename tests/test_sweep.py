@@ -158,7 +158,8 @@ def test_unusable_out_is_a_one_line_error(tmp_path):
 
 
 def test_dry_run_table_and_bundled_specs(tmp_path, capsys):
-    rc = sw.main([str(SPECS / "cerebras_gpt.yaml"), "--dry-run", "--out", str(tmp_path / "cg")])
+    rc = sw.main([str(SPECS / "cerebras_gpt.yaml"), "--dry-run", "--no-fit", "--out",
+                  str(tmp_path / "cg")])
     out = capsys.readouterr().out
     assert rc == 0 and not (tmp_path / "cg").exists()
     for preset, batch in (("111M", 120), ("256M", 264), ("590M", 264), ("1.3B", 528),
@@ -198,6 +199,27 @@ def test_dry_run_table_and_bundled_specs(tmp_path, capsys):
     sw.main([str(SPECS / "demo.yaml"), "--dry-run", "--only", "tiny-17k"])
     out = capsys.readouterr().out
     assert "1 runs (of" in out and "tiny-17k_d337k_s0" in out and "tiny-45k" not in out
+    assert "fit: not compiled for a local CPU spec" in out  # a CPU spec's dry run stays quick
+
+
+def test_dry_run_compiles_each_runs_step_for_its_devices(tmp_path, capsys):
+    """A spec with GPUs and estimate.device_memory: each run's step is compiled for its
+    nodes x gpus_per_node devices (emulated) and its choice and memory shown; one that cannot
+    split its batch over the mesh says why."""
+    spec = _spec(tmp_path, "gpus", {"model": ["tiny-17k", "tiny-45k"]},
+                 base={"train": {"mode": "data_parallel"}},
+                 per_model={"tiny-45k": {"train.batch_size": 6}},
+                 slurm={"nodes": 2, "gpus_per_node": 2}, estimate={"device_memory": "80GB"})
+    assert sw.main([str(spec), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    rows = {l.split()[0]: l.split() for l in out.split("fit per run")[1].splitlines()[2:4]}
+    r17 = rows[next(k for k in rows if k.startswith("tiny-17k"))]
+    assert r17[1:8] == ["4", "data_parallel", "data=4", "2", "x", "1", "off"]  # 8 rows / 4
+    assert r17[-1] == "yes" and float(r17[-2]) == 72.0  # 80 GB less 10% headroom
+    assert "batch_size=6 must be a multiple of the 4 data replicas" in out
+    assert "1/2 runs fit" in out
+    assert sw.main([str(spec), "--dry-run", "--set", "estimate.device_memory=lots"]) == 2
+    assert "estimate.device_memory 'lots'" in capsys.readouterr().err
 
 
 def test_register_adds_the_sweep_subcommand(capsys):

@@ -6,6 +6,7 @@ import re
 import sys
 from pathlib import Path
 
+from cgpt.sweep.fitcheck import fit_results, print_fit
 from cgpt.sweep.launch import EXECUTORS, ON_CHANGE, launch, print_table
 from cgpt.sweep.spec import load_sweep, select
 
@@ -19,7 +20,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the same as --set: may stand anywhere on the line, as train's do")
     p.add_argument("--out", help="sweep directory (default: runs/sweeps/<spec name>)")
     p.add_argument("--dry-run", action="store_true",
-                   help="print the runs with N, D, FLOPs and estimated time, then exit")
+                   help="print the runs with N, D, FLOPs and estimated time, and for a spec "
+                   "with GPUs and estimate.device_memory each run's compiled step: mesh, "
+                   "micro-batch x accumulation, remat, memory per device, fits; then exit")
+    p.add_argument("--no-fit", action="store_true",
+                   help="--dry-run: skip compiling each run's step (the fit columns)")
     p.add_argument("--parallel", type=int,
                    help="runs at a time: local default 1 (each run pinned to its own GPUs, or "
                    "its share of the cores); slurm default slurm.array_parallelism or all")
@@ -69,8 +74,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     sweep = load_sweep(spec, sets)
     out = Path(args.out or f"runs/sweeps/{sweep.name}")
     if args.dry_run:
-        print_table(sweep, out if out.is_dir() else None, select(sweep.runs, args.only),
-                    args.parallel or 1)
+        runs = select(sweep.runs, args.only)
+        print_table(sweep, out if out.is_dir() else None, runs, args.parallel or 1)
+        if not args.no_fit:
+            results, note = fit_results(sweep, runs)
+            if results is not None:
+                print_fit(runs, results)
+            if note:
+                print(note)
         return 0
     return launch(sweep, out, parallel=args.parallel, executor=args.executor, only=args.only,
                   on_change=args.on_change,

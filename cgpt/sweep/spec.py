@@ -19,14 +19,16 @@ from cgpt import flops as flops_mod
 from cgpt.config import get_config
 from cgpt.overrides import SECTIONS, check_key, coerce_source, seed_overrides, set_key, \
     split_override
-from cgpt.runconfig import RunConfig, from_dict, load_yaml
+from cgpt.runconfig import RunConfig, from_dict, load_yaml, parse_bytes
 
 SPEC_KEYS = ("name", "description", "base", "models", "grid", "per_model", "filter", "require",
              "estimate", "slurm")
 GRID_KEYS = ("model", "tokens", "tokens_per_param", "flops", "seed", "overrides", "branches")
 # Placement may change between launches of one run (checkpoints restore into any layout),
 # so it is not part of a run's identity (the same rule as `cgpt train --resume`).
-PLACEMENT_KEYS = ("mode", "mesh", "micro_batches", "host_offload")
+PLACEMENT_KEYS = ("mode", "mesh", "micro_batches", "host_offload", "micro_batch", "device_memory")
+# model.remat, like train.micro_batch, is chosen per device by `train` (cgpt.fit)
+EXECUTION_MODEL_KEYS = ("remat",)
 
 
 # ---- the throughput model behind --dry-run's time estimate --------------------------------
@@ -44,6 +46,7 @@ class Estimate:
     startup_s: float = 20.0
     mfu: float | None = None
     device_flops: float | None = None  # peak FLOP/s of one device, e.g. 989e12 (H100 bf16)
+    device_memory: int | None = None  # bytes per device ("80GB" in a spec): the dry run's fit
 
     def rate(self, devices: int = 1) -> float:
         if self.mfu is not None and self.device_flops is not None:
@@ -91,6 +94,8 @@ def identity(cfg: dict) -> dict:
     out = copy.deepcopy(cfg)
     for k in PLACEMENT_KEYS:
         (out.get("train") or {}).pop(k, None)
+    for k in EXECUTION_MODEL_KEYS:
+        (out.get("model") or {}).pop(k, None)
     return out
 
 
@@ -244,10 +249,12 @@ def load_sweep(path: str | Path, sets: list[str] | None = None) -> Sweep:
     set_run = _split_sets(list(sets or []), slurm_set, est)
     slurm.update(slurm_set)
     try:
-        estimate = Estimate(**{k: float(v) for k, v in est.items()})
+        memory = est.pop("device_memory", None)
+        estimate = Estimate(**{k: float(v) for k, v in est.items()}, device_memory=None if
+                            memory is None else parse_bytes(memory, "estimate.device_memory"))
     except (TypeError, ValueError) as e:
         raise ValueError(f"{spec_path}: estimate: {e}; keys: flops_per_s, step_overhead_s, "
-                         "startup_s, mfu, device_flops") from None
+                         "startup_s, mfu, device_flops, device_memory") from None
 
     grid = spec.get("grid")
     if not isinstance(grid, dict):

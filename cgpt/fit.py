@@ -1,0 +1,182 @@
+"""A step that fits: micro-batch x accumulation and remat, chosen from the compiled step's memory.
+
+The train step is lowered and compiled on abstract arrays (`jax.ShapeDtypeStruct`s carrying
+the mode's shardings: nothing is allocated) and XLA's `memory_analysis()` gives its footprint
+per device: arguments + outputs + temp - aliased (donated) buffers, the estimate `cgpt plan`
+reports (on CPU XLA's own `peak_memory_in_bytes` leaves temp out).
+
+`search` walks the candidates in order of preference and takes the first that fits the
+usable memory (the device's memory less HEADROOM):
+
+  micro-batch   the divisors of the per-replica batch, largest first: fewer accumulation
+                steps, and under weight streaming fewer re-gathers of every layer's weights;
+  remat         off, then on, at each micro-batch: remat costs one more forward pass per
+                layer but keeps only each layer's input for the backward pass.
+
+Among the accumulating candidates memory falls with the micro-batch (accumulating adds one
+gradient buffer, so the first of them can need more than the full batch), so after the two
+full-batch candidates the search bisects those with remat on, then retries remat off at the
+micro-batch it found: a handful of compiles, not one per divisor. The first candidate is what `train` ran before
+this search existed (no accumulation, remat off); where it fits, as for every CPU preset, the
+search costs that one compile and the compiled step is the one trained. A micro-batch or
+remat the user set is kept and only checked.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+HEADROOM = 0.10  # of device memory kept free: the runtime's own buffers, fragmentation, and
+# the estimate's error (XLA's CPU compiler stands in for the accelerator's in `cgpt plan`)
+
+
+def usable_memory(device_memory: int) -> int:
+    return int(device_memory * (1 - HEADROOM))
+
+
+def step_bytes(compiled) -> dict[str, int]:
+    """Per-device bytes of a compiled step: total = argument + output + temp - alias."""
+    mem = compiled.memory_analysis()
+    b = {k: int(getattr(mem, f"{k}_size_in_bytes")) for k in ("argument", "output", "temp",
+                                                              "alias")}
+    b["total"] = b["argument"] + b["output"] + b["temp"] - b["alias"]
+    return b
+
+
+def gb(x: float) -> str:
+    return f"{x / 1e9:.3g} GB" if x >= 1e8 else f"{x / 1e6:.3g} MB"
+
+
+@dataclass(frozen=True)
+class Candidate:
+    micro_batch: int
+    remat: bool
+    bytes: dict
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The step chosen (or, when `fits` is False, the smallest one tried)."""
+
+    micro_batch: int
+    accum: int
+    remat: bool
+    bytes: dict  # step_bytes of the chosen step
+    device_memory: int
+    tried: tuple[Candidate, ...] = field(default=())
+    micro_given: bool = False  # the user set the micro-batch: checked, not searched
+    remat_given: bool = False
+
+    @property
+    def usable(self) -> int:
+        return usable_memory(self.device_memory)
+
+    @property
+    def fits(self) -> bool:
+        return self.bytes["total"] <= self.usable
+
+    def describe(self) -> dict:
+        """What a run records in its summary's `placement`."""
+        return {"micro_batch": self.micro_batch, "accum": self.accum, "remat": self.remat,
+                "bytes_per_device": self.bytes["total"], "device_memory": self.device_memory,
+                "usable_memory": self.usable, "fits": self.fits, "fit_compiles": len(self.tried)}
+
+    def line(self) -> str:
+        how = ("as set" if self.micro_given and self.remat_given else
+               f"chosen from {len(self.tried)} compiled candidate(s)")
+        return (f"micro-batch {self.micro_batch} x {self.accum} accumulation step(s), remat "
+                f"{'on' if self.remat else 'off'} ({how}): {gb(self.bytes['total'])} per "
+                f"device of {gb(self.usable)} usable ({gb(self.device_memory)} less "
+                f"{HEADROOM:.0%} headroom)")
+
+    def error(self, what: str) -> str:
+        """Why nothing fits, with the numbers and what to change (`what`: model and mesh)."""
+        b = self.bytes
+        step = ("the step as set" if self.micro_given and self.remat_given else
+                f"the smallest of {len(self.tried)} steps tried")
+        fixes = []
+        if self.micro_given and self.micro_batch > 1:
+            fixes.append("a smaller train.micro_batch (or leave it unset: train then picks "
+                         "the largest that fits)")
+        if self.remat_given and not self.remat:
+            fixes.append("model.remat=true (or leave it unset)")
+        if b["argument"] - b["alias"] > self.usable or not fixes:
+            fixes.append("more devices (more GPUs, or slurm.nodes), a mode that shards the "
+                         "weights and optimizer state (train.mode=weight_streaming or "
+                         "layer_pipelined), bf16 compute (model.compute_dtype=bfloat16), or a "
+                         "shorter data.seq_len")
+        return (f"{what}: {step} (micro-batch {self.micro_batch}, remat "
+                f"{'on' if self.remat else 'off'}) needs {gb(b['total'])} per device "
+                f"(arguments: parameters, optimizer state and batch {gb(b['argument'])}; temp "
+                f"{gb(b['temp'])}) but {gb(self.usable)} are usable ({gb(self.device_memory)} "
+                f"per device less {HEADROOM:.0%} headroom); use " + "; or ".join(fixes))
+
+
+def divisors_desc(n: int) -> list[int]:
+    return sorted((d for d in range(1, n + 1) if n % d == 0), reverse=True)
+
+
+def search(micros: Sequence[int], per_replica: int, compile_fn: Callable[[int, bool], Any],
+           device_memory: int, remat: bool | None = None,
+           micro_given: bool = False) -> tuple[Choice, Any]:
+    """(choice, compiled step) for the preferred candidate that fits; if none does, the
+    smallest one tried (its `fits` is False). `micros`: allowed micro-batches, largest first;
+    `compile_fn(micro_batch, remat)` returns the compiled step."""
+    remats = [False, True] if remat is None else [bool(remat)]
+    usable = usable_memory(device_memory)
+    tried: list[Candidate] = []
+    compiled: dict[tuple[int, bool], Any] = {}
+
+    def fits(m: int, r: bool) -> bool:
+        if (m, r) not in compiled:
+            compiled[(m, r)] = compile_fn(m, r)
+            tried.append(Candidate(m, r, step_bytes(compiled[(m, r)])))
+        return next(c for c in tried if (c.micro_batch, c.remat) == (m, r)).bytes["total"] \
+            <= usable
+
+    def done(m: int, r: bool) -> tuple[Choice, Any]:
+        c = next(c for c in tried if (c.micro_batch, c.remat) == (m, r))
+        return Choice(m, per_replica // m, r, c.bytes, device_memory, tuple(tried),
+                      micro_given, remat is not None), compiled[(m, r)]
+
+    for r in remats:
+        if fits(micros[0], r):
+            return done(micros[0], r)
+    r, rest = remats[-1], list(micros[1:])
+    if not rest or not fits(rest[-1], r):  # nothing fits: report the smallest step tried
+        # (not always the last: accumulating adds a gradient buffer that one step lacks)
+        c = min(tried, key=lambda c: c.bytes["total"])
+        return done(c.micro_batch, c.remat)
+    lo, hi = 0, len(rest) - 1  # rest[hi] fits; find the largest micro-batch (lowest index)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if fits(rest[mid], r):
+            hi = mid
+        else:
+            lo = mid + 1
+    if r and len(remats) == 2 and fits(rest[hi], False):
+        return done(rest[hi], False)
+    return done(rest[hi], r)
+
+
+def compile_step(strategy, step: Callable, cfg, optimizer, plan) -> Any:
+    """`step` jitted with the strategy's shardings, lowered on abstract state and a batch
+    [accum, micro_batch x replicas, T+1], compiled: the executable `train` runs."""
+    import jax
+    import jax.numpy as jnp
+
+    from cgpt import model
+
+    abstract_p = jax.eval_shape(lambda: model.init_params(cfg))
+    abstract_o = jax.eval_shape(optimizer.init, abstract_p)
+    a_params, a_opt = strategy.abstract_state(abstract_p, abstract_o)
+    shape = (plan.accum, plan.micro_batch * plan.replicas, plan.seq_len + 1)
+    if hasattr(strategy, "jit_step"):
+        jitted = strategy.jit_step(step, abstract_p, abstract_o)
+        batch_sharding = strategy.batch_sharding(3)
+    else:  # one device: the state's own placement
+        jitted = jax.jit(step, donate_argnums=(0, 1))
+        batch_sharding = jax.tree.leaves(a_params)[0].sharding
+    a_batch = jax.ShapeDtypeStruct(shape, jnp.int32, sharding=batch_sharding)
+    return jitted.lower(a_params, a_opt, a_batch).compile()
+

@@ -1,0 +1,206 @@
+"""A step that fits (`cgpt.fit`): the search's order and cost, and train/plan choosing from the
+compiled step's memory on emulated CPU devices."""
+import json
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+
+import jax
+import pytest
+
+from cgpt import fit, plan
+from cgpt.config import get_config
+from cgpt.data import DataConfig
+from cgpt.runconfig import RunConfig, TrainConfig, from_dict
+from cgpt.train import TrainError, train
+
+
+# ---- the search on a memory model (no compiles) ---------------------------------------------
+class FakeCompiled:
+    def __init__(self, total: int):
+        self.total = total
+
+    def memory_analysis(self):
+        return SimpleNamespace(argument_size_in_bytes=self.total // 2, output_size_in_bytes=0,
+                               temp_size_in_bytes=self.total - self.total // 2,
+                               alias_size_in_bytes=0)
+
+
+def _fake(per_token: int, remat_saving: float = 0.5, accum_buffer: int = 0):
+    """compile_fn whose step needs state + micro x per_token (less with remat, plus a
+    gradient buffer once it accumulates), recording what was compiled."""
+    calls = []
+
+    def compile_fn(m: int, remat: bool):
+        calls.append((m, remat))
+        act = m * per_token * (remat_saving if remat else 1)
+        return FakeCompiled(int(1000 + act + (accum_buffer if m < 90 else 0)))
+
+    return compile_fn, calls
+
+
+def test_first_candidate_that_fits_is_the_only_compile():
+    compile_fn, calls = _fake(per_token=10)
+    choice, compiled = fit.search(fit.divisors_desc(90), 90, compile_fn, device_memory=10**6)
+    assert (choice.micro_batch, choice.accum, choice.remat, choice.fits) == (90, 1, False, True)
+    assert calls == [(90, False)] and compiled.total == 1900
+
+
+def test_remat_before_accumulation_then_bisection():
+    # 90 sequences: off needs 1000 + 900*10, on 1000 + 450*10 -> remat on at full batch fits
+    compile_fn, calls = _fake(per_token=100)
+    choice, _ = fit.search(fit.divisors_desc(90), 90, compile_fn,
+                           device_memory=int(6000 / (1 - fit.HEADROOM)))
+    assert calls == [(90, False), (90, True)]
+    assert (choice.micro_batch, choice.remat) == (90, True)
+    # a tighter budget: bisect the divisors with remat on, then retry remat off there
+    compile_fn, calls = _fake(per_token=100, accum_buffer=200)
+    usable = 1000 + 200 + 15 * 100  # remat off fits at 15 sequences, remat on at 30
+    choice, _ = fit.search(fit.divisors_desc(90), 90, compile_fn,
+                           device_memory=int(usable / (1 - fit.HEADROOM)) + 1)
+    assert (choice.micro_batch, choice.accum, choice.remat) == (30, 3, True)
+    assert len(calls) <= 2 + 1 + 4 + 1  # full batch x2, the smallest, log2(11) steps, remat off
+    assert choice.fits and len(choice.tried) == len(calls)
+    # every divisor larger than the choice was either compiled and too big, or skipped
+    assert all(c.bytes["total"] > choice.usable for c in choice.tried
+               if c.micro_batch > choice.micro_batch)
+
+
+def test_given_micro_batch_and_remat_are_only_checked():
+    compile_fn, calls = _fake(per_token=100)
+    choice, _ = fit.search([45], 90, compile_fn, device_memory=10**9, remat=False,
+                           micro_given=True)
+    assert calls == [(45, False)] and (choice.micro_batch, choice.accum) == (45, 2)
+    choice, _ = fit.search([45], 90, compile_fn, device_memory=5000, remat=False,
+                           micro_given=True)
+    assert not choice.fits
+    msg = choice.error("13B on 8 devices")
+    assert msg.startswith("13B on 8 devices: the step as set (micro-batch 45, remat off) needs")
+    assert "a smaller train.micro_batch" in msg and "model.remat=true" in msg
+
+
+def test_nothing_fits_names_the_numbers_and_the_fix():
+    compile_fn, _ = _fake(per_token=100)
+    choice, _ = fit.search(fit.divisors_desc(90), 90, compile_fn, device_memory=1000)
+    assert not choice.fits and (choice.micro_batch, choice.remat) == (1, True)
+    msg = choice.error("13B (12.9B params), weight_streaming on 8 devices")
+    assert "micro-batch 1, remat on" in msg and "per device" in msg and "usable" in msg
+    assert "more devices" in msg and "slurm.nodes" in msg and "compute_dtype=bfloat16" in msg
+
+
+# ---- plan and train on emulated devices -----------------------------------------------------
+# tiny-116k, batch 32 x 128 tokens on 4 data-parallel devices: activations dominate, so a
+# small device memory forces accumulation (measured: 8 rows/replica 14 MB, 2 rows 5 MB).
+SHAPE = dict(batch=32, seq_len=128)
+
+
+def _devices(n: int = 4):
+    if jax.device_count() < n:
+        pytest.skip(f"needs {n} emulated CPU devices (conftest sets 8)")
+    return jax.devices()[:n]
+
+
+def _plan(**kw) -> dict:
+    return plan.plan("tiny-116k", "data_parallel", "data=4", 4, cpu_devices=_devices(), **SHAPE,
+                     **kw)
+
+
+@pytest.fixture(scope="module")
+def full_step():
+    """The default plan on big devices: the no-accumulation step, one compile."""
+    return _plan(device_memory="80GB")
+
+
+def test_plan_defaults_are_trains(full_step):
+    r = full_step
+    assert (r["micro_batch"], r["accum"], r["remat"]) == (8, 1, False)
+    assert r["fit"]["searched"] == ["micro_batch", "remat"] and len(r["fit"]["tried"]) == 1
+    run = from_dict({"preset": "tiny-116k"})
+    assert run.model.remat is None and run.train.micro_batch is None  # train: also searched
+    assert r["dtype"] == run.model.compute_dtype == get_config("tiny-116k").compute_dtype
+
+
+@pytest.fixture(scope="module")
+def accumulating(full_step):
+    """The plan on devices whose usable memory is 55% of what the full step needs."""
+    memory = int(0.55 * full_step["per_device_bytes"]["total"] / (1 - fit.HEADROOM))
+    return _plan(device_memory=memory)
+
+
+def test_small_device_memory_forces_accumulation(full_step, accumulating):
+    full = full_step["per_device_bytes"]["total"]
+    r, memory = accumulating, accumulating["device_memory"]
+    assert r["fits"] and r["accum"] > 1 and r["micro_batch"] * r["accum"] == 8
+    assert r["per_device_bytes"]["total"] <= r["usable_memory"] < full
+    assert r["fit"]["tried"][0] == {"micro_batch": 8, "remat": False, "total": full}
+    # an explicit micro-batch is honoured (and only checked)
+    given = _plan(device_memory=memory, micro_batch=8, remat=False)
+    assert (given["micro_batch"], given["accum"], given["fits"]) == (8, 1, False)
+    assert given["fit"]["searched"] == []
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    import sysconfig
+    d = tmp_path_factory.mktemp("corpus")
+    lib = Path(sysconfig.get_paths()["stdlib"])
+    for name in ("textwrap.py", "shlex.py", "fnmatch.py", "glob.py"):
+        shutil.copy(lib / name, d / name)
+    return d
+
+
+def _run(corpus, tmp_path, **kw) -> RunConfig:
+    return RunConfig(
+        preset="tiny-116k", model=get_config("tiny-116k"),
+        data=DataConfig(source=str(corpus), vocab_size=512, seq_len=128, val_sequences=8,
+                        cache_dir=str(tmp_path / "cache")),
+        train=TrainConfig(tokens=32 * 128 * 3, batch_size=32, mode="data_parallel",
+                          mesh="data=4", **kw))
+
+
+def test_train_chooses_what_plan_chooses_and_records_it(corpus, tmp_path, accumulating):
+    _devices()
+    planned, memory = accumulating, accumulating["device_memory"]
+    s = train(_run(corpus, tmp_path, device_memory=str(memory)), tmp_path / "run",
+              progress=False)
+    p = s["placement"]
+    assert (p["micro_batch"], p["accum"], p["remat"]) == (
+        planned["micro_batch"], planned["accum"], planned["remat"])
+    assert p["bytes_per_device"] == planned["per_device_bytes"]["total"] and p["fits"]
+    assert p["device_memory"] == memory
+    # config.yaml keeps what was asked (chosen per launch), so a resume elsewhere may differ
+    saved = json.loads(json.dumps(__import__("yaml").safe_load(
+        (tmp_path / "run" / "config.yaml").read_text())))
+    assert saved["train"]["micro_batch"] is None and saved["model"]["remat"] is None
+
+
+def test_train_stops_before_writing_when_nothing_fits(corpus, tmp_path):
+    _devices()
+    with pytest.raises(TrainError) as e:
+        train(_run(corpus, tmp_path, device_memory="200KB"), tmp_path / "run", progress=False)
+    msg = str(e.value)
+    assert msg.startswith("tiny-116k (") and "data_parallel on 4 device(s) (data=4)" in msg
+    assert "per device" in msg and "usable (0.2 MB per device less 10% headroom)" in msg
+    assert "more devices" in msg
+    assert not (tmp_path / "run").exists()
+    with pytest.raises(TrainError, match="a smaller train.micro_batch"):
+        train(_run(corpus, tmp_path, device_memory="1MB", micro_batch=8), tmp_path / "run2",
+              progress=False)
+
+
+def test_old_run_dirs_resume_and_the_launch_picks_its_own_step(tmp_path):
+    """A run directory written before the fit existed (model.remat: false, an explicit
+    micro-batch) resumes under a launch that leaves both unset, and vice versa: they are
+    chosen per launch, like the mode and mesh."""
+    from cgpt.sweep.spec import config_hash
+    from cgpt.train import resolve_run
+
+    old = from_dict({"preset": "tiny-17k", "model": {"remat": False},
+                     "train": {"batch_size": 8, "micro_batch": 2}})
+    (tmp_path / "config.yaml").write_text(old.to_yaml())
+    new = from_dict({"preset": "tiny-17k", "train": {"batch_size": 8}})
+    assert resolve_run(new, tmp_path, resume=True) == new
+    assert config_hash(old.to_dict()) == config_hash(new.to_dict())  # the sweep's identity too
+    with pytest.raises(TrainError, match="train.batch_size"):  # what is trained still counts
+        resolve_run(from_dict({"preset": "tiny-17k", "train": {"batch_size": 16}}), tmp_path,
+                    resume=True)
