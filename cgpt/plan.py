@@ -186,8 +186,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--micro-batches", type=int,
                    help="layer_pipelined: micro-batches per step (default: up to 4 x stages)")
     p.add_argument("--seq-len", type=int, help="tokens per sequence (default: n_ctx)")
-    p.add_argument("--dtype", help="compute dtype: float32 | bfloat16 (default: the preset's, "
-                   "as train uses)")
+    p.add_argument("--dtype", help="compute dtype: float32 | bfloat16 (default: the "
+                   "--platform's, as train chooses there)")
+    p.add_argument("--platform", default="gpu", choices=("gpu", "tpu", "rocm", "cpu"),
+                   help="the devices planned for (default gpu): their dtype, attention and "
+                        "vocabulary padding (cgpt.backend); compiled on emulated CPU devices")
     p.add_argument("--remat", choices=("on", "off"),
                    help="recompute each layer in the backward pass (default: off if the step "
                         "fits, as train chooses)")
@@ -242,9 +245,10 @@ def plan(model: str, mode: str, mesh: str = "", devices: int = 8,
          device_memory: int | str = "80GB", batch: int | None = None,
          micro_batch: int | None = None, micro_batches: int | None = None,
          seq_len: int | None = None, dtype: str | None = None, remat: bool | None = None,
-         host_offload: bool = False, cpu_devices=None) -> dict:
+         host_offload: bool = False, cpu_devices=None, platform: str = "gpu") -> dict:
     """Compile one train step on abstract arrays and report its per-device costs. Unset
-    micro_batch / remat / dtype default as in `train` (`cgpt.fit` chooses the first two)."""
+    micro_batch / remat / dtype default as in `train` on `platform` (`cgpt.fit` chooses the
+    first two, `cgpt.backend` the dtype)."""
     from cgpt import sharding
     from cgpt.config import get_config
     from cgpt.data import DataConfig
@@ -264,19 +268,25 @@ def plan(model: str, mode: str, mesh: str = "", devices: int = 8,
     if cpu_devices is None:
         import jax
         cpu_devices = jax.devices("cpu")[:devices]
-    return plan_run(run, device_memory, cpu_devices, mode_flags=True)
+    return plan_run(run, device_memory, cpu_devices, mode_flags=True, platform=platform)
 
 
-def plan_run(run, device_memory: int | str, cpu_devices, mode_flags: bool = False) -> dict:
-    """`plan` of a full RunConfig (its mode, mesh, batch, micro-batch, remat) on `cpu_devices`.
+def plan_run(run, device_memory: int | str, cpu_devices, mode_flags: bool = False,
+             platform: str = "gpu") -> dict:
+    """`plan` of a full RunConfig (its mode, mesh, batch, micro-batch, remat) on `cpu_devices`,
+    with `platform`'s kernels and dtype where the config says "auto" (as `train` there).
     mode_flags: errors name plan's flags (--batch) rather than config keys (train.batch_size)."""
+    import dataclasses
+
     import jax
 
-    from cgpt import flops, optim, sharding
+    from cgpt import backend, flops, optim, sharding
     from cgpt.runconfig import parse_bytes
     from cgpt.train import TrainError, fit_step, make_plan
 
     memory = parse_bytes(device_memory) if isinstance(device_memory, str) else int(device_memory)
+    run = dataclasses.replace(run, model=backend.for_platform(run.model, platform,
+                                                              compile_on="cpu"))
     cfg, T, t = run.model, run.data.seq_len, run.train
     strategy = sharding.make_strategy(t.mode, t.mesh, cfg, t, devices=cpu_devices,
                                       device_memory=memory, seq_len=T,
@@ -314,7 +324,7 @@ def plan_run(run, device_memory: int | str, cpu_devices, mode_flags: bool = Fals
         "num_devices": n,
         "n_params": cfg.num_params(), "batch": p.batch_size, "seq_len": T,
         "micro_batch": p.micro_batch, "accum": p.accum, "remat": bool(cfg.remat),
-        "dtype": cfg.compute_dtype,
+        "dtype": cfg.compute_dtype, "platform": platform, "attention": cfg.attention,
         "per_device_bytes": {
             "params": shard_bytes(a_params), "optimizer": shard_bytes(a_opt), "temp": b["temp"],
             "total": b["total"], "argument": b["argument"], "output": b["output"],
@@ -358,8 +368,8 @@ def format_plan(r: dict) -> str:
                        f"{_gb(c['total'])}" for c in tried)) if searched else "as given"
     lines = [
         f"{r['model']} ({r['n_params'] / 1e9:.3g}B params), {r['mode']} on {mesh} "
-        f"({r['num_devices']} devices); batch {r['batch']} x {r['seq_len']} tokens, "
-        f"{r['dtype']}",
+        f"({r['num_devices']} devices of a {r['platform']}); batch {r['batch']} x "
+        f"{r['seq_len']} tokens, {r['dtype']}, {r['attention']} attention",
         f"step          micro-batch {r['micro_batch']} x {r['accum']} accumulation steps, "
         f"remat {'on' if r['remat'] else 'off'} ({how})",
         "per device:",
@@ -430,7 +440,7 @@ def _argv(args) -> list[str]:
     """The command line that reproduces `args` (for the re-run in a fresh process)."""
     out = []
     for key in ("model", "mode", "mesh", "devices", "device_memory", "batch", "micro_batch",
-                "micro_batches", "seq_len", "dtype", "remat"):
+                "micro_batches", "seq_len", "dtype", "remat", "platform"):
         v = getattr(args, key)
         if v is not None and v != "":
             out += [f"--{key.replace('_', '-')}", str(v)]
@@ -459,7 +469,7 @@ def cmd_plan(args) -> int:
         return subprocess.run([sys.executable, "-m", "cgpt.plan", *_argv(args)], env=env).returncode
     r = plan(args.model, args.mode, args.mesh, len(devs), memory, args.batch, args.micro_batch,
              args.micro_batches, args.seq_len, args.dtype, remat, args.host_offload,
-             cpu_devices=devs)
+             cpu_devices=devs, platform=args.platform)
     print(json.dumps(r) if args.json else format_plan(r))
     return 0
 
