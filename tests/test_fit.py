@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import jax
 import pytest
 
-from cgpt import fit, plan
+from cgpt import backend, fit, plan
 from cgpt.config import get_config
 from cgpt.data import DataConfig
 from cgpt.runconfig import RunConfig, TrainConfig, from_dict
@@ -101,8 +101,9 @@ def _devices(n: int = 4):
 
 
 def _plan(**kw) -> dict:
+    # planned for this CPU, so that train here makes the same choices (its dtype too)
     return plan.plan("tiny-116k", "data_parallel", "data=4", 4, cpu_devices=_devices(), **SHAPE,
-                     **kw)
+                     platform="cpu", **kw)
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +118,10 @@ def test_plan_defaults_are_trains(full_step):
     assert r["fit"]["searched"] == ["micro_batch", "remat"] and len(r["fit"]["tried"]) == 1
     run = from_dict({"preset": "tiny-116k"})
     assert run.model.remat is None and run.train.micro_batch is None  # train: also searched
-    assert r["dtype"] == run.model.compute_dtype == get_config("tiny-116k").compute_dtype
+    assert run.model.compute_dtype == get_config("tiny-116k").compute_dtype == "auto"
+    assert r["dtype"] == backend.resolve(run.model, "cpu").compute_dtype == "float32"
+    assert plan.plan("tiny-116k", "data_parallel", "data=4", 4, cpu_devices=_devices(),
+                     **SHAPE)["dtype"] == backend.resolve(run.model, "gpu").compute_dtype
 
 
 @pytest.fixture(scope="module")
@@ -195,10 +199,12 @@ def test_old_run_dirs_resume_and_the_launch_picks_its_own_step(tmp_path):
     from cgpt.sweep.spec import config_hash
     from cgpt.train import resolve_run
 
-    old = from_dict({"preset": "tiny-17k", "model": {"remat": False},
+    # a run directory records its concrete dtype (cgpt.backend.resolve); an old one float32
+    old = from_dict({"preset": "tiny-17k", "model": {"remat": False, "compute_dtype": "float32"},
                      "train": {"batch_size": 8, "micro_batch": 2}})
     (tmp_path / "config.yaml").write_text(old.to_yaml())
-    new = from_dict({"preset": "tiny-17k", "train": {"batch_size": 8}})
+    new = from_dict({"preset": "tiny-17k", "model": {"compute_dtype": "float32"},
+                     "train": {"batch_size": 8}})
     assert resolve_run(new, tmp_path, resume=True) == new
     assert config_hash(old.to_dict()) == config_hash(new.to_dict())  # the sweep's identity too
     with pytest.raises(TrainError, match="train.batch_size"):  # what is trained still counts
