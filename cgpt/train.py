@@ -337,7 +337,9 @@ def _train(run: RunConfig, out: Path, resume: bool, progress: bool, strategy,
     memory = memory or device_memory_bytes()
     if jax.process_count() > 1:  # every process must compile the same step: the smallest memory
         from jax.experimental import multihost_utils
-        memory = int(np.min(multihost_utils.process_allgather(np.int64(memory))))
+        # in MiB: without jax_enable_x64 the gather is int32, which bytes would overflow
+        mib = multihost_utils.process_allgather(np.int32(min(memory >> 20, 2**31 - 1)))
+        memory = int(np.min(mib)) << 20
     plan, cfg, step_fn, fitted = fit_step(run, strategy, optimizer, memory)
     if not fitted.fits:
         mesh = ",".join(f"{k}={v}" for k, v in (strategy.describe().get("mesh") or {}).items())
