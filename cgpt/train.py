@@ -142,7 +142,7 @@ def fit_step(run: RunConfig, strategy, optimizer: optax.GradientTransformation,
     def compile_one(m: int, remat: bool):
         r = variant(m, remat)
         p = make_plan(r, replicas)
-        getattr(strategy, "prepare", lambda p: None)(p)
+        strategy.prepare(p)
         return fit.compile_step(strategy, make_step(r.model, optimizer, strategy.loss), r.model,
                                 optimizer, p)
 
@@ -150,7 +150,7 @@ def fit_step(run: RunConfig, strategy, optimizer: optax.GradientTransformation,
                                   device_memory, run.model.remat, bool(t.micro_batch))
     chosen = variant(choice.micro_batch, choice.remat)
     plan = make_plan(chosen, replicas)
-    getattr(strategy, "prepare", lambda p: None)(plan)
+    strategy.prepare(plan)
     return plan, chosen.model, compiled, choice
 
 
