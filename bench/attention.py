@@ -4,7 +4,7 @@
     python bench/attention.py --preset 111M --batch 2 --seq 2048 --kernels xla,cudnn --dtype bfloat16
 
 Prints ms per block step and each kernel's time relative to the first: the measurement behind
-`cgpt.backend`'s choice of attention per platform.
+`cgpt.config.backend`'s choice of attention per platform.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import numpy as np
 
 
 def time_block(cfg, batch: int, seq: int, repeats: int) -> float:
-    from cgpt import model
+    from cgpt.model import gpt as model
 
     params = jax.tree.map(lambda a: a[0], model.init_params(cfg, seed=0)["h"])
     x = jnp.asarray(np.random.default_rng(0).standard_normal((batch, seq, cfg.d_model)),
@@ -34,7 +34,7 @@ def time_block(cfg, batch: int, seq: int, repeats: int) -> float:
 
 
 def main() -> None:
-    from cgpt.config import get_config
+    from cgpt.config.model import get_config
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", action="append", help="model shape (repeatable); default "

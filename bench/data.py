@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def make_corpus(out: Path, gb: float, files: int, seed: int = 0) -> list[Path]:
     """JSONL files of documents that are random slices (200 B .. 20 KB) of the stdlib text."""
-    from cgpt import corpus
+    from cgpt.data import corpus
 
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / "jsonl" / f"part{i:02d}.jsonl" for i in range(files)]
@@ -70,7 +70,7 @@ def compress(paths: list[Path], out: Path) -> list[Path]:
 
 
 def tokenizer(path: Path, sample: Path):
-    from cgpt.tokenizer import train_tokenizer
+    from cgpt.data.tokenizer import train_tokenizer
 
     if not path.is_file():
         with open(sample) as f:
@@ -152,7 +152,7 @@ def main() -> None:
     ap.add_argument("--dir", default="/tmp/cgpt-bench-data")
     args = ap.parse_args()
     sys.path.insert(0, str(REPO))
-    from cgpt.sources import cpu_count
+    from cgpt.data.sources import cpu_count
 
     d = Path(args.dir)
     t0 = time.perf_counter()

@@ -27,7 +27,7 @@ def main() -> None:
     import transformers
 
     import cgpt
-    from cgpt.hf import config_to_hf
+    from cgpt.model.hf import config_to_hf
 
     cfg = cgpt.get_config(args.model)
     transformers.logging.set_verbosity_error()

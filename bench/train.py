@@ -29,8 +29,9 @@ def _best(fn, steps: int) -> float:
 def bench_cgpt(cfg, tokens, steps):
     import jax
 
-    from cgpt import model, optim
-    from cgpt.train import make_step
+    from cgpt.model import gpt as model
+    from cgpt.train import optim
+    from cgpt.train.loop import make_step
 
     r = optim.Recipe(peak_lr=1e-3, decay="linear", adam_eps=1e-8, batch_size=tokens.shape[0],
                      warmup_steps=10, total_steps=1000)
@@ -51,7 +52,7 @@ def bench_torch(cfg, tokens, steps, threads):
     import torch
     import transformers
 
-    from cgpt.hf import config_to_hf
+    from cgpt.model.hf import config_to_hf
 
     if threads:
         torch.set_num_threads(threads)
@@ -83,8 +84,8 @@ def main() -> None:
     args = ap.parse_args()
 
     import cgpt
-    from cgpt import flops
-    from cgpt.perf import measured_matmul_peak
+    from cgpt.config import flops
+    from cgpt.train.mfu import measured_matmul_peak
 
     cfg = cgpt.get_config(args.model)
     tokens = np.random.default_rng(0).integers(0, cfg.vocab_size, (args.batch, args.seq_len + 1))

@@ -4,15 +4,15 @@
     python bench/train_gpu.py --models 1.3B --batch 4 --steps 20
     python bench/train_gpu.py --models tiny-45k --seq 128 --batch 4 --steps 3 --device cpu --no-compile
 
-cgpt side: the training step `cgpt train` runs (`cgpt.train.make_step`, published AdamW recipe,
-f32 parameters and optimizer state, bf16 matmuls, the platform's kernels from `cgpt.backend`:
+cgpt side: the training step `cgpt train` runs (`cgpt.train.loop.make_step`, published AdamW recipe,
+f32 parameters and optimizer state, bf16 matmuls, the platform's kernels from `cgpt.config.backend`:
 cuDNN flash attention, vocabulary padded to a multiple of 128). PyTorch side: transformers'
 GPT2LMHeadModel of the same config with `attn_implementation="sdpa"`, f32 master weights under
 bf16 autocast (the same mixed precision), fused AdamW, global-norm clipping, `torch.compile`.
 Both train the same batch of random tokens; the time is the median of the timed steps after
-two warm-up steps (compilation). MFU = counted training FLOPs (`cgpt.flops`: 6 x matmul
+two warm-up steps (compilation). MFU = counted training FLOPs (`cgpt.config.flops`: 6 x matmul
 parameters + full T x T attention, the convention of `cgpt train`'s MFU) / step time / the
-device's dense bf16 peak (`cgpt.perf`: spec sheet on GPUs, a measured matmul on CPUs).
+device's dense bf16 peak (`cgpt.train.mfu`: spec sheet on GPUs, a measured matmul on CPUs).
 
 Targets (issue #10): >= 50% MFU at 1.3B and >= 1.2x the PyTorch step. Every number printed is
 measured in this run; on a machine without a GPU the script refuses (`--device cpu` runs the
@@ -43,8 +43,9 @@ def _median_step(run, steps: int) -> float:
 def bench_cgpt(cfg, tokens: np.ndarray, steps: int) -> tuple[float, float]:
     import jax
 
-    from cgpt import model, optim
-    from cgpt.train import make_step
+    from cgpt.model import gpt as model
+    from cgpt.train import optim
+    from cgpt.train.loop import make_step
 
     recipe = optim.Recipe(peak_lr=1e-4, decay="linear", adam_eps=1e-8,
                           batch_size=tokens.shape[0], warmup_steps=10, total_steps=1000)
@@ -67,7 +68,7 @@ def bench_torch(cfg, tokens: np.ndarray, steps: int, device: str, dtype: str,
     import torch
     import transformers
 
-    from cgpt.hf import config_to_hf
+    from cgpt.model.hf import config_to_hf
 
     torch.manual_seed(0)
     hf_cfg = transformers.GPT2Config(**config_to_hf(cfg.replace(compute_dtype="float32")),
@@ -132,9 +133,9 @@ def main(argv: list[str] | None = None) -> int:
 
     import jax
 
-    from cgpt import backend, flops
-    from cgpt.config import get_config
-    from cgpt.perf import peak_flops
+    from cgpt.config import backend, flops
+    from cgpt.config.model import get_config
+    from cgpt.train.mfu import peak_flops
 
     dev = jax.devices()[0]
     peak, peak_src = peak_flops(args.dtype)

@@ -42,13 +42,13 @@ def _add_train(sub) -> None:
 
 
 def build_run(args):
-    from cgpt.overrides import apply_overrides, coerce_source, seed_overrides
-    from cgpt.runconfig import from_dict, load_yaml
+    from cgpt.config.overrides import apply_overrides, coerce_source, seed_overrides
+    from cgpt.config.run import from_dict, load_yaml
 
     raw = load_yaml(args.config) if args.config else {}
     if getattr(args, "branch_from", None) and not args.config:  # the parent's config by default
-        from cgpt.branch import parse_spec
-        from cgpt.checkpoint import read_run_config
+        from cgpt.train.branch import parse_spec
+        from cgpt.train.checkpoint import read_run_config
 
         raw = read_run_config(parse_spec(args.branch_from)[0])
     if args.model:
@@ -75,15 +75,15 @@ def _emulate_cpu_devices(mesh_spec: str | None) -> None:
     """On a CPU host, expose as many (emulated) devices as --mesh asks for. Only the CPU
     backend reads this, and only if no JAX computation has started yet."""
     if mesh_spec:
-        from cgpt.distributed import devices_per_process
+        from cgpt.sharding.distributed import devices_per_process
         from cgpt.sharding import emulate_cpu_devices, mesh_size
 
         emulate_cpu_devices(devices_per_process(mesh_size(mesh_spec)))
 
 
 def cmd_train(args) -> int:
-    from cgpt import distributed
-    from cgpt.train import train
+    from cgpt.sharding import distributed
+    from cgpt.train.loop import train
 
     run = build_run(args)
     _emulate_cpu_devices(run.train.mesh)
@@ -91,7 +91,7 @@ def cmd_train(args) -> int:
     out = Path(args.out or f"runs/{run.model.name}")
     branch_from = None
     if args.branch_from:
-        from cgpt.branch import branch_run, parse_spec
+        from cgpt.train.branch import branch_run, parse_spec
 
         branch_from = parse_spec(args.branch_from)
         run = branch_run(branch_from[0], run)
@@ -108,8 +108,8 @@ def cmd_train(args) -> int:
 
 
 def cmd_list(args) -> int:
-    from cgpt import flops
-    from cgpt.config import get_config, list_configs
+    from cgpt.config import flops
+    from cgpt.config.model import get_config, list_configs
 
     print(f"{'name':14s} {'layers':>6s} {'d_model':>7s} {'heads':>5s} {'params':>15s} "
           f"{'non-emb':>15s} {'chinchilla D':>15s} {'FLOPs':>9s}")
@@ -131,16 +131,16 @@ def cmd_generate(args) -> int:
 
 
 def cmd_eval(args) -> int:
-    if args.tasks:  # lm-evaluation-harness tasks: cgpt/harness.py
+    if args.tasks:  # lm-evaluation-harness tasks: cgpt/eval/harness.py
         try:
-            from cgpt.harness import run_tasks
+            from cgpt.eval.harness import run_tasks
         except ImportError as e:
             raise ValueError(str(e)) from e
         return run_tasks(args)
     import tempfile
 
     import cgpt
-    from cgpt.data import DataConfig, load_data
+    from cgpt.data.batches import DataConfig, load_data
 
     lm = cgpt.load(args.source, dtype=args.dtype)
     if lm.tokenizer is None:
@@ -191,7 +191,10 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--output", help="--tasks: results JSON path")
     e.add_argument("--bootstrap-iters", type=int, default=100000,
                    help="--tasks: bootstrap resamples for the stderr (0: none)")
-    from cgpt import coordcheck, plan, prepare, sweep
+    from cgpt import sweep
+    from cgpt.eval import coordcheck
+    from cgpt.plan import command as plan
+    from cgpt.data import prepare
 
     sweep.register(sub)
     plan.register(sub)
@@ -203,17 +206,17 @@ def main(argv: list[str] | None = None) -> int:
         argv = [a for a, o in zip(argv, is_override) if not o] + \
             [a for a, o in zip(argv, is_override) if o]
     args = ap.parse_args(argv)
-    from cgpt.data import DataError
-    from cgpt.distributed import DistributedError
+    from cgpt.data.batches import DataError
+    from cgpt.sharding.distributed import DistributedError
     from cgpt.errors import LoadError
-    from cgpt.preempt import Preempted
-    from cgpt.rundir import RunDirError
-    from cgpt.train import TrainError
+    from cgpt.train.preempt import Preempted
+    from cgpt.train.rundir import RunDirError
+    from cgpt.train.loop import TrainError
 
     handlers = {"train": cmd_train, "list": cmd_list, "generate": cmd_generate, "eval": cmd_eval}
     try:
         return args.func(args) if hasattr(args, "func") else handlers[args.command](args)
-    except Preempted as e:  # checkpointed on SIGTERM/SIGUSR1/SIGUSR2 (cgpt.preempt)
+    except Preempted as e:  # checkpointed on SIGTERM/SIGUSR1/SIGUSR2 (cgpt.train.preempt)
         print(f"cgpt {args.command}: {e}", file=sys.stderr)
         return e.exit_code
     except (ValueError, TrainError, LoadError, DataError, RunDirError, DistributedError) as e:

@@ -1,4 +1,4 @@
-"""Per-platform kernels and dtypes (cgpt.backend): the chooser, the attention kernels and the
+"""Per-platform kernels and dtypes (cgpt.config.backend): the chooser, the attention kernels and the
 padded vocabulary against the CPU path, and how an "auto" dtype is recorded and resumed."""
 import jax
 import jax.numpy as jnp
@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 import yaml
 
-from cgpt import backend, model
-from cgpt.config import ModelConfig
-from cgpt.runconfig import from_dict
+from cgpt.config import backend
+from cgpt.model import gpt as model
+from cgpt.config.model import ModelConfig
+from cgpt.config.run import from_dict
 
 TINY = ModelConfig(name="tiny", n_layer=1, d_model=16, n_head=2, vocab_size=97, n_ctx=256)
 
@@ -123,7 +124,7 @@ def _old_run_dir(tmp_path, **model_keys):
 
 @pytest.mark.parametrize("platform", ["cpu", "gpu"])
 def test_resume_of_an_old_float32_run_keeps_float32(tmp_path, monkeypatch, platform):
-    from cgpt.train import TrainError, resolve_run
+    from cgpt.train.loop import TrainError, resolve_run
 
     monkeypatch.setattr(backend, "current_platform", lambda: platform)
     out = _old_run_dir(tmp_path / "old")

@@ -10,13 +10,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cgpt import optim
-from cgpt.branch import BranchError, parse_spec
+from cgpt.train import optim
+from cgpt.train.branch import BranchError, parse_spec
 from cgpt.cli import main as cli_main
-from cgpt.config import get_config
-from cgpt.data import DataConfig
-from cgpt.runconfig import RunConfig, TrainConfig
-from cgpt.train import make_plan, train
+from cgpt.config.model import get_config
+from cgpt.data.batches import DataConfig
+from cgpt.config.run import RunConfig, TrainConfig
+from cgpt.train.loop import make_plan, train
 
 TOK_PER_STEP = 8 * 16
 

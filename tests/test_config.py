@@ -1,8 +1,8 @@
 import pytest
 
 import cgpt
-from cgpt import flops
-from cgpt.config import ModelConfig
+from cgpt.config import flops
+from cgpt.config.model import ModelConfig
 
 # Published shapes and the counts they imply (Cerebras-GPT paper App. E formula; HF cards).
 PUBLISHED = {

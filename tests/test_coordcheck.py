@@ -4,8 +4,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from cgpt.coordcheck import CoordCheck, coord_check, family
-from cgpt.config import ModelConfig
+from cgpt.eval.coordcheck import CoordCheck, coord_check, family
+from cgpt.config.model import ModelConfig
 from cgpt.cli import main
 
 WIDTHS = [16, 32, 64, 128]

@@ -11,10 +11,10 @@ import os
 import numpy as np
 import pytest
 
-from cgpt import corpus
-from cgpt import data as data_mod
-from cgpt import prepare as prepare_mod
-from cgpt.data import EOT, DataConfig, DataError, load_data
+from cgpt.data import corpus
+from cgpt.data import batches as data_mod
+from cgpt.data import prepare as prepare_mod
+from cgpt.data.batches import EOT, DataConfig, DataError, load_data
 
 WORDS = ("the model reads tokens and predicts the next one while loss falls with scale "
          "data compute params optimizer warmup decay batch sequence layer head attention").split()

@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 
 import cgpt
-from cgpt import checkpoint, rundir
+from cgpt.train import checkpoint, rundir
 from cgpt.cli import main as cli_main
-from cgpt.config import get_config
-from cgpt.data import DataConfig
-from cgpt.runconfig import RunConfig, TrainConfig, from_dict
-from cgpt.train import TrainError, train
+from cgpt.config.model import get_config
+from cgpt.data.batches import DataConfig
+from cgpt.config.run import RunConfig, TrainConfig, from_dict
+from cgpt.train.loop import TrainError, train
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -109,7 +109,7 @@ def test_nonfinite_state_is_never_checkpointed(corpus, cache, tmp_path, monkeypa
     """Even with a finite loss and grad_norm, non-finite state is never written to disk."""
     import jax.numpy as jnp
 
-    import cgpt.train as tr
+    import cgpt.train.loop as tr
     real = tr.make_step
 
     def poisoned(cfg, optimizer, loss=tr.model.loss_fn):
@@ -138,7 +138,7 @@ def test_summary_after_a_late_kill_equals_uninterrupted(corpus, cache, tmp_path,
     kw = dict(tokens=8 * 16 * 100, ckpt_every=97, eval_every=50, log_every=10)
     ref = train(_run(corpus, cache, **kw), tmp_path / "ref", progress=False)
 
-    import cgpt.train as tr
+    import cgpt.train.loop as tr
     real = tr.load_data
 
     class Killed(Exception):
@@ -197,7 +197,7 @@ def test_disk_full_during_a_save_is_one_clear_error(corpus, cache, tmp_path, mon
         finally:
             subprocess.run(["umount", "-l", str(mnt)])
     else:  # no tmpfs here: inject the OSError the kernel would raise at the third save
-        import cgpt.checkpoint as ck
+        import cgpt.train.checkpoint as ck
         real_save = ck.Checkpointer.save
 
         def save(self, step, params, opt_state):
@@ -222,7 +222,7 @@ def test_disk_full_during_a_save_is_one_clear_error(corpus, cache, tmp_path, mon
 
 def test_read_only_run_directory_mid_run(corpus, cache, tmp_path, monkeypatch):
     out = tmp_path / "run"
-    import cgpt.train as tr
+    import cgpt.train.loop as tr
     real = tr.atomic_write_text
 
     def ro(path, text):
@@ -252,14 +252,14 @@ def test_failed_launch_leaves_nothing_behind(corpus, cache, tmp_path, capsys):
     # A leftover tokenizer.json (a launch killed before it wrote its config) is not reused.
     shutil.copy(next((cache / "tokenizers").glob("bpe400-*.json")), out / "tokenizer.json")
     assert cli_main(_flags(corpus, cache, out)) == 0, capsys.readouterr().err
-    from cgpt.data import load_tokenizer
+    from cgpt.data.batches import load_tokenizer
     assert load_tokenizer(out / "tokenizer.json").get_vocab_size() == 512
 
 
 # ---- 7: one trainer per run directory ------------------------------------------------------
 _HOLD = r"""
 import sys, time
-from cgpt import rundir
+from cgpt.train import rundir
 lock = rundir.RunLock(sys.argv[1]).acquire()
 print("locked", flush=True)
 time.sleep(600)
@@ -321,8 +321,8 @@ def test_model_vocab_size_error_names_the_model_key():
 
 
 def test_empty_prompt_is_a_clear_error(tmp_path, capsys):
-    from cgpt.lm import LM
-    from cgpt.model import init_params
+    from cgpt.eval.lm import LM
+    from cgpt.model.gpt import init_params
     cfg = get_config("tiny-17k")
     lm = LM(cfg, init_params(cfg, 0))
     for empty in ([], [[]], np.zeros((1, 0), np.int32)):
@@ -339,7 +339,7 @@ def test_reshaped_preset_has_its_own_name():
     # The saved config reads back to the same run (resume compares them).
     assert from_dict(run.to_dict()) == run
     # and the recipe is still the preset's
-    from cgpt.train import make_plan
+    from cgpt.train.loop import make_plan
     big = from_dict({"preset": "111M", "model": {"n_layer": 2}, "data": {"seq_len": 2048}})
     assert make_plan(big).recipe.peak_lr == 6e-4
 

@@ -1,4 +1,4 @@
-"""A step that fits (`cgpt.fit`): the search's order and cost, and train/plan choosing from the
+"""A step that fits (`cgpt.train.fit`): the search's order and cost, and train/plan choosing from the
 compiled step's memory on emulated CPU devices."""
 import json
 import shutil
@@ -8,11 +8,13 @@ from types import SimpleNamespace
 import jax
 import pytest
 
-from cgpt import backend, fit, plan
-from cgpt.config import get_config
-from cgpt.data import DataConfig
-from cgpt.runconfig import RunConfig, TrainConfig, from_dict
-from cgpt.train import TrainError, train
+from cgpt.config import backend
+from cgpt.train import fit
+from cgpt.plan import command as plan
+from cgpt.config.model import get_config
+from cgpt.data.batches import DataConfig
+from cgpt.config.run import RunConfig, TrainConfig, from_dict
+from cgpt.train.loop import TrainError, train
 
 
 # ---- the search on a memory model (no compiles) ---------------------------------------------
@@ -197,9 +199,9 @@ def test_old_run_dirs_resume_and_the_launch_picks_its_own_step(tmp_path):
     micro-batch) resumes under a launch that leaves both unset, and vice versa: they are
     chosen per launch, like the mode and mesh."""
     from cgpt.sweep.spec import config_hash
-    from cgpt.train import resolve_run
+    from cgpt.train.loop import resolve_run
 
-    # a run directory records its concrete dtype (cgpt.backend.resolve); an old one float32
+    # a run directory records its concrete dtype (cgpt.config.backend.resolve); an old one float32
     old = from_dict({"preset": "tiny-17k", "model": {"remat": False, "compute_dtype": "float32"},
                      "train": {"batch_size": 8, "micro_batch": 2}})
     (tmp_path / "config.yaml").write_text(old.to_yaml())

@@ -55,7 +55,7 @@ def ckpt(tmp_path_factory):
 def models(ckpt):
     from lm_eval.models.huggingface import HFLM
 
-    from cgpt.harness import CgptLM
+    from cgpt.eval.harness import CgptLM
 
     hf = HFLM(pretrained=str(ckpt), dtype="float32", batch_size=1, device="cpu")
     return hf, CgptLM(pretrained=str(ckpt), batch_size=4)
@@ -153,6 +153,6 @@ def test_cli_eval_tasks_writes_results_beside_the_run(ckpt, tmp_path, monkeypatc
 def test_missing_lm_eval_is_a_clear_error(ckpt, monkeypatch, capsys):
     for name in [m for m in sys.modules if m == "lm_eval" or m.startswith("lm_eval.")]:
         monkeypatch.setitem(sys.modules, name, None)  # as if not installed
-    monkeypatch.delitem(sys.modules, "cgpt.harness", raising=False)
+    monkeypatch.delitem(sys.modules, "cgpt.eval.harness", raising=False)
     assert main(["eval", str(ckpt), "--tasks", "hellaswag"]) == 2
     assert "pip install lm-eval==0.4.13" in capsys.readouterr().err

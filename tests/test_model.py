@@ -7,14 +7,14 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from cgpt import decode, model
-from cgpt.config import ModelConfig
+from cgpt.model import decode, gpt as model
+from cgpt.config.model import ModelConfig
 
 TINY = ModelConfig(name="tiny", n_layer=2, d_model=32, n_head=4, vocab_size=97, n_ctx=16)
 
 
 def _np_forward(p, ids, cfg):
-    """A plain numpy GPT written independently of cgpt.model (loops over layers and heads)."""
+    """A plain numpy GPT written independently of cgpt.model.gpt (loops over layers and heads)."""
     from scipy.special import erf
 
     def ln(x, s, b):
@@ -156,7 +156,7 @@ def test_dense_backward_equals_autodiff(dtype):
 
 def test_generate_follows_replaced_params():
     # LM keeps a decode-layout copy of the weights; replacing `params` must drop it.
-    from cgpt.lm import LM
+    from cgpt.eval.lm import LM
     ids = np.arange(5)[None] % TINY.vocab_size
     a, b = model.init_params(TINY, seed=7), model.init_params(TINY, seed=8)
     lm = LM(TINY, a)
@@ -167,7 +167,7 @@ def test_generate_follows_replaced_params():
 
 
 def test_axes_and_hf_names_derive_from_the_module():
-    from cgpt import hf
+    from cgpt.model import hf
 
     specs = model.param_specs(TINY)
     params = model.init_params(TINY, seed=0)
@@ -186,5 +186,5 @@ def test_axes_and_hf_names_derive_from_the_module():
 
 def test_forward_points_cache_users_to_decode():
     params = model.init_params(TINY, seed=0)
-    with pytest.raises(TypeError, match="cgpt.decode.forward"):
+    with pytest.raises(TypeError, match="cgpt.model.decode.forward"):
         model.forward(params, jnp.zeros((1, 2), jnp.int32), TINY, decode.init_cache(TINY, 1, 4), 0)

@@ -20,11 +20,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cgpt import distributed
-from cgpt.config import get_config
-from cgpt.data import DataConfig
-from cgpt.runconfig import RunConfig, TrainConfig
-from cgpt.train import train
+from cgpt.sharding import distributed
+from cgpt.config.model import get_config
+from cgpt.data.batches import DataConfig
+from cgpt.config.run import RunConfig, TrainConfig
+from cgpt.train.loop import train
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS, BATCH, SEQ = 10, 8, 16
@@ -190,7 +190,7 @@ def test_process_rows_select_this_process_share():
 
 
 def test_rows_are_the_global_batch_rows(corpus, tmp_path):
-    from cgpt.data import load_data
+    from cgpt.data.batches import load_data
     data = load_data(_run(corpus, tmp_path, "data_parallel").data)
     rows = np.array([1, 5, 6])
     assert np.array_equal(data.train_batch(3, 8, rows=rows), data.train_batch(3, 8)[rows])

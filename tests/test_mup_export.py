@@ -10,9 +10,9 @@ from safetensors.numpy import load_file, save_file
 
 import cgpt
 from cgpt import LoadError
-from cgpt.config import get_config
-from cgpt.lm import LM
-from cgpt.model import init_params
+from cgpt.config.model import get_config
+from cgpt.eval.lm import LM
+from cgpt.model.gpt import init_params
 
 transformers.logging.set_verbosity_error()
 

@@ -7,10 +7,10 @@ from pathlib import Path
 import nbformat
 from nbclient import NotebookClient
 
-from cgpt.config import get_config
-from cgpt.data import DataConfig
-from cgpt.runconfig import RunConfig, TrainConfig
-from cgpt.train import train
+from cgpt.config.model import get_config
+from cgpt.data.batches import DataConfig
+from cgpt.config.run import RunConfig, TrainConfig
+from cgpt.train.loop import train
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "fixtures"))

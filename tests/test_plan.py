@@ -6,8 +6,9 @@ import sys
 import jax
 import pytest
 
-from cgpt import model, plan
-from cgpt.config import get_config
+from cgpt.model import gpt as model
+from cgpt.plan import command as plan
+from cgpt.config.model import get_config
 
 # cpu-870k: 4 layers, d_model 96, vocab 4096 -> every weight dim divides by 8
 BASE = ["--model", "cpu-870k", "--batch", "16", "--seq-len", "32", "--json"]
@@ -81,7 +82,7 @@ def test_fits_compares_total_to_usable_memory(capsys):
 
 def test_plan_runs_without_the_cli(tmp_path):
     """`python -m cgpt.plan` parses its own arguments: plan never imports cgpt.cli."""
-    code = ("import sys; from cgpt import plan; rc = plan.main(['--model', 'cpu-870k', "
+    code = ("import sys; from cgpt.plan import command as plan; rc = plan.main(['--model', 'cpu-870k', "
             "'--mode', 'warp']); assert rc == 2, rc; assert 'cgpt.cli' not in sys.modules; "
             "assert plan.main(['--mode', 'auto']) == 2")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

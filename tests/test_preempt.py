@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from cgpt import preempt
+from cgpt.train import preempt
 from cgpt.cli import main as cli_main
-from cgpt.config import get_config
-from cgpt.data import DataConfig
-from cgpt.runconfig import RunConfig, TrainConfig
-from cgpt.train import train
+from cgpt.config.model import get_config
+from cgpt.data.batches import DataConfig
+from cgpt.config.run import RunConfig, TrainConfig
+from cgpt.train.loop import train
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS = 120

@@ -13,19 +13,23 @@ import numpy as np
 import pytest
 from jax.sharding import AbstractMesh, AxisType, NamedSharding, PartitionSpec as P
 
-from cgpt import model, optim, pipeline, plan, sharding
-from cgpt.checkpoint import Checkpointer
-from cgpt.config import ModelConfig, get_config
-from cgpt.data import DataConfig
-from cgpt.runconfig import RunConfig, TrainConfig
-from cgpt.train import make_plan, make_step
+from cgpt import sharding
+from cgpt.model import gpt as model
+from cgpt.train import optim
+from cgpt.sharding import pipeline
+from cgpt.plan import command as plan
+from cgpt.train.checkpoint import Checkpointer
+from cgpt.config.model import ModelConfig, get_config
+from cgpt.data.batches import DataConfig
+from cgpt.config.run import RunConfig, TrainConfig
+from cgpt.train.loop import make_plan, make_step
 
 CFG = ModelConfig(n_layer=4, d_model=64, n_head=2, vocab_size=256, n_ctx=32)
 ACCUM, ROWS, T = 2, 16, 32
 TOL = 1e-5
 
 
-class _Plan:  # the fields of cgpt.train.Plan that strategies read
+class _Plan:  # the fields of cgpt.train.loop.Plan that strategies read
     def __init__(self, replicas: int):
         self.replicas = replicas
         self.micro_batch = ROWS // replicas

@@ -15,11 +15,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cgpt import prepare as prepare_mod
+from cgpt.data import prepare as prepare_mod
 from cgpt.cli import main as cli_main
-from cgpt.data import EOT, DataConfig, DataError, load_data
-from cgpt.store import ShardedTokens, TokenStore
-from cgpt.tokenizer import load_tokenizer, train_tokenizer, with_eot
+from cgpt.data.batches import EOT, DataConfig, DataError, load_data
+from cgpt.data.store import ShardedTokens, TokenStore
+from cgpt.data.tokenizer import load_tokenizer, train_tokenizer, with_eot
 
 REPO = Path(__file__).resolve().parents[1]
 WORDS = "tokens shard store manifest worker parallel resume the a of model loss scale data".split()
@@ -296,7 +296,7 @@ def test_gpt2_bpe_end_to_end(tmp_path, texts, form):
 def test_one_process_prepares_the_others_wait_and_reuse(tmp_path, texts):
     import fcntl
 
-    from cgpt import data as data_mod
+    from cgpt.data import batches as data_mod
 
     src = tmp_path / "c.jsonl"
     src.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
@@ -305,7 +305,7 @@ def test_one_process_prepares_the_others_wait_and_reuse(tmp_path, texts):
     key = data_mod._digest([prepare_mod.RECIPE, data_mod._resolve_source(cfg, root).identity])[:24]
     lock = root / "locks" / f"{key}.lock"
     lock.parent.mkdir(parents=True)
-    code = ("import json, sys; from cgpt.data import DataConfig, load_data; "
+    code = ("import json, sys; from cgpt.data.batches import DataConfig, load_data; "
             "d = load_data(DataConfig(**json.loads(sys.argv[1]))); print(d.info['store'])")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     with open(lock, "a") as held:

@@ -16,8 +16,8 @@ import pytest
 import yaml
 
 from cgpt import sweep as sw
-from cgpt import flops as flops_mod
-from cgpt.config import get_config
+from cgpt.config import flops as flops_mod
+from cgpt.config.model import get_config
 
 REPO = Path(__file__).resolve().parents[1]
 SPECS = REPO / "sweeps"

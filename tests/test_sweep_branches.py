@@ -1,5 +1,5 @@
 """The sweep's `branches:` axis: one WSD run per grid point plus cooldown branches at
-fractions of its budget (cgpt.branch.plan_branches), launched after their parent's checkpoint."""
+fractions of its budget (cgpt.train.branch.plan_branches), launched after their parent's checkpoint."""
 import json
 import shutil
 import sysconfig
@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from cgpt.sweep import launch, load_sweep
-from cgpt.train import make_plan
+from cgpt.train.loop import make_plan
 
 SPEC = """
 name: wsd

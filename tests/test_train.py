@@ -15,12 +15,13 @@ import numpy as np
 import pytest
 
 import cgpt
-from cgpt import model, optim
+from cgpt.model import gpt as model
+from cgpt.train import optim
 from cgpt.cli import main as cli_main
-from cgpt.config import get_config
-from cgpt.data import DataConfig
-from cgpt.runconfig import RunConfig, TrainConfig, apply_overrides, from_dict
-from cgpt.train import TrainError, make_plan, make_step, train
+from cgpt.config.model import get_config
+from cgpt.data.batches import DataConfig
+from cgpt.config.run import RunConfig, TrainConfig, apply_overrides, from_dict
+from cgpt.train.loop import TrainError, make_plan, make_step, train
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -138,7 +139,7 @@ def test_trains_far_below_unigram_baseline(tmp_path):
                     train=TrainConfig(tokens=300 * 16 * 64, batch_size=16, peak_lr=5e-3,
                                       log_every=50))
     s = train(run, tmp_path / "run", progress=False)
-    from cgpt.data import load_data
+    from cgpt.data.batches import load_data
     h = load_data(run.data, tmp_path / "run").unigram_entropy()
     assert s["steps"] == 300
     # Validation windows are held out; training windows are seen, so val sits above train.
@@ -164,7 +165,7 @@ def test_run_directory_and_summary(corpus, tmp_path, capsys):
     # the run recorded its concrete compute dtype ("auto" resolved: float32 on CPU)
     assert lm.tokenizer is not None
     assert lm.config == get_config("tiny-17k", compute_dtype="float32")
-    from cgpt.data import load_data
+    from cgpt.data.batches import load_data
     data = load_data(_run(corpus, tmp_path).data, out)
     val = np.concatenate(list(data.val_batches(16)))
     assert lm.loss(val) == pytest.approx(summary["val_loss"], abs=1e-5)
@@ -291,7 +292,7 @@ def test_overrides_and_yaml(tmp_path):
     assert run.model.remat is True and run.train.peak_lr == 1e-3 and run.data.seq_len == 64
     y = tmp_path / "c.yaml"
     y.write_text(run.to_yaml())
-    from cgpt.runconfig import load_yaml
+    from cgpt.config.run import load_yaml
     assert from_dict(load_yaml(y)) == run
     y.write_text("preset: tiny-17k\ntrain: {batchsize: 3}\n")
     with pytest.raises(ValueError, match="train.batchsize"):

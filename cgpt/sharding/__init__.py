@@ -15,7 +15,7 @@ Modes (Cerebras' two execution modes, plus plain data parallelism and a chooser)
                     data (the most the global batch splits over) x fsdp (the rest).
   layer_pipelined   contiguous groups of layers pinned to the stages of a `stage` axis,
                     weights stationary, micro-batches flow through a GPipe schedule
-                    (`cgpt.pipeline`); combinable with `data`.
+                    (`cgpt.sharding.pipeline`); combinable with `data`.
   auto              the first that fits the devices' memory (`cgpt.sharding.auto`).
 
 Modules: `mesh` (process setup, --mesh, factorization), `rules` (the rules tables,
@@ -29,7 +29,7 @@ from typing import Sequence
 
 import jax
 
-from cgpt.config import ModelConfig
+from cgpt.config.model import ModelConfig
 from cgpt.sharding.auto import (BYTES_PER_PARAM_STATE, activation_bytes, choose_auto,
                                 data_parallel_bytes_per_device, device_memory_bytes,
                                 logits_bytes, pipeline_bytes_per_device,
@@ -41,7 +41,7 @@ from cgpt.sharding.rules import (DATA_PARALLEL, LAYER_PIPELINED, RULES, WEIGHT_S
                                  Unsharded, logical_to_spec)
 from cgpt.sharding.strategies import (DataParallel, LayerPipelined, Sharded, SingleDevice,
                                       WeightStreaming)
-from cgpt.pipeline import bubble_fraction
+from cgpt.sharding.pipeline import bubble_fraction
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ def placement(mode: str, mesh_spec: str, cfg: ModelConfig, train_cfg=None, *,
     placement can be checked anywhere."""
     if mode not in SHARDED_MODES:
         raise ValueError(f"--mode {mode!r}; use one of single, {', '.join(SHARDED_MODES)}")
-    from cgpt.optim import published_defaults
+    from cgpt.train.optim import published_defaults
 
     batch = getattr(train_cfg, "batch_size", None) or published_defaults(cfg)["batch_size"]
     micro = getattr(train_cfg, "micro_batch", None)
@@ -93,7 +93,7 @@ def strategy_on(mesh, mode: str, cfg: ModelConfig, train_cfg=None, mesh_reason: 
                 auto_reason: str | None = None) -> Sharded:
     """The strategy of a resolved `placement` on `mesh` (a real Mesh, or an AbstractMesh
     to inspect shardings and the unsharded report without devices)."""
-    from cgpt.optim import published_defaults
+    from cgpt.train.optim import published_defaults
 
     batch = getattr(train_cfg, "batch_size", None) or published_defaults(cfg)["batch_size"]
     micro = getattr(train_cfg, "micro_batch", None)

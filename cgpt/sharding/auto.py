@@ -18,7 +18,7 @@ import os
 
 import jax
 
-from cgpt.config import ModelConfig
+from cgpt.config.model import ModelConfig
 from cgpt.sharding.mesh import weight_streaming_axes
 
 BYTES_PER_PARAM_STATE = 16  # f32 weight + gradient + Adam mu + nu

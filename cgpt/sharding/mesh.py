@@ -20,7 +20,7 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh
 
-from cgpt import distributed
+from cgpt.sharding import distributed
 
 # mesh axes each mode accepts; the first is where an empty --mesh puts every device
 MESH_AXES: dict[str, tuple[str, ...]] = {"data_parallel": ("data",),
@@ -31,7 +31,7 @@ SHARDED_MODES = ("data_parallel", "weight_streaming", "layer_pipelined", "auto")
 
 
 def maybe_initialize_distributed() -> bool:
-    """Join a multi-host job when its environment says there is one (`cgpt.distributed`)."""
+    """Join a multi-host job when its environment says there is one (`cgpt.sharding.distributed`)."""
     return distributed.initialize()
 
 

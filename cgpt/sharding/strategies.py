@@ -17,9 +17,10 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from cgpt import distributed, model
-from cgpt.config import ModelConfig
-from cgpt.pipeline import bubble_fraction, pipelined_loss
+from cgpt.sharding import distributed
+from cgpt.model import gpt as model
+from cgpt.config.model import ModelConfig
+from cgpt.sharding.pipeline import bubble_fraction, pipelined_loss
 from cgpt.sharding.rules import (DATA_PARALLEL, LAYER_PIPELINED, WEIGHT_STREAMING, Rules,
                                  Unsharded, logical_to_spec, with_rule)
 
@@ -116,7 +117,7 @@ class Sharded:
         return logical_to_spec(axes, shape, self.rules, self.mesh)
 
     def constrain(self, x: jax.Array, axes: tuple) -> jax.Array:
-        """The `constrain` hook of `cgpt.model`: pin an activation to the rules' layout."""
+        """The `constrain` hook of `cgpt.model.gpt`: pin an activation to the rules' layout."""
         spec = logical_to_spec(axes, x.shape, self.rules, self.mesh, self.unsharded,
                                f"activation {x.shape} ({', '.join(axes)})")
         return jax.lax.with_sharding_constraint(x, NamedSharding(self.mesh, spec))

@@ -27,7 +27,7 @@ from cgpt.sweep.state import FAILED_FILE, LOCK_FILE, LOG_FILE, RUN_FILE, run_sta
 # AutoExecutor's cluster-independent parameters; every other `slurm:` key gets a slurm_ prefix.
 SUBMITIT_GENERIC = ("timeout_min", "mem_gb", "gpus_per_node", "cpus_per_task", "nodes",
                     "tasks_per_node", "stderr_to_stdout")
-# Exit statuses of a train that checkpointed and stopped on a signal (cgpt.preempt).
+# Exit statuses of a train that checkpointed and stopped on a signal (cgpt.train.preempt).
 SIGNAL_EXITS = {128 + s for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)}
 
 

@@ -2,8 +2,8 @@
 
 For a spec with accelerator resources (`slurm.gpus_per_node`) and `estimate.device_memory`,
 every run's step is lowered and compiled exactly as `train` would on its devices (slurm.nodes
-x gpus_per_node), choosing micro-batch x accumulation and remat the same way (`cgpt.fit`),
-on as many emulated CPU devices, all runs in one process (`cgpt.plan.plan_many`). A local
+x gpus_per_node), choosing micro-batch x accumulation and remat the same way (`cgpt.train.fit`),
+on as many emulated CPU devices, all runs in one process (`cgpt.plan.command.plan_many`). A local
 CPU spec is not compiled here: `train` runs the same search at startup, where for the tiny
 and cpu presets the first candidate (no accumulation, remat off) fits.
 """
@@ -24,7 +24,7 @@ def fit_results(sweep: Sweep, runs: list[Run]) -> tuple[list[dict] | None, str]:
         return None, (f"fit: not checked; set estimate.device_memory (e.g. 80GB) in "
                       f"{sweep.path} or --set estimate.device_memory=80GB to compile each "
                       "run's step for its devices")
-    from cgpt.plan import plan_many
+    from cgpt.plan.command import plan_many
 
     print(f"fit: compiling each run's train step for its devices ({len(runs)} runs, emulated "
           "CPU devices, one process)...", file=sys.stderr, flush=True)
@@ -39,7 +39,7 @@ def _gb(x: float) -> str:
 def print_fit(runs: list[Run], results: list[dict], file=None) -> None:
     """Per run: mode and mesh, micro-batch x accumulation, remat, GB per device, fits."""
     file = file or sys.stdout
-    print("\nfit per run (train step compiled for its devices; cgpt.plan):", file=file)
+    print("\nfit per run (train step compiled for its devices; cgpt.plan.command):", file=file)
     print(f"{'run_id':34s} {'devices':>7s} {'mode':17s} {'mesh':15s} {'micro x acc':>11s} "
           f"{'remat':>5s} {'GB/device':>9s} {'usable':>6s} {'fits':>4s}", file=file)
     errors = []

@@ -15,11 +15,11 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cgpt import flops as flops_mod
-from cgpt.config import get_config
-from cgpt.overrides import SECTIONS, check_key, coerce_source, seed_overrides, set_key, \
+from cgpt.config import flops as flops_mod
+from cgpt.config.model import get_config
+from cgpt.config.overrides import SECTIONS, check_key, coerce_source, seed_overrides, set_key, \
     split_override
-from cgpt.runconfig import RunConfig, from_dict, load_yaml, parse_bytes
+from cgpt.config.run import RunConfig, from_dict, load_yaml, parse_bytes
 
 SPEC_KEYS = ("name", "description", "base", "models", "grid", "per_model", "filter", "require",
              "estimate", "slurm")
@@ -27,7 +27,7 @@ GRID_KEYS = ("model", "tokens", "tokens_per_param", "flops", "seed", "overrides"
 # Placement may change between launches of one run (checkpoints restore into any layout),
 # so it is not part of a run's identity (the same rule as `cgpt train --resume`).
 PLACEMENT_KEYS = ("mode", "mesh", "micro_batches", "host_offload", "micro_batch", "device_memory")
-# model.remat, like train.micro_batch, is chosen per device by `train` (cgpt.fit)
+# model.remat, like train.micro_batch, is chosen per device by `train` (cgpt.train.fit)
 EXECUTION_MODEL_KEYS = ("remat",)
 
 
@@ -72,7 +72,7 @@ class Run:
     tokens: int  # actually trained: steps x batch x seq_len (the budget rounded down to whole steps)
     batch_size: int
     steps: int
-    flops: float  # counted (cgpt.flops.train_flops), at the run's seq_len
+    flops: float  # counted (cgpt.config.flops.train_flops), at the run's seq_len
     flops_6nd: float
     explicit: frozenset = frozenset()  # section.key names set by the spec or --set
     flops_budget: float | None = None  # the nominal C of an isoFLOP grid point
@@ -228,7 +228,7 @@ def load_sweep(path: str | Path, sets: list[str] | None = None) -> Sweep:
     budget < the grid's overrides entry < `--set`. `slurm:` resources layer the same way
     (spec < per_model < --set slurm.*).
     """
-    from cgpt.train import TrainError, make_plan
+    from cgpt.train.loop import TrainError, make_plan
 
     spec_path = Path(path)
     spec = read_spec(spec_path)
@@ -408,11 +408,11 @@ def load_sweep(path: str | Path, sets: list[str] | None = None) -> Sweep:
 
 def _with_branches(runs: list[Run], fractions: list[float], spec_path: Path) -> list[Run]:
     """`grid.branches`: each run becomes a WSD parent plus one cooldown branch per fraction of
-    its budget (cgpt.branch.plan_branches); parents first, so they start before their branches."""
+    its budget (cgpt.train.branch.plan_branches); parents first, so they start before their branches."""
     from dataclasses import replace
 
-    from cgpt.branch import plan_branches
-    from cgpt.train import make_plan
+    from cgpt.train.branch import plan_branches
+    from cgpt.train.loop import make_plan
 
     parents, branches = [], []
     for r in runs:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import yaml
 
-from cgpt.config import ModelConfig
+from cgpt.config.model import ModelConfig
 from cgpt.fileio import atomic_write, atomic_write_text
 from cgpt.sweep.spec import Run, config_hash, identity
 
@@ -134,7 +134,7 @@ def config_change(run: Run, out: Path) -> list[str]:
     new = identity(yaml.safe_load(run.config.to_yaml()))
     a, b = _flat(old), _flat(new)
     # Model keys added since the run was written hold their defaults; an "auto" compute dtype
-    # is resolved to the saved run's by train (cgpt.backend.resolve).
+    # is resolved to the saved run's by train (cgpt.config.backend.resolve).
     a = {**{f"model.{f.name}": f.default for f in dataclasses.fields(ModelConfig)
             if f"model.{f.name}" in b}, **a}
     if b.get("model.compute_dtype") == "auto":

@@ -22,8 +22,8 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, PartitionSpec as P
 
-from cgpt import model
-from cgpt.config import ModelConfig
+from cgpt.model import gpt as model
+from cgpt.config.model import ModelConfig
 
 
 def bubble_fraction(stages: int, micro_batches: int) -> float:

@@ -18,8 +18,9 @@ from pathlib import Path
 import jax
 import yaml
 
-from cgpt import distributed, rundir
-from cgpt.config import ModelConfig
+from cgpt.sharding import distributed
+from cgpt.train import rundir
+from cgpt.config.model import ModelConfig
 from cgpt.errors import LoadError
 
 log = logging.getLogger(__name__)
@@ -239,8 +240,8 @@ def read_run_config(run_dir: Path) -> dict:
 def load_run(run_dir: Path, compute_dtype: str = "float32"):
     """(ModelConfig, params, tokenizer) from the newest good checkpoint of a cgpt run."""
     import orbax.checkpoint as ocp
-    from cgpt.model import init_params
-    from cgpt.tokenizer import load_checkpoint_tokenizer
+    from cgpt.model.gpt import init_params
+    from cgpt.data.tokenizer import load_checkpoint_tokenizer
 
     raw = read_run_config(run_dir)
     try:

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from cgpt.fileio import atomic_write_text
-from cgpt.sources import DataError
+from cgpt.data.sources import DataError
 
 FORMAT = "cgpt-token-store-v1"
 MANIFEST = "manifest.json"
@@ -130,7 +130,7 @@ class TokenStore:
         return int(self.manifest["num_tokens"])
 
     def tokenizer(self):
-        from cgpt.tokenizer import load_tokenizer, with_eot
+        from cgpt.data.tokenizer import load_tokenizer, with_eot
 
         return with_eot(load_tokenizer(self.root / "tokenizer.json"), str(self.root / "tokenizer.json"))
 

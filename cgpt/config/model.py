@@ -42,14 +42,14 @@ class ModelConfig:
     mup_embed_mult: float = 10.0
     mup_init_std: float = 0.08
     # Execution: f32 parameters always; matmuls in `compute_dtype`. "auto" (and a None
-    # vocab_multiple) means the platform's choice, made in `cgpt.backend`; a run records the
+    # vocab_multiple) means the platform's choice, made in `cgpt.config.backend`; a run records the
     # concrete dtype it trained with in its config.yaml.
     compute_dtype: str = "auto"
     attention: str = "auto"  # "chunked" | "xla" | "cudnn" (jax.nn.dot_product_attention)
     vocab_multiple: int | None = None  # pad the LM head's vocabulary to a multiple of this
     # Backward pass: True recomputes each layer from its input; False keeps the weight
     # matmuls' outputs and recomputes the rest (elementwise ops, attention). None: `train`
-    # and `plan` choose (off when the step fits the devices, `cgpt.fit`); elsewhere off.
+    # and `plan` choose (off when the step fits the devices, `cgpt.train.fit`); elsewhere off.
     remat: bool | None = None
 
     def __post_init__(self) -> None:
@@ -139,8 +139,8 @@ class ModelConfig:
         return n
 
     def chinchilla_tokens(self) -> int:
-        """Chinchilla-optimal budget: 20 tokens per (total) parameter (see `cgpt.flops`)."""
-        from cgpt.flops import chinchilla_tokens  # budgets live with the FLOPs accounting
+        """Chinchilla-optimal budget: 20 tokens per (total) parameter (see `cgpt.config.flops`)."""
+        from cgpt.config.flops import chinchilla_tokens  # budgets live with the FLOPs accounting
 
         return chinchilla_tokens(self)
 

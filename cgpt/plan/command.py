@@ -1,6 +1,6 @@
 """`cgpt plan`: what one training step costs per device under a mode and mesh, without running it.
 
-The real train step (`cgpt.train.make_step` with the published optimizer) is lowered and
+The real train step (`cgpt.train.loop.make_step` with the published optimizer) is lowered and
 compiled for `jax.ShapeDtypeStruct` inputs that carry the mode's shardings, over emulated
 CPU devices: nothing is allocated, so a 13B model plans on a laptop. From the compiled
 program it reports, per device:
@@ -11,7 +11,7 @@ program it reports, per device:
                        gathered weights). total = arguments + outputs + temp - aliased
                        (donated) buffers, the peak estimate that also holds on CPU, where
                        XLA's own `peak_memory_in_bytes` leaves temp out.
-  flops_per_step       the analytic count (`cgpt.flops`, whole step, all devices) beside
+  flops_per_step       the analytic count (`cgpt.config.flops`, whole step, all devices) beside
                        the count read from the compiled HLO: 2 x M x N x K of every `dot`,
                        multiplied by the trip counts of the while loops it sits in and
                        summed over devices (it includes remat recomputation and pipeline
@@ -43,8 +43,8 @@ import sys
 import time
 from collections import defaultdict
 
-from cgpt import fit
-from cgpt.runconfig import parse_bytes  # noqa: F401 - `cgpt.plan.parse_bytes`, as before
+from cgpt.train import fit
+from cgpt.config.run import parse_bytes  # noqa: F401 - `cgpt.plan.command.parse_bytes`, as before
 
 COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "collective-permute", "all-to-all")
 _DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "f8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2,
@@ -190,7 +190,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "--platform's, as train chooses there)")
     p.add_argument("--platform", default="gpu", choices=("gpu", "tpu", "rocm", "cpu"),
                    help="the devices planned for (default gpu): their dtype, attention and "
-                        "vocabulary padding (cgpt.backend); compiled on emulated CPU devices")
+                        "vocabulary padding (cgpt.config.backend); compiled on emulated CPU devices")
     p.add_argument("--remat", choices=("on", "off"),
                    help="recompute each layer in the backward pass (default: off if the step "
                         "fits, as train chooses)")
@@ -247,12 +247,12 @@ def plan(model: str, mode: str, mesh: str = "", devices: int = 8,
          seq_len: int | None = None, dtype: str | None = None, remat: bool | None = None,
          host_offload: bool = False, cpu_devices=None, platform: str = "gpu") -> dict:
     """Compile one train step on abstract arrays and report its per-device costs. Unset
-    micro_batch / remat / dtype default as in `train` on `platform` (`cgpt.fit` chooses the
-    first two, `cgpt.backend` the dtype)."""
+    micro_batch / remat / dtype default as in `train` on `platform` (`cgpt.train.fit` chooses the
+    first two, `cgpt.config.backend` the dtype)."""
     from cgpt import sharding
-    from cgpt.config import get_config
-    from cgpt.data import DataConfig
-    from cgpt.runconfig import MODES, RunConfig, TrainConfig
+    from cgpt.config.model import get_config
+    from cgpt.data.batches import DataConfig
+    from cgpt.config.run import MODES, RunConfig, TrainConfig
 
     if mode not in MODES or mode == "single":
         raise ValueError(f"--mode {mode!r}; use one of {', '.join(sharding.SHARDED_MODES)}")
@@ -280,9 +280,11 @@ def plan_run(run, device_memory: int | str, cpu_devices, mode_flags: bool = Fals
 
     import jax
 
-    from cgpt import backend, flops, optim, sharding
-    from cgpt.runconfig import parse_bytes
-    from cgpt.train import TrainError, fit_step, make_plan
+    from cgpt import sharding
+    from cgpt.config import backend, flops
+    from cgpt.train import optim
+    from cgpt.config.run import parse_bytes
+    from cgpt.train.loop import TrainError, fit_step, make_plan
 
     memory = parse_bytes(device_memory) if isinstance(device_memory, str) else int(device_memory)
     run = dataclasses.replace(run, model=backend.for_platform(run.model, platform,
@@ -307,7 +309,7 @@ def plan_run(run, device_memory: int | str, cpu_devices, mode_flags: bool = Fals
         return sum(math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize
                    for x in jax.tree.leaves(tree))
 
-    from cgpt.model import init_params
+    from cgpt.model.gpt import init_params
 
     abstract_p = jax.eval_shape(lambda: init_params(cfg))
     a_params, a_opt = strategy.abstract_state(abstract_p,
@@ -423,7 +425,7 @@ def plan_many(requests: list[dict], progress: bool = True) -> list[dict]:
         return [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
     from tqdm.auto import tqdm
 
-    from cgpt.runconfig import from_dict
+    from cgpt.config.run import from_dict
 
     out = []
     for r in tqdm(requests, desc="compiling each run's step", unit="run", disable=not progress,

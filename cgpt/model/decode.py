@@ -1,6 +1,6 @@
-"""KV-cache decoding: the inference-only layout and layers behind `cgpt.lm`'s `generate`.
+"""KV-cache decoding: the inference-only layout and layers behind `cgpt.eval.lm`'s `generate`.
 
-Training never runs this code. It reuses the block's two halves from `cgpt.model`
+Training never runs this code. It reuses the block's two halves from `cgpt.model.gpt`
 (`qkv_heads`, `block_rest`) around attention over a KV cache, and adds the tricks that make
 batch-1 decoding fast on a CPU: output-major kernels, unstacked (unrolled) layers, one cache
 buffer written in place.
@@ -10,8 +10,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from cgpt.config import ModelConfig
-from cgpt.model import Params, attend, block_rest, compute_dtype, embed, head, linear,\
+from cgpt.config.model import ModelConfig
+from cgpt.model.gpt import Params, attend, block_rest, compute_dtype, embed, head, linear,\
     qkv_heads
 
 

@@ -2,7 +2,7 @@
 
     python -m cgpt data prepare SOURCE --tokenizer TOK --out DIR
 
-The corpus is cut into units (`cgpt.sources.plan_units`); a pool of processes tokenizes
+The corpus is cut into units (`cgpt.data.sources.plan_units`); a pool of processes tokenizes
 them, each unit streamed in ~4 MiB batches into its own shard file, so memory stays bounded
 whatever the corpus size (one document must fit in memory). Every shard is written
 atomically and then recorded beside it; a prepare that is interrupted (Ctrl-C, a crash, a
@@ -29,11 +29,11 @@ from typing import Iterator
 import numpy as np
 from tqdm.auto import tqdm
 
-from cgpt import sources
+from cgpt.data import sources
 from cgpt.fileio import atomic_write, atomic_write_text
-from cgpt.sources import DataError, Unit
-from cgpt.store import FORMAT, TokenStore, shard_name, token_dtype, write_manifest
-from cgpt.tokenizer import EOT, sha256 as tokenizer_sha256
+from cgpt.data.sources import DataError, Unit
+from cgpt.data.store import FORMAT, TokenStore, shard_name, token_dtype, write_manifest
+from cgpt.data.tokenizer import EOT, sha256 as tokenizer_sha256
 
 RECIPE = "cgpt-data-v2"  # bump whenever tokenization changes the tokens
 MIN_UNIT, MAX_UNIT = 1 << 20, 1 << 28  # bytes of source per unit (shard)
@@ -300,7 +300,7 @@ def register(subparsers) -> None:
 def cmd_prepare(args) -> int:
     import time
 
-    from cgpt.tokenizer import load_tokenizer, train_tokenizer, with_eot
+    from cgpt.data.tokenizer import load_tokenizer, train_tokenizer, with_eot
 
     t0 = time.perf_counter()
     out = Path(args.out).expanduser()

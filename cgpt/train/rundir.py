@@ -18,7 +18,7 @@ import socket
 from pathlib import Path
 
 LOCK_FILE = ".lock"
-CKPT_DIR = "checkpoints"  # = cgpt.checkpoint.CKPT_DIR (kept import-free: no jax here)
+CKPT_DIR = "checkpoints"  # = cgpt.train.checkpoint.CKPT_DIR (kept import-free: no jax here)
 # errno values that mean "the storage refused the write", not "the program is wrong".
 STORAGE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO, errno.EACCES,
                   errno.EPERM, errno.EFBIG}

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import yaml
 
-from cgpt.config import ModelConfig, get_config
-from cgpt.data import DataConfig
+from cgpt.config.model import ModelConfig, get_config
+from cgpt.data.batches import DataConfig
 
 MODES = ("single", "data_parallel", "weight_streaming", "layer_pipelined", "auto")
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
@@ -33,14 +33,14 @@ def parse_bytes(text: str | int | float, what: str = "--device-memory") -> int:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """Training knobs. `None` means "the preset's published value" (see `cgpt.optim`)."""
+    """Training knobs. `None` means "the preset's published value" (see `cgpt.train.optim`)."""
 
     tokens: int | str = "chinchilla"  # "chinchilla" = 20 tokens/parameter, or a token count
     batch_size: int | None = None  # global batch in sequences
     micro_batch: int | None = None  # per-replica micro-batch; accumulation fills the rest
     peak_lr: float | None = None
     decay: str | None = None  # "linear" | "cosine"; with schedule wsd "linear" | "1-sqrt"
-    schedule: str = "published"  # "published" | "wsd" (warmup-stable-decay, see cgpt.optim)
+    schedule: str = "published"  # "published" | "wsd" (warmup-stable-decay, see cgpt.train.optim)
     decay_fraction: float = 0.2  # wsd: the final fraction of the steps that decays
     warmup_steps: int | None = None
     adam_eps: float | None = None
@@ -58,7 +58,7 @@ class TrainConfig:
     mesh: str = ""  # e.g. "data=2,stage=4"; empty = all devices on the mode's main axis
     micro_batches: int | None = None  # layer_pipelined: micro-batches streamed per step
     host_offload: bool = False  # removed: true is an error (cgpt.sharding.HOST_OFFLOAD_REMOVED)
-    device_memory: str | None = None  # e.g. "16GB": memory per device for the fit (cgpt.fit)
+    device_memory: str | None = None  # e.g. "16GB": memory per device for the fit (cgpt.train.fit)
     # and `--mode auto`; None: what the device reports (allocator limit; RAM / devices on CPU)
 
     def __post_init__(self) -> None:
@@ -155,8 +155,8 @@ def parse_value(text: str):
 
 def apply_overrides(raw: dict, overrides: list[str]) -> dict:
     """`section.key=value` strings applied onto a raw config dict (a new dict); the rules
-    live in `cgpt.overrides`, shared with the sweep."""
-    from cgpt.overrides import apply_overrides as apply
+    live in `cgpt.config.overrides`, shared with the sweep."""
+    from cgpt.config.overrides import apply_overrides as apply
 
     return apply(raw, overrides)
 

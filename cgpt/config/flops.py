@@ -12,7 +12,7 @@ because that is what cgpt's attention computes and it is the PaLM/MaxText MFU co
 """
 from __future__ import annotations
 
-from cgpt.config import ModelConfig
+from cgpt.config.model import ModelConfig
 
 ATTENTION_MODES = ("full", "causal")
 

@@ -11,7 +11,7 @@ LN, exact erf GELU, LayerNorm eps 1e-5, dense causal attention, biases everywher
 the LM head, LM head tied to the token embedding, no dropout. μP (embedding x10,
 logits x 1/m_w, QK^T / d_head, μP init) is a config switch. Kernels and dtypes per platform
 (f32 and chunked attention on CPU; bf16, fused attention and a padded vocabulary on GPU/TPU)
-are chosen in `cgpt.backend`; KV-cache decoding lives in `cgpt.decode`.
+are chosen in `cgpt.config.backend`; KV-cache decoding lives in `cgpt.model.decode`.
 """
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from cgpt import backend
-from cgpt.config import ModelConfig
+from cgpt.config import backend
+from cgpt.config.model import ModelConfig
 
 Params = dict  # nested dict of arrays, the layout of `nnx.state(GPT).to_pure_dict()`
 # `constrain(x, logical_axes)` lets the sharding layer pin activations; identity by default.
@@ -36,7 +36,7 @@ def _no_constraint(x, axes):
 # ---- parameters ------------------------------------------------------------------------
 # The tree is written once, here: each nnx.Param carries its logical axis names (`axes`), from
 # which `param_axes` (the sharding rules' input) and `param_specs` (the HF key map in
-# `cgpt.hf`) derive. Weight axis names (`vocab`, `embed`, `heads`, `mlp`, `layers`, `pos`) are
+# `cgpt.model.hf`) derive. Weight axis names (`vocab`, `embed`, `heads`, `mlp`, `layers`, `pos`) are
 # distinct from the activation names (`act_*`) so that a rules table can shard weights and
 # activations differently (FSDP shards weights' embed dim while activations shard on batch).
 def _tn(rngs: nnx.Rngs, shape: tuple, std: float, axes: tuple) -> nnx.Param:
@@ -148,7 +148,7 @@ def param_axes(cfg: ModelConfig) -> Params:
 
 # ---- computation -----------------------------------------------------------------------
 # Backend-dependent choices (dtype, attention kernel, vocabulary padding, dense backward) come
-# from `cgpt.backend.kernels(cfg)`, read at trace time for the platform being compiled for.
+# from `cgpt.config.backend.kernels(cfg)`, read at trace time for the platform being compiled for.
 def compute_dtype(cfg: ModelConfig) -> jnp.dtype:
     """The dtype the matmuls run in on this platform (parameters stay float32)."""
     return jnp.dtype(backend.kernels(cfg).compute_dtype)
@@ -264,7 +264,7 @@ def block_rest(p: Params, x: jax.Array, att: jax.Array, cfg: ModelConfig, lin: L
 def block(p: Params, x: jax.Array, cfg: ModelConfig,
           constrain: Constrain = _no_constraint) -> jax.Array:
     """One pre-LN transformer block on x [B, T, d] with causal self-attention over x.
-    (KV-cache decoding reuses its two halves: `cgpt.decode`.)"""
+    (KV-cache decoding reuses its two halves: `cgpt.model.decode`.)"""
     q, k, v = qkv_heads(p, x, cfg)
     return block_rest(p, x, causal_attention(q, k, v, cfg), cfg, constrain=constrain)
 
@@ -315,12 +315,12 @@ def forward(params: Params, ids: jax.Array, cfg: ModelConfig, cache: dict | None
             start: jax.Array | int = 0, constrain: Constrain = _no_constraint):
     """ids [B, T] at positions start..start+T-1 -> (float32 logits [B, T, V], None).
 
-    KV-cache decoding lives in `cgpt.decode` (`decode.forward`); `cache` is kept in this
+    KV-cache decoding lives in `cgpt.model.decode` (`decode.forward`); `cache` is kept in this
     signature only to point there.
     """
     if cache is not None:
-        raise TypeError("cgpt.model.forward no longer decodes with a KV cache; use "
-                        "cgpt.decode.forward(params, ids, cfg, cache, start)")
+        raise TypeError("cgpt.model.gpt.forward no longer decodes with a KV cache; use "
+                        "cgpt.model.decode.forward(params, ids, cfg, cache, start)")
     x = embed(params, ids, cfg, start, constrain)
     return head(params, apply_layers(params["h"], x, cfg, constrain), cfg), None
 

@@ -1,7 +1,7 @@
 """cgpt as an EleutherAI lm-evaluation-harness model, registered as `cgpt`.
 
     python -m cgpt eval runs/x --tasks hellaswag,piqa      # results beside the run
-    import cgpt.harness; lm_eval.simple_evaluate(model="cgpt",
+    import cgpt.eval.harness; lm_eval.simple_evaluate(model="cgpt",
         model_args="pretrained=runs/x,dtype=float32,batch_size=16", tasks=["hellaswag"])
 
 (lm-eval knows the name `cgpt` once this module is imported.) `pretrained` is anything `cgpt.load` reads: a run directory, a Hugging Face GPT-2
@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm import tqdm
 
-from cgpt.model import forward
+from cgpt.model.gpt import forward
 
 EOT = "<|endoftext|>"
 

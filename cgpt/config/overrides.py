@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from cgpt.config import ModelConfig
-from cgpt.data import DataConfig
-from cgpt.runconfig import TrainConfig, parse_value
+from cgpt.config.model import ModelConfig
+from cgpt.data.batches import DataConfig
+from cgpt.config.run import TrainConfig, parse_value
 
 SECTIONS = ("model", "data", "train")
 _FIELDS = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig}

@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from cgpt.config import ModelConfig
+from cgpt.config.model import ModelConfig
 
 WARMUP_TOKENS = 375_000_000  # ≈ every published run's warmup
 CPU_WARMUP_FRACTION = 0.10

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from cgpt.config import ModelConfig
-from cgpt.errors import LoadError  # noqa: F401 - re-exported: `from cgpt.hf import LoadError`
+from cgpt.config.model import ModelConfig
+from cgpt.errors import LoadError  # noqa: F401 - re-exported: `from cgpt.model.hf import LoadError`
 
 
 # HF GPT-2 names follow from cgpt's parameter tree (`model.param_specs`) by one rule: the
@@ -37,7 +37,7 @@ def _hf_name(path: tuple[str, ...]) -> str:
 
 def key_map(cfg: ModelConfig) -> tuple[dict[str, tuple], dict[str, tuple]]:
     """({top-level HF name: param path}, {per-layer HF name (after `h.<i>.`): path in params["h"]})."""
-    from cgpt.model import param_specs
+    from cgpt.model.gpt import param_specs
 
     paths = list(param_specs(cfg))
     top = {_hf_name(p): p for p in paths if p[0] != "h"}
@@ -175,7 +175,7 @@ def read_state_dict(d: Path) -> tuple[dict[str, np.ndarray], dict[str, Path]]:
 def params_from_state_dict(sd: dict[str, np.ndarray], origin: dict[str, Path],
                            cfg: ModelConfig, where: Path) -> dict:
     """Rename and stack HF tensors into cgpt's param tree, checking every name and shape."""
-    from cgpt.model import param_specs
+    from cgpt.model.gpt import param_specs
 
     shapes = {path: shape for path, (shape, _) in param_specs(cfg).items()}
     top_keys, layer_keys = key_map(cfg)

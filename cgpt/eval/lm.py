@@ -15,11 +15,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from cgpt import decode, hf
-from cgpt.config import ModelConfig
+from cgpt.model import decode, hf
+from cgpt.config.model import ModelConfig
 from cgpt.errors import LoadError
-from cgpt.model import cross_entropy, forward
-from cgpt.tokenizer import load_checkpoint_tokenizer as load_tokenizer  # re-exported
+from cgpt.model.gpt import cross_entropy, forward
+from cgpt.data.tokenizer import load_checkpoint_tokenizer as load_tokenizer  # re-exported
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
@@ -198,7 +198,7 @@ def load(source: str | Path, dtype: str = "float32") -> LM:
         if not path.is_dir():
             raise LoadError(f"{path}: not a checkpoint directory; pass the directory holding "
                             "config.json and the weights")
-        from cgpt import checkpoint
+        from cgpt.train import checkpoint
         if checkpoint.is_run_dir(path):
             cfg, params, tok = checkpoint.load_run(path, dtype)
             return LM(cfg, params, tok)

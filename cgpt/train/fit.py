@@ -165,7 +165,7 @@ def compile_step(strategy, step: Callable, cfg, optimizer, plan) -> Any:
     import jax
     import jax.numpy as jnp
 
-    from cgpt import model
+    from cgpt.model import gpt as model
 
     abstract_p = jax.eval_shape(lambda: model.init_params(cfg))
     abstract_o = jax.eval_shape(optimizer.init, abstract_p)

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterable
 
 from cgpt.errors import LoadError
-from cgpt.sources import DataError
+from cgpt.data.sources import DataError
 
 if TYPE_CHECKING:
     import tokenizers

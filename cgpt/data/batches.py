@@ -2,8 +2,8 @@
 
 The pipeline, in order:
 
-1. Source: a token store prepared by ``python -m cgpt data prepare`` (`cgpt.prepare`), used
-   as is; or the embedded stdlib corpus (`cgpt.corpus`), local .txt/.jsonl(.zst/.gz)/.parquet
+1. Source: a token store prepared by ``python -m cgpt data prepare`` (`cgpt.data.prepare`), used
+   as is; or the embedded stdlib corpus (`cgpt.data.corpus`), local .txt/.jsonl(.zst/.gz)/.parquet
    files or a folder of them, or ``hf:<name>[:<config>]``, which are prepared into a store in
    the cache on first use (one process prepares; the others wait for it).
 2. Tokenizer: reuse ``run_dir/tokenizer.json`` (resumed run), else the store's, else train a
@@ -37,14 +37,14 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from cgpt import corpus
+from cgpt.data import corpus
 from cgpt.fileio import atomic_write
-from cgpt.prepare import RECIPE, Corpus, prepare
-from cgpt.sources import DataError, file_sha256, list_files
-from cgpt.store import TokenStore, is_store, read_windows
-from cgpt.store import token_dtype as _token_dtype
-from cgpt.tokenizer import EOT, load_tokenizer, train_tokenizer, with_eot
-from cgpt.tokenizer import sha256 as tokenizer_sha256
+from cgpt.data.prepare import RECIPE, Corpus, prepare
+from cgpt.data.sources import DataError, file_sha256, list_files
+from cgpt.data.store import TokenStore, is_store, read_windows
+from cgpt.data.store import token_dtype as _token_dtype
+from cgpt.data.tokenizer import EOT, load_tokenizer, train_tokenizer, with_eot
+from cgpt.data.tokenizer import sha256 as tokenizer_sha256
 
 __all__ = ["DataConfig", "DataError", "EOT", "TokenData", "load_data", "load_tokenizer", "train_tokenizer"]
 
@@ -147,10 +147,10 @@ def _one_preparer(path: Path) -> Iterator[None]:
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            print(f"cgpt.data: waiting for another process preparing the same data ({path})", file=sys.stderr)
+            print(f"cgpt.data.batches: waiting for another process preparing the same data ({path})", file=sys.stderr)
             fcntl.flock(f, fcntl.LOCK_EX)
         except OSError as e:  # a filesystem without locks: say so, and prepare uncoordinated
-            print(f"cgpt.data: cannot lock {path} ({e}); if several processes prepare this data at once, "
+            print(f"cgpt.data.batches: cannot lock {path} ({e}); if several processes prepare this data at once, "
                   "prepare it first with `python -m cgpt data prepare`", file=sys.stderr)
             yield
             return
@@ -370,7 +370,7 @@ def load_data(cfg: DataConfig, run_dir: str | os.PathLike | None = None) -> Toke
     return TokenData(store.tokens(), tok, cfg.seq_len, cfg.val_sequences, cfg.seed, info)
 
 
-if __name__ == "__main__":  # python -m cgpt.data: prepare the default corpus and print its figures
+if __name__ == "__main__":  # python -m cgpt.data.batches: prepare the default corpus and print its figures
     import time
 
     t0 = time.time()

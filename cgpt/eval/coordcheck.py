@@ -9,8 +9,8 @@ shrinking) curves; the standard parametrization (SP) gives curves that grow with
 and so does a μP with one multiplier missing. The verdict is the slope of log mean|x|
 against log width after the first update: a slope above `max_slope` anywhere is a blow-up.
 
-Everything here reuses the real model functions (`cgpt.model`) and the real optimizer
-(`cgpt.optim.make_optimizer`, whose μP rule gives the decoder kernels LR x 1/m_w).
+Everything here reuses the real model functions (`cgpt.model.gpt`) and the real optimizer
+(`cgpt.train.optim.make_optimizer`, whose μP rule gives the decoder kernels LR x 1/m_w).
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cgpt.config import ModelConfig, get_config
+from cgpt.config.model import ModelConfig, get_config
 
 # jax, the model and the optimizer are imported inside the functions that use them, so that
 # registering this subcommand costs the `cgpt` CLI nothing.
@@ -72,7 +72,7 @@ def activation_stats(params: dict, ids, cfg: ModelConfig):
     import jax
     import jax.numpy as jnp
 
-    from cgpt import model as M
+    from cgpt.model import gpt as M
 
     stats = {}
     x = M.embed(params, ids, cfg)
@@ -101,8 +101,8 @@ def run_width(cfg: ModelConfig, tokens: np.ndarray, lr: float, steps: int, seed:
     import jax.numpy as jnp
     import optax
 
-    from cgpt import model as M
-    from cgpt.optim import Recipe, make_optimizer
+    from cgpt.model import gpt as M
+    from cgpt.train.optim import Recipe, make_optimizer
 
     recipe = Recipe(peak_lr=lr, decay="linear", adam_eps=1e-8, batch_size=tokens.shape[0],
                     warmup_steps=1, total_steps=steps + 2, end_lr_fraction=1.0)

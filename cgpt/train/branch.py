@@ -15,9 +15,9 @@ import re
 from dataclasses import replace
 from pathlib import Path
 
-from cgpt import checkpoint
+from cgpt.train import checkpoint
 from cgpt.fileio import atomic_write_text
-from cgpt.runconfig import RunConfig, from_dict
+from cgpt.config.run import RunConfig, from_dict
 
 BRANCH_FILE = "branch.json"
 
@@ -69,7 +69,7 @@ def check_branch(parent_run: RunConfig, parent_recipe, run: RunConfig, recipe, s
 def branch_run(parent: Path, run: RunConfig) -> RunConfig:
     """The branch's config: the asked one, with the parent's resolved warmup made explicit
     (the CPU warmup rule scales with the run's length, which would change the stable phase)."""
-    from cgpt.train import make_plan
+    from cgpt.train.loop import make_plan
 
     warmup = make_plan(parent_config(parent)).recipe.warmup_steps
     if run.train.warmup_steps is None:
@@ -114,7 +114,7 @@ def start_log(parent: Path, out: Path, step: int) -> None:
 def begin(branch_from: tuple[Path, int], run: RunConfig, recipe, out: Path, abstract_params,
           abstract_opt_state):
     """Check the branch, load the parent's state at the step and start the branch's log."""
-    from cgpt.train import make_plan
+    from cgpt.train.loop import make_plan
 
     parent, step = branch_from
     parent_run = parent_config(parent)
@@ -133,7 +133,7 @@ def plan_branches(parent: RunConfig, fractions: list[float],
     before the branch's own decay start (the branch trains at the peak LR up to there, exactly
     as an independent run of its budget would).
     """
-    from cgpt.train import make_plan
+    from cgpt.train.loop import make_plan
 
     bad = [f for f in fractions if not (isinstance(f, (int, float)) and 0 < f < 1)]
     if bad:

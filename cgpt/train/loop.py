@@ -1,8 +1,8 @@
 """Training: the jitted step (with gradient accumulation) and the crash-safe loop.
 
 The loop is written so that a SIGKILL at any moment loses at most the steps since the last
-checkpoint: batches are a pure function of the step (`cgpt.data`), checkpoints are atomic
-(`cgpt.checkpoint`), and on `--resume` the metrics log is cut back to the restored step, so
+checkpoint: batches are a pure function of the step (`cgpt.data.batches`), checkpoints are atomic
+(`cgpt.train.checkpoint`), and on `--resume` the metrics log is cut back to the restored step, so
 the resumed run continues with exactly the losses an uninterrupted run would have logged.
 """
 from __future__ import annotations
@@ -20,16 +20,19 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from cgpt import backend, checkpoint, distributed, flops, model, optim, preempt, rundir
-from cgpt.config import ModelConfig
-from cgpt.data import load_data
+from cgpt.config import backend, flops
+from cgpt.train import checkpoint, optim, preempt, rundir
+from cgpt.sharding import distributed
+from cgpt.model import gpt as model
+from cgpt.config.model import ModelConfig
+from cgpt.data.batches import load_data
 from cgpt.fileio import atomic_write_text, probe_writable
-from cgpt.runconfig import RunConfig, from_dict
+from cgpt.config.run import RunConfig, from_dict
 
 
 PLACEMENT_KEYS = ("mode", "mesh", "micro_batches", "host_offload", "micro_batch", "device_memory")
 # with model.remat, these change how a step runs on the hardware at hand, not what is trained
-# (`cgpt.fit` may choose another micro-batch or remat on other devices): on --resume the
+# (`cgpt.train.fit` may choose another micro-batch or remat on other devices): on --resume the
 # launch's values win
 # train.* keys `--resume --allow-train-changes` may change: the optimizer's hyperparameters and
 # the logging cadence. The others fix what the checkpoint means (budget, batch, data order).
@@ -123,11 +126,11 @@ def make_plan(run: RunConfig, replicas: int = 1) -> Plan:
 
 def fit_step(run: RunConfig, strategy, optimizer: optax.GradientTransformation,
              device_memory: int):
-    """(plan, model config, compiled step, `cgpt.fit.Choice`): the largest micro-batch, and
+    """(plan, model config, compiled step, `cgpt.train.fit.Choice`): the largest micro-batch, and
     remat off before on, whose compiled step fits `device_memory` per device; a
     train.micro_batch or model.remat that is set is kept and only checked. If nothing fits,
     the choice is the smallest step tried and its `fits` is False."""
-    from cgpt import fit
+    from cgpt.train import fit
 
     t, replicas = run.train, strategy.data_replicas
     per_replica = make_plan(run, replicas).batch_size // replicas
@@ -292,7 +295,7 @@ def train(run: RunConfig, out: str | Path, resume: bool = False, progress: bool 
     leaves nothing behind; storage errors end in one `RunDirError` saying what was kept.
     `allow_changes` and `from_step` (with `resume`) continue with changed train.* values
     (CHANGEABLE_KEYS) and from an earlier kept checkpoint. branch_from=(RUN, STEP): start from
-    RUN's checkpoint at STEP, a cooldown branch of a WSD run (cgpt.branch).
+    RUN's checkpoint at STEP, a cooldown branch of a WSD run (cgpt.train.branch).
     """
     out = Path(out)
     distributed.initialize()  # a multi-process job: join it (no-op otherwise)
@@ -311,8 +314,8 @@ def _train(run: RunConfig, out: Path, resume: bool, progress: bool, strategy,
     from tensorboardX import SummaryWriter
     from tqdm.auto import tqdm
 
-    from cgpt.perf import peak_flops
-    from cgpt.runconfig import parse_bytes
+    from cgpt.train.mfu import peak_flops
+    from cgpt.config.run import parse_bytes
     from cgpt.sharding import device_memory_bytes, make_strategy
 
     wall0 = time.perf_counter()
@@ -332,7 +335,7 @@ def _train(run: RunConfig, out: Path, resume: bool, progress: bool, strategy,
         strategy = make_strategy(run.train.mode, run.train.mesh, cfg, run.train,
                                  seq_len=run.data.seq_len, device_memory=memory)
     optimizer = optim.make_optimizer(make_plan(run, strategy.data_replicas).recipe, cfg)
-    # the micro-batch x accumulation and remat whose compiled step fits (cgpt.fit): that
+    # the micro-batch x accumulation and remat whose compiled step fits (cgpt.train.fit): that
     # compiled step is the one trained; stop here, before any file is written, if none fits
     memory = memory or device_memory_bytes()
     if jax.process_count() > 1:  # every process must compile the same step: the smallest memory
@@ -381,7 +384,7 @@ def _train(run: RunConfig, out: Path, resume: bool, progress: bool, strategy,
                                  "non-finite values; resume from an earlier one with "
                                  f"--from-step (kept: {ckpt.steps()}), or start over")
     if branch_from is not None and start == 0:  # a cooldown branch of a WSD run
-        from cgpt import branch
+        from cgpt.train import branch
         params, opt_state = branch.begin(branch_from, run, plan.recipe, out,
                                          *strategy.abstract_state(params, opt_state))
         start = branch_from[1]

@@ -7,7 +7,7 @@ while it compiles on emulated CPU devices), and `resolve(cfg, ...)` writes the c
 dtype into a config so that a run's `config.yaml` records what it trained with.
 
 - **CPU** (measured on the 2-core development machine): float32 (bf16 matmuls are emulated and
-  slower); causal attention in up to 4 query chunks, head-major (`cgpt.model._chunked`: ~3/8
+  slower); causal attention in up to 4 query chunks, head-major (`cgpt.model.gpt._chunked`: ~3/8
   fewer FLOPs, XLA's CPU backward ~2x faster than the fused path); the hand-written dense
   backward (~9% per step); no vocabulary padding (nothing to align to).
 - **GPU**: bfloat16 matmuls with float32 parameters, LayerNorm, softmax, loss and optimizer;
@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from cgpt.config import ModelConfig
+from cgpt.config.model import ModelConfig
 
 PLATFORMS = ("cpu", "gpu", "rocm", "tpu")
 _ALIASES = {"cuda": "gpu"}
@@ -35,7 +35,7 @@ class Kernels:
     compute_dtype: str  # "float32" | "bfloat16"; parameters are always float32
     attention: str  # "chunked" | "xla" | "cudnn"
     vocab_multiple: int  # the LM head's vocabulary is padded to a multiple of this
-    custom_dense_backward: bool  # cgpt.model.dense's hand-written backward (a CPU tuning)
+    custom_dense_backward: bool  # cgpt.model.gpt.dense's hand-written backward (a CPU tuning)
 
 
 _DEFAULTS = {

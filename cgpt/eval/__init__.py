@@ -1,0 +1,1 @@
+"""Trained models in use: `cgpt.load`, the lm-evaluation-harness model, the μP coordinate check."""
