@@ -31,10 +31,12 @@ def bench_cgpt(cfg, tokens, steps):
 
     from cgpt.model import gpt as model
     from cgpt.train import optim
-    from cgpt.train.loop import make_step
+    from cgpt.train.step import make_step
+    from common import resolved
 
-    r = optim.Recipe(peak_lr=1e-3, decay="linear", adam_eps=1e-8, batch_size=tokens.shape[0],
-                     warmup_steps=10, total_steps=1000)
+    res = resolved(cfg, tokens.shape[0], tokens.shape[1] - 1, 1e-3)
+    r = res.recipe
+    cfg = res.cfg
     opt = optim.make_optimizer(r, cfg)
     state = {"p": model.init_params(cfg, 0)}
     state["o"] = opt.init(state["p"])

@@ -45,10 +45,12 @@ def bench_cgpt(cfg, tokens: np.ndarray, steps: int) -> tuple[float, float]:
 
     from cgpt.model import gpt as model
     from cgpt.train import optim
-    from cgpt.train.loop import make_step
+    from cgpt.train.step import make_step
+    from common import resolved
 
-    recipe = optim.Recipe(peak_lr=1e-4, decay="linear", adam_eps=1e-8,
-                          batch_size=tokens.shape[0], warmup_steps=10, total_steps=1000)
+    res = resolved(cfg, tokens.shape[0], tokens.shape[1] - 1, 1e-4)
+    recipe = res.recipe
+    cfg = res.cfg
     opt = optim.make_optimizer(recipe, cfg)
     state = {"p": model.init_params(cfg, 0)}
     state["o"] = opt.init(state["p"])

@@ -140,7 +140,8 @@ def cmd_eval(args) -> int:
     import tempfile
 
     import cgpt
-    from cgpt.data.batches import DataConfig, load_data
+    from cgpt.data.batches import load_data
+    from cgpt.config.data import DataConfig
 
     lm = cgpt.load(args.source, dtype=args.dtype)
     if lm.tokenizer is None:
@@ -211,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     from cgpt.errors import LoadError
     from cgpt.train.preempt import Preempted
     from cgpt.train.rundir import RunDirError
-    from cgpt.train.loop import TrainError
+    from cgpt.errors import TrainError
 
     handlers = {"train": cmd_train, "list": cmd_list, "generate": cmd_generate, "eval": cmd_eval}
     try:

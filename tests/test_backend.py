@@ -124,19 +124,20 @@ def _old_run_dir(tmp_path, **model_keys):
 
 @pytest.mark.parametrize("platform", ["cpu", "gpu"])
 def test_resume_of_an_old_float32_run_keeps_float32(tmp_path, monkeypatch, platform):
-    from cgpt.train.loop import TrainError, resolve_run
+    from cgpt.errors import TrainError
+    from cgpt.train.resume import check_config
 
     monkeypatch.setattr(backend, "current_platform", lambda: platform)
     out = _old_run_dir(tmp_path / "old")
     asked = from_dict({"preset": "tiny-17k"})
     assert asked.model.compute_dtype == "auto"
-    assert resolve_run(asked, out, resume=True).model.compute_dtype == "float32"
-    fresh = resolve_run(asked, tmp_path / "new", resume=False)
+    assert check_config(asked, out, resume=True).model.compute_dtype == "float32"
+    fresh = check_config(asked, tmp_path / "new", resume=False)
     assert fresh.model.compute_dtype == ("bfloat16" if platform == "gpu" else "float32")
     assert "compute_dtype: auto" not in fresh.to_yaml()  # what config.yaml will say
     explicit = from_dict({"preset": "tiny-17k", "model": {"compute_dtype": "bfloat16"}})
     with pytest.raises(TrainError, match="model.compute_dtype"):
-        resolve_run(explicit, out, resume=True)
+        check_config(explicit, out, resume=True)
 
 
 def test_sweep_relaunch_accepts_an_auto_dtype_against_the_saved_one(tmp_path):

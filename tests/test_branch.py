@@ -11,12 +11,14 @@ import numpy as np
 import pytest
 
 from cgpt.train import optim
+from cgpt.config.recipe import Recipe
 from cgpt.train.branch import BranchError, parse_spec
 from cgpt.cli import main as cli_main
 from cgpt.config.model import get_config
-from cgpt.data.batches import DataConfig
+from cgpt.config.data import DataConfig
 from cgpt.config.run import RunConfig, TrainConfig
-from cgpt.train.loop import make_plan, train
+from cgpt.train.resolve import resolve
+from cgpt.train.loop import train
 
 TOK_PER_STEP = 8 * 16
 
@@ -33,7 +35,7 @@ def _run(corpus, cache, steps, **kw) -> RunConfig:
 
 @pytest.mark.parametrize("decay", ["linear", "1-sqrt"])
 def test_wsd_schedule_shape(decay):
-    r = optim.Recipe(peak_lr=1e-3, decay=decay, adam_eps=1e-8, batch_size=8, warmup_steps=10,
+    r = Recipe(peak_lr=1e-3, decay=decay, adam_eps=1e-8, batch_size=8, warmup_steps=10,
                      total_steps=110, schedule="wsd", decay_fraction=0.2)
     lrs = np.array([optim.lr_at(r, s) for s in range(111)])
     assert r.decay_start == 88 and lrs[0] == 0 and lrs[10] == pytest.approx(1e-3)
@@ -43,7 +45,7 @@ def test_wsd_schedule_shape(decay):
     want = 1e-3 - 9e-4 * (0.5 if decay == "linear" else np.sqrt(0.5))
     assert half == pytest.approx(want, rel=1e-5)
     # The stable phase does not depend on the run's length: a longer run has the same prefix.
-    longer = optim.Recipe(**{**r.__dict__, "total_steps": 400})
+    longer = Recipe(**{**r.__dict__, "total_steps": 400})
     np.testing.assert_allclose([optim.lr_at(longer, s) for s in range(89)], lrs[:89])
 
 
@@ -58,7 +60,7 @@ def test_wsd_config_keys():
     run = RunConfig(preset="tiny-17k", model=get_config("tiny-17k"),
                     data=DataConfig(vocab_size=512, seq_len=128),
                     train=TrainConfig(schedule="wsd", tokens=4096 * 100))
-    assert make_plan(run).recipe.decay == "1-sqrt"                    # the WSD default
+    assert resolve(run).recipe.decay == "1-sqrt"                    # the WSD default
 
 
 def test_branch_equals_independent_wsd_run(corpus, tmp_path, capsys):

@@ -14,7 +14,8 @@ import pytest
 from cgpt.data import corpus
 from cgpt.data import batches as data_mod
 from cgpt.data import prepare as prepare_mod
-from cgpt.data.batches import EOT, DataConfig, DataError, load_data
+from cgpt.data.batches import EOT, DataError, load_data
+from cgpt.config.data import DataConfig
 
 WORDS = ("the model reads tokens and predicts the next one while loss falls with scale "
          "data compute params optimizer warmup decay batch sequence layer head attention").split()

@@ -18,9 +18,10 @@ import cgpt
 from cgpt.train import checkpoint, rundir
 from cgpt.cli import main as cli_main
 from cgpt.config.model import get_config
-from cgpt.data.batches import DataConfig
+from cgpt.config.data import DataConfig
 from cgpt.config.run import RunConfig, TrainConfig, from_dict
-from cgpt.train.loop import TrainError, train
+from cgpt.errors import TrainError
+from cgpt.train.loop import train
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -109,7 +110,7 @@ def test_nonfinite_state_is_never_checkpointed(corpus, cache, tmp_path, monkeypa
     """Even with a finite loss and grad_norm, non-finite state is never written to disk."""
     import jax.numpy as jnp
 
-    import cgpt.train.loop as tr
+    import cgpt.train.step as tr  # the fit compiles the step it makes
     real = tr.make_step
 
     def poisoned(cfg, optimizer, loss=tr.model.loss_fn):
@@ -138,7 +139,7 @@ def test_summary_after_a_late_kill_equals_uninterrupted(corpus, cache, tmp_path,
     kw = dict(tokens=8 * 16 * 100, ckpt_every=97, eval_every=50, log_every=10)
     ref = train(_run(corpus, cache, **kw), tmp_path / "ref", progress=False)
 
-    import cgpt.train.loop as tr
+    import cgpt.train.setup as tr
     real = tr.load_data
 
     class Killed(Exception):
@@ -222,7 +223,7 @@ def test_disk_full_during_a_save_is_one_clear_error(corpus, cache, tmp_path, mon
 
 def test_read_only_run_directory_mid_run(corpus, cache, tmp_path, monkeypatch):
     out = tmp_path / "run"
-    import cgpt.train.loop as tr
+    import cgpt.train.summary as tr
     real = tr.atomic_write_text
 
     def ro(path, text):
@@ -339,9 +340,9 @@ def test_reshaped_preset_has_its_own_name():
     # The saved config reads back to the same run (resume compares them).
     assert from_dict(run.to_dict()) == run
     # and the recipe is still the preset's
-    from cgpt.train.loop import make_plan
+    from cgpt.train.resolve import resolve
     big = from_dict({"preset": "111M", "model": {"n_layer": 2}, "data": {"seq_len": 2048}})
-    assert make_plan(big).recipe.peak_lr == 6e-4
+    assert resolve(big).recipe.peak_lr == 6e-4
 
 
 def test_metrics_lines_are_strict_json():

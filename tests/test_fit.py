@@ -12,9 +12,10 @@ from cgpt.config import backend
 from cgpt.train import fit
 from cgpt.plan import command as plan
 from cgpt.config.model import get_config
-from cgpt.data.batches import DataConfig
+from cgpt.config.data import DataConfig
 from cgpt.config.run import RunConfig, TrainConfig, from_dict
-from cgpt.train.loop import TrainError, train
+from cgpt.errors import TrainError
+from cgpt.train.loop import train
 
 
 # ---- the search on a memory model (no compiles) ---------------------------------------------
@@ -199,7 +200,7 @@ def test_old_run_dirs_resume_and_the_launch_picks_its_own_step(tmp_path):
     micro-batch) resumes under a launch that leaves both unset, and vice versa: they are
     chosen per launch, like the mode and mesh."""
     from cgpt.sweep.spec import config_hash
-    from cgpt.train.loop import resolve_run
+    from cgpt.train.resume import check_config
 
     # a run directory records its concrete dtype (cgpt.config.backend.resolve); an old one float32
     old = from_dict({"preset": "tiny-17k", "model": {"remat": False, "compute_dtype": "float32"},
@@ -207,8 +208,8 @@ def test_old_run_dirs_resume_and_the_launch_picks_its_own_step(tmp_path):
     (tmp_path / "config.yaml").write_text(old.to_yaml())
     new = from_dict({"preset": "tiny-17k", "model": {"compute_dtype": "float32"},
                      "train": {"batch_size": 8}})
-    assert resolve_run(new, tmp_path, resume=True) == new
+    assert check_config(new, tmp_path, resume=True) == new
     assert config_hash(old.to_dict()) == config_hash(new.to_dict())  # the sweep's identity too
     with pytest.raises(TrainError, match="train.batch_size"):  # what is trained still counts
-        resolve_run(from_dict({"preset": "tiny-17k", "train": {"batch_size": 16}}), tmp_path,
+        check_config(from_dict({"preset": "tiny-17k", "train": {"batch_size": 16}}), tmp_path,
                     resume=True)

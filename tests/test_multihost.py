@@ -22,7 +22,7 @@ import pytest
 
 from cgpt.sharding import distributed
 from cgpt.config.model import get_config
-from cgpt.data.batches import DataConfig
+from cgpt.config.data import DataConfig
 from cgpt.config.run import RunConfig, TrainConfig
 from cgpt.train.loop import train
 

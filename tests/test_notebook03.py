@@ -8,7 +8,7 @@ import nbformat
 from nbclient import NotebookClient
 
 from cgpt.config.model import get_config
-from cgpt.data.batches import DataConfig
+from cgpt.config.data import DataConfig
 from cgpt.config.run import RunConfig, TrainConfig
 from cgpt.train.loop import train
 

@@ -13,7 +13,7 @@ import pytest
 from cgpt.train import preempt
 from cgpt.cli import main as cli_main
 from cgpt.config.model import get_config
-from cgpt.data.batches import DataConfig
+from cgpt.config.data import DataConfig
 from cgpt.config.run import RunConfig, TrainConfig
 from cgpt.train.loop import train
 

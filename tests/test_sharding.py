@@ -16,20 +16,22 @@ from jax.sharding import AbstractMesh, AxisType, NamedSharding, PartitionSpec as
 from cgpt import sharding
 from cgpt.model import gpt as model
 from cgpt.train import optim
+from cgpt.config.recipe import Recipe, published_defaults
 from cgpt.sharding import pipeline
 from cgpt.plan import command as plan
 from cgpt.train.checkpoint import Checkpointer
 from cgpt.config.model import ModelConfig, get_config
-from cgpt.data.batches import DataConfig
+from cgpt.config.data import DataConfig
 from cgpt.config.run import RunConfig, TrainConfig
-from cgpt.train.loop import make_plan, make_step
+from cgpt.train.resolve import resolve
+from cgpt.train.step import make_step
 
 CFG = ModelConfig(n_layer=4, d_model=64, n_head=2, vocab_size=256, n_ctx=32)
 ACCUM, ROWS, T = 2, 16, 32
 TOL = 1e-5
 
 
-class _Plan:  # the fields of cgpt.train.loop.Plan that strategies read
+class _Plan:  # the fields of cgpt.train.resolve.Resolved that strategies read
     def __init__(self, replicas: int):
         self.replicas = replicas
         self.micro_batch = ROWS // replicas
@@ -37,7 +39,7 @@ class _Plan:  # the fields of cgpt.train.loop.Plan that strategies read
 
 
 def _optimizer():
-    r = optim.Recipe(peak_lr=1e-3, decay="linear", adam_eps=1e-3, batch_size=ACCUM * ROWS,
+    r = Recipe(peak_lr=1e-3, decay="linear", adam_eps=1e-3, batch_size=ACCUM * ROWS,
                      warmup_steps=1, total_steps=10)
     return optim.make_optimizer(r, CFG)
 
@@ -303,16 +305,17 @@ def test_published_batches_split_under_weight_streaming(preset, devices):
     divide it (`data`), the weights over all of them (`fsdp` x `data`). Abstract mesh and
     shapes only: no arrays are made."""
     cfg, batch = get_config(preset), PUBLISHED_BATCH[preset]
-    assert optim.published_defaults(cfg)["batch_size"] == batch
-    mode, axes, why, _ = sharding.placement("weight_streaming", "", cfg, None, num_devices=devices)
-    s = sharding.strategy_on(_abstract(axes), mode, cfg, None, why)
+    assert published_defaults(cfg)["batch_size"] == batch
+    mode, axes, why, _ = sharding.placement("weight_streaming", "", cfg, batch, num_devices=devices)
+    s = sharding.strategy_on(_abstract(axes), mode, cfg, batch, mesh_reason=why)
     best = max(d for d in range(1, devices + 1) if devices % d == 0 and batch % d == 0)
     assert math.prod(axes.values()) == devices and s.data_replicas == best
     assert ("fsdp" in axes) == (best < devices) and "split" in s.describe()["mesh_reason"]
     assert set(_devices_per_param(s)) == {devices}  # every weight on every device, 1/N each
     run = RunConfig(preset=preset, model=cfg, data=DataConfig(seq_len=cfg.n_ctx),
                     train=TrainConfig(mode="weight_streaming"))
-    p = make_plan(run, s.data_replicas)
+    p = resolve(run, devices)  # the run places itself as the strategy was placed
+    assert p.mesh == axes and p.replicas == s.data_replicas
     assert p.batch_size == batch and p.micro_batch * p.accum * p.replicas == batch
     # the only thing not split as the rules ask is the batch over fsdp, and it is reported
     assert [u["array"] for u in s.describe()["unsharded"]] == \
@@ -321,14 +324,14 @@ def test_published_batches_split_under_weight_streaming(preset, devices):
 
 def test_explicit_two_dim_mesh_is_honoured():
     cfg = get_config("1.3B")  # batch 528 = 16 x 33: splits over data=2 x fsdp=8
-    mode, axes, why, _ = sharding.placement("weight_streaming", "data=2,fsdp=8", cfg, None,
+    mode, axes, why, _ = sharding.placement("weight_streaming", "data=2,fsdp=8", cfg, 528,
                                             num_devices=16)
-    s = sharding.strategy_on(_abstract(axes), mode, cfg, None, why)
+    s = sharding.strategy_on(_abstract(axes), mode, cfg, 528, mesh_reason=why)
     assert axes == {"data": 2, "fsdp": 8} and s.batch_axes == ("data", "fsdp")
     assert s.data_replicas == 16 and s.describe()["mesh_reason"] == "given by --mesh"
     # 590M's 264 does not split 16 ways: over data=2 only, the fsdp groups share rows
     cfg = get_config("590M")
-    s = sharding.strategy_on(_abstract(axes), mode, cfg, None, why)
+    s = sharding.strategy_on(_abstract(axes), mode, cfg, 264, mesh_reason=why)
     assert s.batch_axes == ("data",) and s.data_replicas == 2
     [u] = s.describe()["unsharded"]
     assert u["logical"] == "act_batch" and "264 is not a multiple of data=2 x fsdp=8" in u["why"]
@@ -339,10 +342,10 @@ def test_dims_that_do_not_divide_are_reported(caplog):
     128 ways, so 1-D embed-only weights stay replicated over `fsdp`: reported, warned about,
     never silent. The kernels still cover all 128 devices: embed over data, heads over fsdp."""
     cfg = get_config("256M")
-    mode, axes, why, _ = sharding.placement("weight_streaming", "", cfg, None, num_devices=128)
+    mode, axes, why, _ = sharding.placement("weight_streaming", "", cfg, 264, num_devices=128)
     assert axes == {"data": 8, "fsdp": 16}
     with caplog.at_level("WARNING"):
-        s = sharding.strategy_on(_abstract(axes), mode, cfg, None, why)
+        s = sharding.strategy_on(_abstract(axes), mode, cfg, 264, mesh_reason=why)
     assert "cannot be split as the rules ask" in caplog.text
     report = {(u["array"], u["logical"]): u for u in s.describe()["unsharded"]}
     ln = report[("ln_f/scale", "embed")]

@@ -17,7 +17,8 @@ import pytest
 
 from cgpt.data import prepare as prepare_mod
 from cgpt.cli import main as cli_main
-from cgpt.data.batches import EOT, DataConfig, DataError, load_data
+from cgpt.data.batches import EOT, DataError, load_data
+from cgpt.config.data import DataConfig
 from cgpt.data.store import ShardedTokens, TokenStore
 from cgpt.data.tokenizer import load_tokenizer, train_tokenizer, with_eot
 

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from cgpt.sweep import launch, load_sweep
-from cgpt.train.loop import make_plan
+from cgpt.train.resolve import resolve
 
 SPEC = """
 name: wsd
@@ -47,7 +47,7 @@ def test_branches_axis_expands_to_parent_and_branches(spec):
         assert b.config.train.warmup_steps == parent.config.train.warmup_steps == 8
         run_id, step = b.branch_from
         assert run_id == parent.run_id and step % 8 == 0
-        assert step <= make_plan(b.config).recipe.decay_start             # still stable
+        assert step <= resolve(b.config).recipe.decay_start             # still stable
     assert b1.branch_from[1] == 16 and b2.branch_from[1] == 32
     bad = spec.read_text().replace("[0.25, 0.5]", "[1.5]")
     spec.write_text(bad)

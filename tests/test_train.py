@@ -17,11 +17,15 @@ import pytest
 import cgpt
 from cgpt.model import gpt as model
 from cgpt.train import optim
+from cgpt.config.recipe import Recipe
 from cgpt.cli import main as cli_main
 from cgpt.config.model import get_config
-from cgpt.data.batches import DataConfig
+from cgpt.config.data import DataConfig
 from cgpt.config.run import RunConfig, TrainConfig, apply_overrides, from_dict
-from cgpt.train.loop import TrainError, make_plan, make_step, train
+from cgpt.errors import TrainError
+from cgpt.train.resolve import resolve
+from cgpt.train.step import make_step
+from cgpt.train.loop import train
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -55,7 +59,7 @@ def _losses(run_dir: Path) -> dict:
 # ---- recipe --------------------------------------------------------------------------
 @pytest.mark.parametrize("decay", ["linear", "cosine"])
 def test_schedule_shape(decay):
-    r = optim.Recipe(peak_lr=1e-3, decay=decay, adam_eps=1e-8, batch_size=8, warmup_steps=10,
+    r = Recipe(peak_lr=1e-3, decay=decay, adam_eps=1e-8, batch_size=8, warmup_steps=10,
                      total_steps=110)
     lrs = np.array([optim.lr_at(r, s) for s in range(111)])
     assert lrs[0] == 0 and lrs[10] == pytest.approx(1e-3)
@@ -69,7 +73,7 @@ def test_schedule_shape(decay):
 
 def test_published_recipe_and_cpu_warmup_rule():
     run = RunConfig(preset="1.3B", model=get_config("1.3B"), data=DataConfig(seq_len=2048))
-    plan = make_plan(run)
+    plan = resolve(run)
     r = plan.recipe
     assert (r.peak_lr, r.decay, r.adam_eps, r.batch_size) == (2e-4, "cosine", 1e-8, 528)
     assert plan.total_steps == 24_334  # the published step count for 26.3B tokens at batch 528
@@ -77,13 +81,13 @@ def test_published_recipe_and_cpu_warmup_rule():
     want = {"111M": 1525, "256M": 693, "590M": 693, "2.7B": 346, "6.7B": 176, "13B": 254}
     for name, steps in want.items():
         run = RunConfig(preset=name, model=get_config(name), data=DataConfig(seq_len=2048))
-        assert make_plan(run).recipe.warmup_steps == steps, name
-    assert make_plan(RunConfig(preset="13B", model=get_config("13B"),
+        assert resolve(run).recipe.warmup_steps == steps, name
+    assert resolve(RunConfig(preset="13B", model=get_config("13B"),
                                data=DataConfig(seq_len=2048))).recipe.adam_eps == 1e-9
-    mup = make_plan(RunConfig(preset="111M-mup", model=get_config("111M-mup"),
+    mup = resolve(RunConfig(preset="111M-mup", model=get_config("111M-mup"),
                               data=DataConfig(seq_len=2048))).recipe
     assert mup.peak_lr == 6e-3 and mup.decay == "linear"
-    tiny = make_plan(RunConfig(preset="tiny-17k", model=get_config("tiny-17k"),
+    tiny = resolve(RunConfig(preset="tiny-17k", model=get_config("tiny-17k"),
                                data=DataConfig(seq_len=128),
                                train=TrainConfig(batch_size=32))).recipe
     assert tiny.warmup_steps == round(0.1 * tiny.total_steps)
@@ -100,7 +104,7 @@ def test_weight_decay_and_mup_groups():
     assert mu["h"]["attn"]["c_attn"]["kernel"] and not mu["wte"] and not mu["h"]["attn"]["c_attn"]["bias"]
     # μP: decoder kernels move 1/m_w as far as an SP update of the same gradient.
     cfg = get_config("tiny-45k").replace(mup=True, mup_base_width=8)  # m_w = 4
-    r = optim.Recipe(peak_lr=1e-2, decay="linear", adam_eps=1e-8, batch_size=1, warmup_steps=1,
+    r = Recipe(peak_lr=1e-2, decay="linear", adam_eps=1e-8, batch_size=1, warmup_steps=1,
                      total_steps=10, weight_decay=0.0)
     params = model.init_params(cfg, 0)
     g = jax.tree.map(jnp.ones_like, params)
@@ -118,7 +122,7 @@ def test_weight_decay_and_mup_groups():
 
 def test_gradient_accumulation_equivalence():
     cfg = get_config("tiny-17k")
-    r = optim.Recipe(peak_lr=1e-2, decay="linear", adam_eps=1e-8, batch_size=8, warmup_steps=1,
+    r = Recipe(peak_lr=1e-2, decay="linear", adam_eps=1e-8, batch_size=8, warmup_steps=1,
                      total_steps=10)
     opt = optim.make_optimizer(r, cfg)
     params = model.init_params(cfg, 0)

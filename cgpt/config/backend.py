@@ -53,17 +53,23 @@ def _platform_name(platform: str) -> str:
     return p
 
 
-def current_platform() -> str:
-    """The platform JAX compiles for: "cpu", "gpu" (CUDA), "rocm" or "tpu". Any other
-    backend (a plugin) gets the CPU's conservative choices: f32 and no fused kernels."""
-    import jax
-
-    p = jax.default_backend()
+def platform_of(device) -> str:
+    """The platform of a JAX device object: "cpu", "gpu" (CUDA), "rocm" or "tpu", read from
+    its attributes (no JAX import). Any other backend (a plugin) gets the CPU's conservative
+    choices: f32 and no fused kernels."""
+    p = device.platform
     if p == "gpu":
-        version = getattr(jax.devices()[0].client, "platform_version", "") or ""
+        version = getattr(device.client, "platform_version", "") or ""
         return "rocm" if "rocm" in version.lower() else "gpu"
     p = _ALIASES.get(p, p)
     return p if p in _DEFAULTS else "cpu"
+
+
+def current_platform() -> str:
+    """The platform JAX compiles for (`platform_of` its first device)."""
+    import jax
+
+    return platform_of(jax.devices()[0])
 
 
 def defaults(platform: str) -> Kernels:

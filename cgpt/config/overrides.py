@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 
 from cgpt.config.model import ModelConfig
-from cgpt.data.batches import DataConfig
+from cgpt.config.data import DataConfig
 from cgpt.config.run import TrainConfig, parse_value
 
 SECTIONS = ("model", "data", "train")

@@ -13,8 +13,12 @@ from pathlib import Path
 import yaml
 
 from cgpt.config.model import ModelConfig, get_config
-from cgpt.data.batches import DataConfig
+from cgpt.config.data import DataConfig
 
+# train.* keys that say how a step runs on the hardware at hand, not what is trained (with
+# model.remat): `cgpt.train.fit` may choose another micro-batch on other devices, and on
+# --resume, or when the sweep compares a run with its spec, the launch's values win
+PLACEMENT_KEYS = ("mode", "mesh", "micro_batches", "host_offload", "micro_batch", "device_memory")
 MODES = ("single", "data_parallel", "weight_streaming", "layer_pipelined", "auto")
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
           "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}

@@ -102,7 +102,8 @@ def run_width(cfg: ModelConfig, tokens: np.ndarray, lr: float, steps: int, seed:
     import optax
 
     from cgpt.model import gpt as M
-    from cgpt.train.optim import Recipe, make_optimizer
+    from cgpt.config.recipe import Recipe
+    from cgpt.train.optim import make_optimizer
 
     recipe = Recipe(peak_lr=lr, decay="linear", adam_eps=1e-8, batch_size=tokens.shape[0],
                     warmup_steps=1, total_steps=steps + 2, end_lr_fraction=1.0)

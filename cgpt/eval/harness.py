@@ -58,13 +58,13 @@ class CgptLM(TemplateLM):
     def __init__(self, pretrained: str | None = None, dtype: str = "float32",
                  batch_size: int | str = 16, max_gen_toks: int = 256, lm=None, **ignored):
         super().__init__()
-        import cgpt
+        from cgpt.eval.lm import load
 
         if lm is None:
             if not pretrained:
                 raise ValueError("lm-eval model 'cgpt' needs model_args pretrained=<run dir, "
                                  "HF directory or hub id>")
-            lm = cgpt.load(pretrained, dtype=dtype)
+            lm = load(pretrained, dtype=dtype)
         if lm.tokenizer is None:
             raise ValueError(f"{pretrained}: no tokenizer files (tokenizer.json or vocab.json + "
                              "merges.txt); lm-eval tasks are text, so a tokenizer is required")

@@ -1,6 +1,6 @@
 """`cgpt plan`: what one training step costs per device under a mode and mesh, without running it.
 
-The real train step (`cgpt.train.loop.make_step` with the published optimizer) is lowered and
+The real train step (`cgpt.train.step.make_step` with the published optimizer) is lowered and
 compiled for `jax.ShapeDtypeStruct` inputs that carry the mode's shardings, over emulated
 CPU devices: nothing is allocated, so a 13B model plans on a laptop. From the compiled
 program it reports, per device:
@@ -251,7 +251,7 @@ def plan(model: str, mode: str, mesh: str = "", devices: int = 8,
     first two, `cgpt.config.backend` the dtype)."""
     from cgpt import sharding
     from cgpt.config.model import get_config
-    from cgpt.data.batches import DataConfig
+    from cgpt.config.data import DataConfig
     from cgpt.config.run import MODES, RunConfig, TrainConfig
 
     if mode not in MODES or mode == "single":
@@ -280,23 +280,22 @@ def plan_run(run, device_memory: int | str, cpu_devices, mode_flags: bool = Fals
 
     import jax
 
-    from cgpt import sharding
     from cgpt.config import backend, flops
-    from cgpt.train import optim
     from cgpt.config.run import parse_bytes
-    from cgpt.train.loop import TrainError, fit_step, make_plan
+    from cgpt.errors import TrainError
+    from cgpt.train import fit, optim, setup
+    from cgpt.train.resolve import resolve
 
     memory = parse_bytes(device_memory) if isinstance(device_memory, str) else int(device_memory)
     run = dataclasses.replace(run, model=backend.for_platform(run.model, platform,
                                                               compile_on="cpu"))
-    cfg, T, t = run.model, run.data.seq_len, run.train
-    strategy = sharding.make_strategy(t.mode, t.mesh, cfg, t, devices=cpu_devices,
-                                      device_memory=memory, seq_len=T,
-                                      host_offload=t.host_offload)
+    T, t = run.data.seq_len, run.train
     try:
-        optimizer = optim.make_optimizer(make_plan(run, strategy.data_replicas).recipe, cfg)
+        res = resolve(run, cpu_devices, platform=platform, device_memory=memory)
+        strategy = setup.place(res, cpu_devices)
+        optimizer = optim.make_optimizer(res.recipe, res.cfg)
         t0 = time.perf_counter()
-        p, cfg, compiled, choice = fit_step(run, strategy, optimizer, memory)
+        p, compiled, choice = fit.fit_step(res, strategy, optimizer, memory)
         compile_s = time.perf_counter() - t0
     except TrainError as e:
         msg = str(e)
@@ -304,6 +303,7 @@ def plan_run(run, device_memory: int | str, cpu_devices, mode_flags: bool = Fals
             msg = msg.replace("train.batch_size", "--batch").replace("train.micro_batch",
                                                                      "--micro-batch")
         raise ValueError(msg) from None
+    cfg = p.cfg
 
     def shard_bytes(tree) -> int:
         return sum(math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize

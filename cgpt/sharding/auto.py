@@ -13,29 +13,15 @@ Rough by design (within a few percent of the compiled plan for 13B on stage=8,da
 """
 from __future__ import annotations
 
+import logging
 import math
-import os
-
-import jax
 
 from cgpt.config.model import ModelConfig
-from cgpt.sharding.mesh import weight_streaming_axes
+from cgpt.sharding.placement import SHARDED_MODES, parse_mesh, weight_streaming_axes
+
+log = logging.getLogger(__name__)
 
 BYTES_PER_PARAM_STATE = 16  # f32 weight + gradient + Adam mu + nu
-
-
-def device_memory_bytes(device=None) -> int:
-    """Memory of one device: the allocator's limit on GPU/TPU, RAM / device count on CPU."""
-    device = device or jax.devices()[0]
-    stats = None
-    try:
-        stats = device.memory_stats()
-    except Exception:
-        pass
-    if stats and stats.get("bytes_limit"):
-        return int(stats["bytes_limit"])
-    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return ram // max(1, jax.local_device_count())
 
 
 def _block_params(cfg: ModelConfig) -> int:
@@ -143,3 +129,29 @@ def choose_auto(cfg: ModelConfig, num_devices: int, memory: int, batch: int, seq
         + (", a smaller train.micro_batch" if rows > 1 else "")
         + (", or leave --mesh empty so auto may stream weights" if mesh and "fsdp" not in mesh
            else "") + (" (or a shorter data.seq_len)" if rows == 1 else ""))
+
+
+def placement(mode: str, mesh_spec: str, cfg: ModelConfig, batch: int, micro: int | None = None,
+              *, num_devices: int, device_memory: int | None = None, seq_len: int | None = None,
+              num_processes: int = 1) -> tuple[str, dict[str, int], str, str | None]:
+    """(mode, mesh axes, why the mesh has that shape, why auto chose the mode) for a sharded
+    `--mode`/`--mesh` on `num_devices` devices: no devices needed, so a 64-device
+    placement can be checked anywhere."""
+    if mode not in SHARDED_MODES:
+        raise ValueError(f"--mode {mode!r}; use one of single, {', '.join(SHARDED_MODES)}")
+    given = bool((mesh_spec or "").strip())
+    axes = parse_mesh(mesh_spec, mode, num_devices, num_processes)
+    mesh_reason = "given by --mesh" if given else f"--mesh empty: every device on {next(iter(axes))}"
+    auto_reason = None
+    if mode == "auto":
+        honoured = ({k: v for k, v in axes.items() if v > 1} or {"data": 1}) if given else None
+        mode, axes, auto_reason = choose_auto(
+            cfg, math.prod(axes.values()) if given else num_devices,
+            device_memory, batch, seq_len or cfg.n_ctx, micro,
+            honoured)
+        log.info("--mode auto: %s", auto_reason)
+    if mode == "weight_streaming" and not given:
+        axes, mesh_reason = weight_streaming_axes(num_devices, batch, micro)
+    elif auto_reason and not given:
+        mesh_reason = "chosen by --mode auto"
+    return mode, axes, mesh_reason, auto_reason

@@ -146,3 +146,15 @@ class NullWriter:
         pass
 
     flush = close = add_scalar = write
+
+
+def smallest_mib(nbytes: int) -> int:
+    """The smallest of every process's `nbytes` (e.g. device memory), so that all of them
+    compile the same step. Gathered in MiB: without jax_enable_x64 the gather is int32, which
+    byte counts would overflow."""
+    if jax.process_count() == 1:
+        return nbytes
+    from jax.experimental import multihost_utils
+
+    mib = multihost_utils.process_allgather(np.int32(min(nbytes >> 20, 2**31 - 1)))
+    return int(np.min(mib)) << 20

@@ -20,7 +20,11 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from cgpt.sharding import distributed
 from cgpt.model import gpt as model
 from cgpt.config.model import ModelConfig
+from cgpt.config.recipe import published_defaults
+from cgpt.sharding.auto import placement
+from cgpt.sharding.mesh import build_mesh, device_memory_bytes, maybe_initialize_distributed
 from cgpt.sharding.pipeline import bubble_fraction, pipelined_loss
+from cgpt.sharding.placement import HOST_OFFLOAD_REMOVED, SHARDED_MODES, batch_axes as ws_batch_axes
 from cgpt.sharding.rules import (DATA_PARALLEL, LAYER_PIPELINED, WEIGHT_STREAMING, Rules,
                                  Unsharded, logical_to_spec, with_rule)
 
@@ -322,3 +326,64 @@ class LayerPipelined(Sharded):
         self.bubble_fraction = bubble_fraction(self.stages, m)
         log.info("layer_pipelined: %d stages x %d micro-batches, bubble %.1f%%", self.stages,
                  m, 100 * self.bubble_fraction)
+
+
+def strategy_on(mesh, mode: str, cfg: ModelConfig, batch: int, micro: int | None = None,
+                micro_batches: int | None = None, mesh_reason: str = "",
+                auto_reason: str | None = None) -> Sharded:
+    """The strategy of a decided placement (`cgpt.sharding.auto.placement`, or a resolved run's
+    mode and mesh) on `mesh` (a real Mesh, or an AbstractMesh to inspect shardings and the
+    unsharded report without devices), for a global batch of `batch` sequences."""
+    axes = dict(mesh.shape)
+    if mode == "data_parallel":
+        s: Sharded = DataParallel(cfg, mesh, ("data",), mesh_reason)
+    elif mode == "weight_streaming":
+        batch_axes = ws_batch_axes(axes, batch, micro)
+        s = WeightStreaming(cfg, mesh, batch_axes, mesh_reason)
+        if "fsdp" not in batch_axes and axes.get("fsdp", 1) > 1:
+            s.unsharded.add(Unsharded(
+                "batch (every activation)", "act_batch", batch, ("data", "fsdp"), ("data",),
+                f"the global batch {batch} is not a multiple of data={axes.get('data', 1)} x "
+                f"fsdp={axes['fsdp']}" + (f" x micro-batch {micro}" if micro else "")))
+            log.warning("weight_streaming: the batch of %d splits over data=%d only; the "
+                        "fsdp=%d devices of each group share its rows and split their MLP "
+                        "instead (the weights are still sharded over all %d)", batch,
+                        axes.get("data", 1), axes["fsdp"], mesh.size)
+    else:
+        s = LayerPipelined(cfg, mesh, micro_batches, mesh_reason)
+    s.auto_reason = auto_reason
+    return s
+
+
+def make_strategy(mode: str, mesh_spec: str, cfg: ModelConfig, train_cfg=None, *,
+                  devices: Sequence | None = None, device_memory: int | None = None,
+                  seq_len: int | None = None, host_offload: bool | None = None):
+    """The strategy for `--mode`/`--mesh` on `devices` (default: all of JAX's, joining a
+    multi-host job first if the environment describes one): placement, then `strategy_on`.
+    Training and `plan` place a resolved run instead (`cgpt.train.resolve`); this is the
+    sharding layer's own entry point, for its tests and tools."""
+    if host_offload or getattr(train_cfg, "host_offload", False):
+        raise ValueError(HOST_OFFLOAD_REMOVED)
+    if mode == "single":
+        if jax.process_count() > 1:
+            raise ValueError(f"--mode single runs on one device, but this job has "
+                             f"{jax.process_count()} processes; use a sharded --mode "
+                             "(data_parallel, weight_streaming, layer_pipelined or auto)")
+        if mesh_spec:
+            raise ValueError(f"--mesh {mesh_spec!r} needs a sharded --mode (data_parallel, "
+                             "weight_streaming, layer_pipelined or auto)")
+        return SingleDevice(cfg)
+    if mode not in SHARDED_MODES:
+        raise ValueError(f"--mode {mode!r}; use one of single, {', '.join(SHARDED_MODES)}")
+    if devices is None:
+        maybe_initialize_distributed()
+        devices = jax.devices()
+    if mode == "auto" and device_memory is None:
+        device_memory = device_memory_bytes(devices[0])
+    batch = getattr(train_cfg, "batch_size", None) or published_defaults(cfg)["batch_size"]
+    micro = getattr(train_cfg, "micro_batch", None)
+    mode, axes, mesh_reason, auto_reason = placement(
+        mode, mesh_spec, cfg, batch, micro, num_devices=len(devices),
+        device_memory=device_memory, seq_len=seq_len, num_processes=jax.process_count())
+    return strategy_on(build_mesh(axes, devices), mode, cfg, batch, micro,
+                       getattr(train_cfg, "micro_batches", None), mesh_reason, auto_reason)

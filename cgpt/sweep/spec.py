@@ -19,14 +19,15 @@ from cgpt.config import flops as flops_mod
 from cgpt.config.model import get_config
 from cgpt.config.overrides import SECTIONS, check_key, coerce_source, seed_overrides, set_key, \
     split_override
-from cgpt.config.run import RunConfig, from_dict, load_yaml, parse_bytes
+from cgpt.config.run import PLACEMENT_KEYS, RunConfig, from_dict, load_yaml, parse_bytes
+from cgpt.errors import TrainError
+from cgpt.train.resolve import resolve
 
 SPEC_KEYS = ("name", "description", "base", "models", "grid", "per_model", "filter", "require",
              "estimate", "slurm")
 GRID_KEYS = ("model", "tokens", "tokens_per_param", "flops", "seed", "overrides", "branches")
 # Placement may change between launches of one run (checkpoints restore into any layout),
 # so it is not part of a run's identity (the same rule as `cgpt train --resume`).
-PLACEMENT_KEYS = ("mode", "mesh", "micro_batches", "host_offload", "micro_batch", "device_memory")
 # model.remat, like train.micro_batch, is chosen per device by `train` (cgpt.train.fit)
 EXECUTION_MODEL_KEYS = ("remat",)
 
@@ -228,7 +229,6 @@ def load_sweep(path: str | Path, sets: list[str] | None = None) -> Sweep:
     budget < the grid's overrides entry < `--set`. `slurm:` resources layer the same way
     (spec < per_model < --set slurm.*).
     """
-    from cgpt.train.loop import TrainError, make_plan
 
     spec_path = Path(path)
     spec = read_spec(spec_path)
@@ -363,7 +363,7 @@ def load_sweep(path: str | Path, sets: list[str] | None = None) -> Sweep:
             raw.setdefault("train", {})["tokens"] = max(1, int(d))
             cfg = from_dict(raw, where)
         try:
-            plan = make_plan(cfg)
+            plan = resolve(cfg)
         except TrainError as e:
             raise ValueError(f"{spec_path}: run model={m}: {e}") from None
         d_run = plan.total_steps * plan.tokens_per_step
@@ -412,14 +412,12 @@ def _with_branches(runs: list[Run], fractions: list[float], spec_path: Path) -> 
     from dataclasses import replace
 
     from cgpt.train.branch import plan_branches
-    from cgpt.train.loop import make_plan
-
     parents, branches = [], []
     for r in runs:
         cfg, planned = plan_branches(r.config, fractions, f"{spec_path}: grid.branches")
         parents.append(replace(r, config=cfg))
         for f, (bcfg, step) in zip(sorted(fractions), planned):
-            plan = make_plan(bcfg)
+            plan = resolve(bcfg)
             d = plan.total_steps * plan.tokens_per_step
             branches.append(replace(
                 r, run_id=f"{r.run_id}_b{f:g}", budget=f"{f:g} x {r.budget} (branch)",

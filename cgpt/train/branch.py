@@ -18,6 +18,7 @@ from pathlib import Path
 from cgpt.train import checkpoint
 from cgpt.fileio import atomic_write_text
 from cgpt.config.run import RunConfig, from_dict
+from cgpt.train.resolve import resolve
 
 BRANCH_FILE = "branch.json"
 
@@ -69,9 +70,7 @@ def check_branch(parent_run: RunConfig, parent_recipe, run: RunConfig, recipe, s
 def branch_run(parent: Path, run: RunConfig) -> RunConfig:
     """The branch's config: the asked one, with the parent's resolved warmup made explicit
     (the CPU warmup rule scales with the run's length, which would change the stable phase)."""
-    from cgpt.train.loop import make_plan
-
-    warmup = make_plan(parent_config(parent)).recipe.warmup_steps
+    warmup = resolve(parent_config(parent)).recipe.warmup_steps
     if run.train.warmup_steps is None:
         run = replace(run, train=replace(run.train, warmup_steps=warmup))
     return run
@@ -114,11 +113,9 @@ def start_log(parent: Path, out: Path, step: int) -> None:
 def begin(branch_from: tuple[Path, int], run: RunConfig, recipe, out: Path, abstract_params,
           abstract_opt_state):
     """Check the branch, load the parent's state at the step and start the branch's log."""
-    from cgpt.train.loop import make_plan
-
     parent, step = branch_from
     parent_run = parent_config(parent)
-    check_branch(parent_run, make_plan(parent_run).recipe, run, recipe, step, parent)
+    check_branch(parent_run, resolve(parent_run).recipe, run, recipe, step, parent)
     params, opt_state = restore(parent, step, abstract_params, abstract_opt_state)
     start_log(parent, out, step)
     return params, opt_state
@@ -133,13 +130,11 @@ def plan_branches(parent: RunConfig, fractions: list[float],
     before the branch's own decay start (the branch trains at the peak LR up to there, exactly
     as an independent run of its budget would).
     """
-    from cgpt.train.loop import make_plan
-
     bad = [f for f in fractions if not (isinstance(f, (int, float)) and 0 < f < 1)]
     if bad:
         raise ValueError(f"{where}: entries are fractions of each run's budget in (0, 1), got {bad}")
     t = parent.train
-    plan = make_plan(replace(parent, train=replace(t, schedule="wsd")))
+    plan = resolve(replace(parent, train=replace(t, schedule="wsd")))
     every = t.ckpt_every or max(1, plan.total_steps // 10)
     parent = replace(parent, train=replace(
         t, schedule="wsd", warmup_steps=plan.recipe.warmup_steps, ckpt_every=every,
@@ -147,7 +142,7 @@ def plan_branches(parent: RunConfig, fractions: list[float],
     out = []
     for f in sorted(fractions):
         cfg = replace(parent, train=replace(parent.train, tokens=max(1, round(f * plan.tokens))))
-        step = make_plan(cfg).recipe.decay_start // every * every
+        step = resolve(cfg).recipe.decay_start // every * every
         if step < 1:
             raise ValueError(f"{where}: the branch at {f:g} of the budget decays before the "
                              f"parent's first checkpoint (step {every}); set a smaller "

@@ -180,3 +180,28 @@ def compile_step(strategy, step: Callable, cfg, optimizer, plan) -> Any:
     a_batch = jax.ShapeDtypeStruct(shape, jnp.int32, sharding=batch_sharding)
     return jitted.lower(a_params, a_opt, a_batch).compile()
 
+
+
+def fit_step(res, strategy, optimizer, device_memory: int):
+    """(the fitted `Resolved`, its compiled step, the `Choice`): the largest micro-batch, and
+    remat off before on, whose compiled step fits `device_memory` per device. A
+    train.micro_batch or model.remat that is set is kept and only checked. If nothing fits,
+    the choice is the smallest step tried and its `fits` is False."""
+    from cgpt.train.step import make_step
+
+    t, per_replica = res.run.train, res.batch_size // res.replicas
+    micros = [t.micro_batch] if t.micro_batch else [
+        m for m in divisors_desc(per_replica) if not (
+            res.mode == "layer_pipelined" and t.micro_batches and m % t.micro_batches)]
+
+    def compile_one(m: int, remat: bool):
+        r = res.fitted(m, remat)
+        strategy.prepare(r)
+        return compile_step(strategy, make_step(r.cfg, optimizer, strategy.loss), r.cfg,
+                            optimizer, r)
+
+    choice, compiled = search(micros or [per_replica], per_replica, compile_one, device_memory,
+                              res.cfg.remat, bool(t.micro_batch))
+    fitted = res.fitted(choice.micro_batch, choice.remat)
+    strategy.prepare(fitted)
+    return fitted, compiled, choice

@@ -1,4 +1,5 @@
-"""Peak FLOP/s of the device, for MFU: measured on CPUs, from spec sheets on accelerators."""
+"""MFU: the peak FLOP/s of a device (measured on CPUs, from spec sheets on accelerators) and a
+launch's throughput against it."""
 from __future__ import annotations
 
 import functools
@@ -40,3 +41,28 @@ def peak_flops(dtype: str = "float32") -> tuple[float, str]:
             if key in dev.device_kind:
                 return (bf16 if dtype == "bfloat16" else f32), f"spec sheet ({dev.device_kind})"
     return measured_matmul_peak(dtype), f"measured {dtype} matmul on {dev.platform}"
+
+
+class Throughput:
+    """Tokens per second over a launch's timed steps (its first step compiles, so it is not
+    timed) and the model FLOPs utilization they mean. Emulated CPU devices share the cores
+    the measured peak already used, so on CPU the peak is one device's."""
+
+    def __init__(self, flops_per_token: float, dtype: str, num_devices: int):
+        peak, self.peak_source = peak_flops(dtype)
+        on_cpu = jax.devices()[0].platform == "cpu"
+        self.peak_total = peak * (1 if on_cpu else num_devices)
+        self.flops_per_token = flops_per_token
+        self.seconds, self.tokens = 0.0, 0
+
+    def add(self, seconds: float, tokens: int) -> None:
+        self.seconds += seconds
+        self.tokens += tokens
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds else 0.0
+
+    def mfu(self, tokens_per_s: float | None = None) -> float:
+        tps = self.tokens_per_s if tokens_per_s is None else tokens_per_s
+        return tps * self.flops_per_token / self.peak_total

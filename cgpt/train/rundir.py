@@ -210,10 +210,11 @@ def kept(out: Path) -> str:
 
 
 # ---- strict JSON ------------------------------------------------------------------------
-def json_line(rec: dict) -> str:
+def json_line(rec: dict, default=None) -> str:
     """`rec` as one strict-JSON line: non-finite numbers become null and are listed under
-    `nonfinite` (Python's json would write a bare NaN, which no JSON parser accepts)."""
+    `nonfinite` (Python's json would write a bare NaN, which no JSON parser accepts).
+    `default` as in `json.dumps` (e.g. `str` for values JSON has no type for)."""
     bad = [k for k, v in rec.items() if isinstance(v, float) and not math.isfinite(v)]
     if bad:
         rec = {**{k: (None if k in bad else v) for k, v in rec.items()}, "nonfinite": bad}
-    return json.dumps(rec, allow_nan=False)
+    return json.dumps(rec, allow_nan=False, default=default)

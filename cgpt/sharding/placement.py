@@ -1,0 +1,102 @@
+"""Where a run goes, as arithmetic: `--mesh` parsing, how an empty mesh is factored, which axes
+split the batch. JAX-free, so `cgpt.train.resolve` decides a run's mode
+and mesh before JAX starts (with `cgpt.sharding.auto.placement`) (and `plan` can place 256 devices anywhere); `cgpt.sharding.mesh` builds
+the real mesh from these axes.
+"""
+from __future__ import annotations
+
+import math
+
+HOST_OFFLOAD_REMOVED = (
+    "train.host_offload (plan --host-offload) was removed: cgpt does not stream weights from "
+    "pinned host memory (the pinned-host arrays were computed on directly, and CPU has no "
+    "such memory to test a real stream on); set train.host_offload=false. weight_streaming "
+    "already keeps 1/N of the weights and optimizer state on each of N devices")
+
+# mesh axes each mode accepts; the first is where an empty --mesh puts every device
+MESH_AXES: dict[str, tuple[str, ...]] = {"data_parallel": ("data",),
+                                         "weight_streaming": ("data", "fsdp"),
+                                         "layer_pipelined": ("stage", "data"),
+                                         "auto": ("stage", "data", "fsdp")}
+SHARDED_MODES = ("data_parallel", "weight_streaming", "layer_pipelined", "auto")
+
+
+def mesh_size(spec: str) -> int:
+    """Devices a `--mesh` spec asks for (the product of its sizes), checking only its syntax."""
+    n = 1
+    for item in spec.split(","):
+        _, eq, size = item.partition("=")
+        if not eq or not size.strip().isdigit() or int(size) < 1:
+            raise ValueError(f"--mesh {spec!r}: expected axis=size pairs separated by commas, "
+                             "e.g. --mesh data=16 or --mesh stage=4,data=2")
+        n *= int(size)
+    return n
+
+
+def parse_mesh(spec: str, mode: str, num_devices: int, num_processes: int = 1) -> dict[str, int]:
+    """`"data=2,stage=4"` -> {"data": 2, "stage": 4}; empty -> every device on the main axis
+    (weight_streaming's empty mesh is factored by `weight_streaming_axes` instead)."""
+    allowed = MESH_AXES[mode]
+    spec = (spec or "").strip()
+    if not spec:
+        return {allowed[0]: num_devices}
+    axes: dict[str, int] = {}
+    for item in spec.split(","):
+        name, eq, size = item.strip().partition("=")
+        name = name.strip()
+        if not eq or not size.strip().isdigit():
+            raise ValueError(f"--mesh {spec!r}: expected axis=size pairs separated by commas, "
+                             f"e.g. --mesh {','.join(f'{a}=2' for a in allowed)}")
+        if name not in allowed:
+            raise ValueError(f"--mesh {spec!r}: axis {name!r} is not used by --mode {mode}; "
+                             f"its axes are {', '.join(allowed)}")
+        if name in axes:
+            raise ValueError(f"--mesh {spec!r}: axis {name!r} is given twice")
+        if int(size) < 1:
+            raise ValueError(f"--mesh {spec!r}: axis {name} must have size >= 1")
+        axes[name] = int(size)
+    if axes.get("stage", 1) > 1 and axes.get("fsdp", 1) > 1:
+        raise ValueError(f"--mesh {spec!r}: stage and fsdp belong to different modes "
+                         "(layer_pipelined, weight_streaming); give one of them")
+    n = math.prod(axes.values())
+    if n > num_devices:
+        raise ValueError(f"--mesh {spec!r} needs {n} devices but only {num_devices} are "
+                         f"available; shrink the mesh so the sizes multiply to <= {num_devices}")
+    if n < num_devices and num_processes > 1:
+        raise ValueError(f"--mesh {spec!r} uses {n} of {num_devices} devices; on several hosts "
+                         "the sizes must multiply to the global device count")
+    return axes
+
+
+def weight_streaming_axes(num_devices: int, batch: int,
+                          micro_batch: int | None = None) -> tuple[dict[str, int], str]:
+    """(axes, why) for weight streaming on `num_devices` with an empty `--mesh`: `data` =
+    the most devices the global batch splits over (the largest divisor of the device count
+    that divides `batch`, and `batch / micro_batch` when a micro-batch is set), `fsdp` = the
+    rest. The weights are sharded over both, i.e. over every device."""
+    step = batch // micro_batch if micro_batch and batch % micro_batch == 0 else batch
+    data = max(d for d in range(1, num_devices + 1) if num_devices % d == 0 and step % d == 0)
+    fsdp = num_devices // data
+    if fsdp == 1:
+        return {"data": data}, (f"the global batch of {batch} splits over all {num_devices} "
+                                f"devices: data={data}, weights sharded over the same devices")
+    return {"data": data, "fsdp": fsdp}, (
+        f"the global batch of {batch}{f' (micro-batch {micro_batch})' if micro_batch else ''}"
+        f" splits over at most {data} of the {num_devices} devices (the largest divisor of "
+        f"{num_devices} that divides it): data={data} batch shards x fsdp={fsdp}; weights "
+        f"sharded over all {num_devices}, each fsdp group shares a batch shard")
+
+
+def batch_axes(axes: dict[str, int], batch: int, micro_batch: int | None) -> tuple[str, ...]:
+    """weight_streaming's batch axes: `data`, plus `fsdp` when the global batch splits over
+    data x fsdp (with `micro_batch` sequences per shard when it is set)."""
+    n = axes.get("data", 1) * axes.get("fsdp", 1) * (micro_batch or 1)
+    return ("data", "fsdp") if batch % n == 0 else ("data",)
+
+
+def replica_axes(mode: str, axes: dict[str, int], batch: int,
+                 micro_batch: int | None = None) -> tuple[str, ...]:
+    """The mesh axes a mode splits every batch's rows over (those of size > 1): their sizes
+    multiply to the number of distinct batch shards, the data replicas."""
+    names = batch_axes(axes, batch, micro_batch) if mode == "weight_streaming" else ("data",)
+    return tuple(a for a in names if axes.get(a, 1) > 1)

@@ -1,0 +1,76 @@
+"""The run's log: `metrics.jsonl` (strict JSON, one object per logged step) and the same scalars
+as TensorBoard events. Process 0 writes both; the others get a log that writes nothing."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from cgpt.fileio import atomic_write_text
+from cgpt.train.rundir import json_line
+
+METRICS_FILE = "metrics.jsonl"
+TB_SCALARS = ("loss", "val_loss", "grad_norm", "lr", "tokens_per_s", "mfu")
+
+
+def truncate(path: Path, last_step: int) -> None:
+    """Drop log lines past the restored checkpoint so the resumed log has no duplicates."""
+    if not path.exists():
+        return
+    keep = []
+    for line in path.read_text().splitlines():
+        try:
+            if json.loads(line).get("step", 0) <= last_step:
+                keep.append(line)
+        except json.JSONDecodeError:
+            break  # a torn last line from a kill mid-write
+    atomic_write_text(path, "".join(k + "\n" for k in keep))
+
+
+def read(path: Path) -> list[dict]:
+    """Every record of a run's `metrics.jsonl`."""
+    return [json.loads(x) for x in Path(path).read_text().splitlines()]
+
+
+class MetricsLog:
+    """Appends records to `metrics.jsonl` and TensorBoard; `write=False` (not process 0) drops
+    them. TensorBoard purges events past `start` on a resume, as the JSON log is cut back."""
+
+    def __init__(self, out: Path, start: int, write: bool = True):
+        self.file = self.tb = None
+        if write:
+            from tensorboardX import SummaryWriter
+
+            self.file = open(out / METRICS_FILE, "a")
+            self.tb = SummaryWriter(str(out / "events"), purge_step=start + 1 if start else None)
+
+    def write(self, rec: dict) -> None:
+        if self.file is None:
+            return
+        self.file.write(json_line(rec) + "\n")
+        self.file.flush()
+        for k in TB_SCALARS:
+            if k in rec:
+                self.tb.add_scalar(f"train/{k}", rec[k], rec["step"])
+
+    def close(self) -> None:
+        if self.file is not None:
+            try:
+                self.file.close()
+            finally:
+                _close_tb(self.tb)
+
+
+def _close_tb(tb) -> None:
+    """Close a SummaryWriter; if that fails (disk full), stop its writer threads anyway, since
+    tensorboardX would retry at exit and print a traceback per retry."""
+    try:
+        tb.close()
+    except OSError:
+        for w in (tb.all_writers or {}).values():
+            ew = w.event_writer
+            try:
+                ew._worker.stop()
+            except Exception:  # noqa: BLE001 - the worker may have died on the same error
+                pass
+            ew._closed = True
+        raise

@@ -1,0 +1,98 @@
+"""Continuing a run: which config a launch trains with, what `--resume` may change, and the
+advice a stopped run gives.
+
+A run directory's `config.yaml` fixes what its checkpoints mean. `--resume` must ask for the
+same run; `--allow-train-changes` accepts new optimizer values and logging cadence
+(CHANGEABLE_KEYS), recorded with the step they took effect in `config_changes.json`;
+placement (`PLACEMENT_KEYS`) may always change, since checkpoints restore into any layout.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+from cgpt.config import backend
+from cgpt.config.run import PLACEMENT_KEYS, RunConfig, from_dict
+from cgpt.errors import TrainError
+from cgpt.fileio import atomic_write_text
+from cgpt.train import checkpoint
+
+# train.* keys `--resume --allow-train-changes` may change: the optimizer's hyperparameters and
+# the logging cadence. The others fix what the checkpoint means (budget, batch, data order).
+CHANGEABLE_KEYS = ("peak_lr", "decay", "warmup_steps", "adam_eps", "weight_decay", "clip_norm",
+                   "end_lr_fraction", "log_every", "eval_every", "eval_batches", "ckpt_every",
+                   "keep_checkpoints")
+CHANGES_FILE = "config_changes.json"
+
+
+def config_diff(a: dict, b: dict) -> list[str]:
+    """The `section.key` names whose values differ between two `RunConfig.to_dict()`s."""
+    return [f"{s}.{k}" for s in ("model", "data", "train") for k in a[s]
+            if a[s][k] != b[s].get(k)] + (["preset"] if a["preset"] != b["preset"] else [])
+
+
+def check_config(run: RunConfig, out: Path, resume: bool, allow_changes: bool = False,
+                 platform: str | None = None) -> RunConfig:
+    """The config to train with; on resume, the saved one (and it must match what was asked).
+
+    `allow_changes` accepts differences in CHANGEABLE_KEYS (e.g. a lower train.peak_lr after
+    a NaN): the run continues with the new values. An "auto" compute dtype becomes the
+    platform's (or, resuming, the saved run's) before anything is compared or written."""
+    saved = out / checkpoint.CONFIG_FILE
+    if not saved.exists():
+        return replace(run, model=backend.resolve(run.model, platform))
+    if not resume:
+        raise TrainError(f"{out} already holds a run ({saved.name}); pass --resume to continue "
+                         "it, or choose a new --out")
+    prior = from_dict(checkpoint.read_run_config(out), str(saved))
+    run = replace(run, model=backend.resolve(run.model, platform, saved=prior.model))
+    # Placement may change between launches (checkpoints restore into any mode's layout).
+    placement = {k: getattr(run.train, k) for k in PLACEMENT_KEYS}
+    prior = replace(prior, train=replace(prior.train, **placement),
+                    model=prior.model.replace(remat=run.model.remat))
+    if prior != run:
+        diff = config_diff(prior.to_dict(), run.to_dict())
+        changeable = all(d.startswith("train.") and d[6:] in CHANGEABLE_KEYS for d in diff)
+        if changeable and allow_changes:
+            return run
+        hint = (" (to continue with the new values, add --allow-train-changes)" if changeable
+                else "")
+        raise TrainError(f"--resume: the config differs from the run's saved {saved} in "
+                         f"{', '.join(diff)}{hint}; resume with the same flags or a new --out")
+    return prior
+
+
+def record_changes(out: Path, prior: dict | None, run: RunConfig, start: int) -> list[dict]:
+    """config_changes.json: the train.* values changed on a resume, with the step they took
+    effect (a rewind moves later entries back to the step it resumed from)."""
+    path = out / CHANGES_FILE
+    log = json.loads(path.read_text()) if path.exists() else []
+    log = [{**c, "step": min(c["step"], start)} for c in log]
+    new = run.to_dict()
+    diff = [d for d in (config_diff(prior, new) if prior is not None else [])
+            if d.startswith("train.") and d[6:] in CHANGEABLE_KEYS]
+    if diff:
+        log.append({"step": start, **{d: [prior["train"][d[6:]], new["train"][d[6:]]]
+                                      for d in diff}})
+    if log or path.exists():
+        atomic_write_text(path, json.dumps(log, indent=1))
+    return log
+
+
+def nonfinite_stop(what: str, step: int, kept: list[int], out: Path, note: str = "") -> TrainError:
+    """The message of a run stopped by a non-finite step, with advice that works."""
+    if not kept:
+        return TrainError(
+            f"{what} at step {step}{note}; training stopped. No checkpoint was written yet; lower "
+            "train.peak_lr (or raise train.warmup_steps) and rerun the same command with "
+            "--resume --allow-train-changes train.peak_lr=<lower>")
+    earlier = (f"; if the loss was already diverging there (see metrics.jsonl), go back further "
+               f"with --from-step {kept[-2]}" if len(kept) > 1 else "")
+    return TrainError(
+        f"{what} at step {step}{note}; training stopped before saving anything from it. The "
+        f"last good checkpoint (step {kept[-1]}, verified finite) is kept in "
+        f"{out / checkpoint.CKPT_DIR}"
+        f" (kept steps: {', '.join(map(str, kept))}). To continue with a lower learning rate, "
+        "rerun the same command with --resume --allow-train-changes train.peak_lr=<lower> "
+        f"(or a larger train.warmup_steps){earlier}; or start over in a new --out")

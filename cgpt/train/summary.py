@@ -1,0 +1,57 @@
+"""`summary.json`: what a finished run reports, computed from its resolved config, final
+parameters and log alone, so a resumed run's summary equals the uninterrupted one's (except
+the wall-clock fields, which time only the last launch)."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+from cgpt.config import flops
+from cgpt.fileio import atomic_write_text
+from cgpt.train.mfu import Throughput
+from cgpt.train.rundir import json_line
+
+SUMMARY_FILE = "summary.json"
+
+
+def read(out: Path) -> dict:
+    return json.loads((Path(out) / SUMMARY_FILE).read_text())
+
+
+def write(out: Path, summary: dict) -> None:
+    atomic_write_text(Path(out) / SUMMARY_FILE, json.dumps(summary, indent=2))
+
+
+def loss_window(total_steps: int) -> int:
+    """train_loss averages the last `window` steps, each of which the loop logs."""
+    return max(1, min(50, total_steps // 20))
+
+
+def build(res, log: list[dict], val_loss: float, speed: Throughput, *, wall_time_s: float,
+          start: int, data, placement: dict, changes: list[dict]) -> dict:
+    """The summary of the run `res` (a fitted `cgpt.train.resolve.Resolved`) from its log."""
+    cfg, total = res.cfg, res.total_steps
+    window = loss_window(total)
+    train_loss = float(np.mean([r["loss"] for r in log if r["step"] > total - window]))
+    # a launch that trained no timed step (resumed at its end) reports the log's last speed
+    tps = speed.tokens_per_s if speed.seconds else log[-1].get("tokens_per_s", math.nan)
+    tokens = res.tokens_trained
+    summary = {
+        "model": cfg.name, "n_params": cfg.num_params(),
+        "n_params_nonembed": cfg.num_params(embedding=False), "tokens": tokens,
+        "tokens_budget": res.tokens, "flops": flops.train_flops(cfg, tokens, res.seq_len),
+        "flops_6nd": flops.flops_6nd(cfg, tokens), "train_loss": train_loss, "val_loss": val_loss,
+        "steps": total, "batch_size": res.batch_size, "seq_len": res.seq_len,
+        "wall_time_s": wall_time_s, "train_time_s": speed.seconds, "resumed_from_step": start,
+        "tokens_per_s": tps, "mfu": speed.mfu(tps), "peak_flops_source": speed.peak_source,
+        "epochs": data.epochs_for_tokens(tokens), "mup": cfg.mup, "mode": res.run.train.mode,
+        "devices": res.num_devices, "placement": placement,
+        "peak_lr": res.recipe.peak_lr, "warmup_steps": res.recipe.warmup_steps,
+        "decay": res.recipe.decay, "config_changes": changes,
+        # the run's own copy (relative to the run directory), the same after a resume
+        "data": {**data.describe(), "tokenizer": "tokenizer.json"},
+    }
+    return json.loads(json_line(summary, default=str))

@@ -1,0 +1,120 @@
+"""The import graph, read from the source with `ast` (function-level imports included): no
+cycles, stages import only the stages below them, modules stay readable, `analysis` stays free
+of JAX and cgpt, and `resolve` decides a run without importing JAX."""
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+MAX_LINES = 450
+# stages of cgpt, lowest first: a module may import its own stage and the ones below
+LAYERS = [("cgpt.errors", "cgpt.fileio"), ("cgpt.config",), ("cgpt.data", "cgpt.model"),
+          ("cgpt.sharding",), ("cgpt.train",), ("cgpt.plan", "cgpt.eval"), ("cgpt.sweep",),
+          ("cgpt.cli", "cgpt.__main__", "cgpt")]
+
+
+def _modules(package: str) -> dict[str, Path]:
+    out = {}
+    for path in sorted((ROOT / package).rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        out[name] = path
+    return out
+
+
+MODULES = {**_modules("cgpt"), **_modules("analysis")}
+
+
+def _imports(path: Path) -> set[str]:
+    """Every module `path` imports, anywhere in the file, as dotted names."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            for a in node.names:  # `from pkg import submodule` imports the submodule
+                sub = f"{node.module}.{a.name}"
+                names.add(sub if sub in MODULES else node.module)
+    return names
+
+
+GRAPH = {m: {i for i in _imports(p) if i in MODULES and i != m} for m, p in MODULES.items()}
+
+
+def _layer(module: str) -> int:
+    for i, prefixes in enumerate(LAYERS):
+        if any(module == p or module.startswith(p + ".") for p in prefixes
+               if p != "cgpt" or module == "cgpt"):
+            return i
+    raise AssertionError(f"{module} is in no layer of tests/test_imports.py: add it")
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on, out, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_cycles():
+    assert _cycles(GRAPH) == []
+
+
+def test_cycle_finder_finds_a_cycle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_lower_stages_never_import_higher_ones():
+    up = [f"{m} -> {i}" for m in GRAPH if m.startswith("cgpt") for i in GRAPH[m]
+          if i.startswith("cgpt") and _layer(i) > _layer(m) and m != "cgpt"]
+    assert up == []
+
+
+def test_analysis_imports_neither_jax_nor_cgpt():
+    bad = [f"{m}: {i}" for m, p in MODULES.items() if m.startswith("analysis")
+           for i in _imports(p) if i.split(".")[0] in ("jax", "jaxlib", "cgpt", "flax", "optax")]
+    assert bad == []
+
+
+def test_modules_stay_readable():
+    long = {m: n for m, p in MODULES.items() if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert long == {}
+
+
+@pytest.mark.parametrize("module", ["cgpt.train.resolve", "cgpt.config.recipe",
+                                    "cgpt.sharding.auto", "cgpt.sweep.spec"])
+def test_deciding_a_run_imports_no_jax(module):
+    code = f"import sys, {module}; assert 'jax' not in sys.modules, 'jax imported'"
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       cwd=ROOT)
+    assert p.returncode == 0, p.stderr
