@@ -252,7 +252,7 @@ def fit_chinchilla(N, D, L, *, delta: float = 1e-3, grid: dict | None = None,
         rows.append(tuple(_to_law(r.x).params.values()))
     boot = pd.DataFrame(rows, columns=list(NAMES), dtype=float)
     profs = profile(best.x, _objective, (lN, lD, lL, delta), tuple(profile_params),
-                    level=level, delta=delta) if profile_params else {}
+                    level=level) if profile_params else {}
     return ChinchillaFit(law=_to_law(best.x), ci=percentile_ci(boot, level), boot=boot, n=N.size,
                          level=level, loss=float(best.fun), grad_norm=float(np.linalg.norm(best.jac)),
                          skipped=skipped, failed=failed, profiles=profs)
