@@ -12,7 +12,7 @@ compute-optimal loss at 100x the largest run (1e22). Reported per law and design
 |relative error| of that prediction, median width of its 95% interval (relative), coverage of
 the true value, and compute spent beyond the seed runs.
 
-    python bench/design.py                 # 200 studies per law (~5 min on 2 busy cores)
+    python bench/design.py                 # 200 studies per law (534 s on 2 busy cores)
     python bench/design.py --studies 20    # quick look
 """
 from __future__ import annotations
