@@ -6,6 +6,7 @@ included) and compute is counted FLOPs (attention included) unless params="nonem
 flops="6nd" is passed.
 """
 from .chinchilla import ChinchillaFit, ChinchillaLaw, fit_chinchilla
+from .design import fit_ls, predict_loss_opt, suggest_runs
 from .envelope import EnvelopeFit, fit_envelope, read_curves
 from .extrapolate import Extrapolation, extrapolation_check
 from .fit import PowerLaw, PowerLawFit, fit_power_law
@@ -22,6 +23,7 @@ __all__ = [
     "load_results", "finished", "compute", "n_params", "COLUMNS",
     "PowerLaw", "PowerLawFit", "fit_power_law",
     "ChinchillaLaw", "ChinchillaFit", "fit_chinchilla",
+    "suggest_runs", "fit_ls", "predict_loss_opt",
     "IsoFlopFit", "fit_isoflop", "EnvelopeFit", "fit_envelope", "read_curves",
     "Extrapolation", "extrapolation_check",
     "CEREBRAS_GPT", "CHINCHILLA", "CHINCHILLA_UNROUNDED", "EPOCH", "KAPLAN_N", "KAPLAN_D",

@@ -11,7 +11,7 @@ Compute-optimal allocation uses C = 6 N D (Hoffmann eq. 4).
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -19,7 +19,9 @@ from scipy.optimize import minimize
 from scipy.special import huber
 
 from ._blas import one_blas_thread
-from .fit import bootstrap_indices, check_xy, huber_loss, percentile_ci
+from .checks import check_count, check_level, check_xy, fmt_bound
+from .fit import bootstrap_indices, huber_loss, percentile_ci
+from .profile import profile, profile_interval
 
 NAMES = ("E", "A", "B", "alpha", "beta")
 
@@ -87,10 +89,20 @@ class ChinchillaFit:
     grad_norm: float
     skipped: int = 0
     failed: int = 0
+    profiles: dict = field(default_factory=dict)   # name -> DataFrame(value, stat)
 
     @property
     def params(self) -> dict[str, float]:
         return self.law.params
+
+    def profile_ci(self) -> dict[str, tuple[float, float, bool]]:
+        """name -> (lo, hi, identified) from the profiles (analysis.profile)."""
+        return {k: profile_interval(v, self.level) for k, v in self.profiles.items()}
+
+    @property
+    def unidentified(self) -> list[str]:
+        """Parameters whose profile interval runs to the end of its range."""
+        return [k for k, (_, _, ok) in self.profile_ci().items() if not ok]
 
     def predict(self, N, D) -> np.ndarray:
         return self.law.predict(N, D)
@@ -116,11 +128,22 @@ class ChinchillaFit:
         lines = [f"L = E + A/N^alpha + B/D^beta, {self.n} runs, "
                  f"{int(100 * self.level)}% bootstrap CI ({len(self.boot)} resamples; "
                  f"{self.skipped} skipped, {self.failed} failed)"]
+        prof = self.profile_ci()
         for k, v in self.params.items():
             lo, hi = self.ci[k]
-            lines.append(f"  {k:>5} = {v:.5g}  [{lo:.5g}, {hi:.5g}]")
+            line = f"  {k:>5} = {v:.5g}  [{fmt_bound(lo, v)}, {fmt_bound(hi, v)}]"
+            if k in prof:
+                plo, phi, ok = prof[k]
+                line += (f"   profile [{fmt_bound(plo, v)}, {fmt_bound(phi, v)}]"
+                         + ("" if ok else "  NOT IDENTIFIED: reaches the end of its range"))
+            lines.append(line)
         a, b = self.law.exponents
         lines.append(f"  N_opt ~ C^{a:.4f}, D_opt ~ C^{b:.4f}")
+        if self.unidentified:
+            lines.append(f"  these runs do not pin down {', '.join(self.unidentified)}: any value "
+                         f"in the profile interval fits within the {int(100 * self.level)}% "
+                         "threshold, so read the other parameters (and N_opt) with it; runs over "
+                         "a wider range of N and D/N identify it")
         return "\n".join(lines)
 
 
@@ -172,7 +195,7 @@ def _best_of(starts, lN, lD, lL, delta):
 def fit_chinchilla(N, D, L, *, delta: float = 1e-3, grid: dict | None = None,
                    n_refine: int | None = 64, n_refine_boot: int | None = 4,
                    n_boot: int = 200, seed: int = 0, level: float = 0.95,
-                   groups=None) -> ChinchillaFit:
+                   groups=None, profile_params=("E", "alpha", "beta")) -> ChinchillaFit:
     """Fit L = E + A/N^alpha + B/D^beta (Chinchilla approach 3, Epoch's procedure).
 
     N: parameters (total by default in this package, see analysis.results), D: tokens, L: loss.
@@ -183,13 +206,27 @@ def fit_chinchilla(N, D, L, *, delta: float = 1e-3, grid: dict | None = None,
     n_refine_boot best starts; resamples with one distinct N or D are skipped, refits that do
     not converge are counted as failed (`.skipped`, `.failed`). Needs D/N to vary (several token budgets per
     size), else B and beta are unidentifiable.
+    profile_params: parameters to profile (analysis.profile; () skips it, ~1 s): the summary
+    prints their profile intervals beside the bootstrap's and names any the runs cannot pin.
     """
     N, L = check_xy(N, L, "N", "L")
     D, _ = check_xy(D, L, "D", "L")
+    level, n_boot = check_level(level), check_count(n_boot)
     if N.size < 5:
         raise ValueError(f"need at least 5 runs to fit 5 parameters, got {N.size}")
     if np.unique(N).size < 2 or np.unique(D).size < 2:
         raise ValueError("N and D must each take at least 2 distinct values")
+    if len(set(zip(N, D))) < 5:
+        raise ValueError(f"only {len(set(zip(N, D)))} distinct (N, D) pairs: repeated seeds do "
+                         "not add shape information, and 5 parameters need 5; add runs")
+    if np.linalg.matrix_rank(np.c_[np.ones_like(N), np.log(N), np.log(D)], tol=1e-6) < 3:
+        raise ValueError(f"tokens per parameter D/N is the same for every run "
+                         f"({np.median(D / N):.3g}), so N and D move together and alpha and "
+                         "beta (A and B) cannot be told apart; add runs at other D/N "
+                         "(e.g. an isoFLOP grid)")
+    bad = sorted(set(profile_params) - {"E", "alpha", "beta"})
+    if bad:
+        raise ValueError(f"profile_params: unknown {bad}; choose from E, alpha, beta")
     g = EPOCH_GRID if grid is None else grid
     if not isinstance(g, dict) or set(g) != {"a", "b", "e", "alpha", "beta"}:
         raise ValueError(f"grid: expected a dict with keys a, b, e, alpha, beta, got {grid!r}")
@@ -214,6 +251,8 @@ def fit_chinchilla(N, D, L, *, delta: float = 1e-3, grid: dict | None = None,
             continue
         rows.append(tuple(_to_law(r.x).params.values()))
     boot = pd.DataFrame(rows, columns=list(NAMES), dtype=float)
+    profs = profile(best.x, _objective, (lN, lD, lL, delta), tuple(profile_params),
+                    level=level) if profile_params else {}
     return ChinchillaFit(law=_to_law(best.x), ci=percentile_ci(boot, level), boot=boot, n=N.size,
                          level=level, loss=float(best.fun), grad_norm=float(np.linalg.norm(best.jac)),
-                         skipped=skipped, failed=failed)
+                         skipped=skipped, failed=failed, profiles=profs)

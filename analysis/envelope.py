@@ -12,13 +12,15 @@ biased towards small models early. Cooldown branches of a WSD run (`cgpt train
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 from scipy.stats import linregress
 
+from .checks import check_count, check_level
+from .fit import percentile_ci
 from .isoflop import Allocation
 from .results import FLOPS, PARAMS, finished, load_results
 
@@ -32,15 +34,19 @@ class EnvelopeFit(Allocation):
     b: float                     # D_opt ~ C^b
     log_kN: float
     log_kD: float
-    a_stderr: float
+    a_stderr: float              # bootstrap over runs (not the ~200 correlated grid points)
     b_stderr: float
+    ci: dict = field(default_factory=dict)      # "a", "b": bootstrap percentile intervals
+    n_boot: int = 0                             # resamples kept (>= 2 sizes on the envelope)
 
     def summary(self) -> str:
         e = self.envelope
+        ci = "".join(f", {k} in [{lo:.3f}, {hi:.3f}]" for k, (lo, hi) in self.ci.items())
         return (f"approach 1 (training-curve envelope) over C = {e['C'].min():.3g} .. "
                 f"{e['C'].max():.3g}, {e['run_id'].nunique()} runs on the envelope: "
                 f"N_opt ~ C^{self.a:.4f} (+/- {self.a_stderr:.4f}), "
-                f"D_opt ~ C^{self.b:.4f} (+/- {self.b_stderr:.4f})")
+                f"D_opt ~ C^{self.b:.4f} (+/- {self.b_stderr:.4f}); +/- and intervals from "
+                f"{self.n_boot} bootstrap resamples of the runs{ci}")
 
 
 def read_curves(sweep_dir: str | Path, *, metric: str = "loss", flops: str = "counted",
@@ -84,12 +90,17 @@ def read_curves(sweep_dir: str | Path, *, metric: str = "loss", flops: str = "co
 
 def fit_envelope(sweep_dir: str | Path, *, n_grid: int = 200, metric: str = "loss",
                  flops: str = "counted", params: str = "total", smooth: int = 5,
-                 skip_frac: float = 0.1) -> EnvelopeFit:
+                 skip_frac: float = 0.1, n_boot: int = 200, seed: int = 0,
+                 level: float = 0.95) -> EnvelopeFit:
     """Approach 1 on a sweep directory: the envelope of loss vs compute and N_opt(C), D_opt(C).
 
     The grid spans the compute where at least two runs have a curve (elsewhere there is no
-    choice to make). Keyword arguments as in read_curves.
+    choice to make). Keyword arguments as in read_curves. The uncertainty of a and b comes from
+    resampling whole runs (n_boot, seed, level) and redrawing the envelope: the grid's points
+    are n_grid readings of a few runs, so a regression standard error over them shrinks with
+    n_grid and says nothing about the runs.
     """
+    level, n_boot = check_level(level), check_count(n_boot)
     curves = read_curves(sweep_dir, metric=metric, flops=flops, params=params, smooth=smooth,
                          skip_frac=skip_frac)
     spans = curves.groupby("run_id")["C"].agg(["min", "max"])
@@ -122,6 +133,27 @@ def fit_envelope(sweep_dir: str | Path, *, n_grid: int = 200, metric: str = "los
     lc = np.log(env["C"].to_numpy())
     fn = linregress(lc, np.log(env["N"].to_numpy()))
     fd = linregress(lc, np.log(env["D"].to_numpy()))
+    n_run = n_of[runs].to_numpy(float)
+    boot = _bootstrap(table, tokens, np.log(grid), np.log(n_run), n_boot, seed)
     return EnvelopeFit(envelope=env, curves=curves, a=float(fn.slope), b=float(fd.slope),
                        log_kN=float(fn.intercept), log_kD=float(fd.intercept),
-                       a_stderr=float(fn.stderr), b_stderr=float(fd.stderr))
+                       a_stderr=float(boot["a"].std(ddof=1)) if len(boot) > 1 else np.nan,
+                       b_stderr=float(boot["b"].std(ddof=1)) if len(boot) > 1 else np.nan,
+                       ci=percentile_ci(boot, level) if len(boot) > 1 else {}, n_boot=len(boot))
+
+
+def _bootstrap(table, tokens, lc, ln, n_boot: int, seed: int) -> pd.DataFrame:
+    """Slopes of log N and log D on log C over envelopes of resampled run sets."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for _ in range(n_boot):
+        pick = np.unique(rng.integers(0, table.shape[0], table.shape[0]))
+        sub = table[pick]
+        cols = np.isfinite(sub).any(axis=0)
+        win = np.argmin(sub[:, cols], axis=0)
+        if np.unique(win).size < 2:
+            continue                                   # one size wins everywhere: no slope
+        x = lc[cols]
+        d = np.log(tokens[pick][win, np.flatnonzero(cols)])
+        rows.append((np.polyfit(x, ln[pick][win], 1)[0], np.polyfit(x, d, 1)[0]))
+    return pd.DataFrame(rows, columns=["a", "b"], dtype=float)

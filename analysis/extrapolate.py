@@ -10,7 +10,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from .fit import PowerLawFit, check_xy, fit_power_law
+from .checks import check_xy
+from .fit import PowerLawFit, fit_power_law
 
 
 @dataclass

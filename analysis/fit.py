@@ -26,10 +26,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 from scipy.special import huber
-from scipy.stats import chi2
+from scipy.stats import chi2, spearmanr
 
 from . import solve
 from ._blas import one_blas_thread
+from .checks import check_count, check_level, check_xy, fmt_bound
 
 
 def huber_loss(r: np.ndarray, delta: float) -> tuple[float, np.ndarray]:
@@ -64,18 +65,6 @@ def percentile_ci(samples: pd.DataFrame, level: float) -> dict[str, tuple[float,
         return {k: (float("nan"), float("nan")) for k in samples}
     return {k: (float(np.nanpercentile(v, lo)), float(np.nanpercentile(v, hi)))
             for k, v in samples.items()}
-
-
-def check_xy(x, y, name_x: str = "x", name_y: str = "y") -> tuple[np.ndarray, np.ndarray]:
-    """Finite, positive 1-d arrays of equal length, or a ValueError saying which one is wrong."""
-    x, y = np.asarray(x, float).ravel(), np.asarray(y, float).ravel()
-    if x.shape != y.shape:
-        raise ValueError(f"{name_x} and {name_y} differ in length ({x.size} vs {y.size})")
-    for name, v in ((name_x, x), (name_y, y)):
-        if not np.all(np.isfinite(v)) or np.any(v <= 0):
-            raise ValueError(f"{name} must be finite and > 0 for a log-space fit; "
-                             "drop unfinished runs first (analysis.finished)")
-    return x, y
 
 
 @dataclass(frozen=True)
@@ -175,7 +164,7 @@ class PowerLawFit:
             if k == "c" and not self.offset:
                 continue
             lo, hi = self.ci[k]
-            lines.append(f"  {k:>2} = {v:.5g}  [{lo:.5g}, {hi:.5g}]")
+            lines.append(f"  {k:>2} = {v:.5g}  [{fmt_bound(lo, v)}, {fmt_bound(hi, v)}]")
         lines.append(f"  x0 = A^(1/b) = {self.x0:.4g}")
         if self.offset_identified is False:
             plo, phi = self.profile_interval()
@@ -239,18 +228,23 @@ def fit_power_law(x, y, offset: bool = True, *, delta: float = np.inf, space: st
     .skipped/.failed bootstrap counts and, with an offset, .profile / .offset_identified.
     """
     x, y = check_xy(x, y)
+    level, n_boot = check_level(level), check_count(n_boot)
     k = 3 if offset else 2
     if x.size < k:
         raise ValueError(f"need at least {k} points to fit {k} parameters, got {x.size}; "
                          "finish more runs or use offset=False")
-    if np.unique(x).size < 2:
-        raise ValueError("x must take at least 2 distinct values to fit an exponent")
+    if np.unique(x).size < k:
+        raise ValueError(f"x takes {np.unique(x).size} distinct value(s): repeated seeds of one "
+                         f"size add no information about the curve's shape, and {k} parameters "
+                         f"need at least {k} distinct x; add sizes"
+                         + (" or use offset=False" if offset else ""))
+    if np.ptp(y) == 0 or spearmanr(x, y)[0] >= 0:
+        raise ValueError("y does not fall as x grows (constant or rising losses), so no "
+                         "decaying power law fits; check the runs (diverged? same model?)")
     if space not in ("log", "linear"):
         raise ValueError(f"space={space!r}: use 'log' or 'linear'")
     if not delta > 0:
         raise ValueError(f"delta={delta} must be > 0 (np.inf for least squares)")
-    if n_boot < 0:
-        raise ValueError(f"n_boot={n_boot} must be >= 0")
     labels = _group_labels(x, groups)
     lx_ref = float(np.mean(np.log(x)))
     u = np.log(x) - lx_ref
@@ -267,6 +261,10 @@ def fit_power_law(x, y, offset: bool = True, *, delta: float = np.inf, space: st
     if best is None or not ok:
         raise ValueError("the power-law fit did not converge on the full data "
                          f"(best objective {fun:.3g}); check the runs for outliers")
+    if fast and not solve.B_GRID[0] * 1.01 < best[1] < solve.B_GRID[-1] / 1.01:
+        raise ValueError(f"the exponent b ran to its search bound ({best[1]:.3g}, searched "
+                         f"{solve.B_GRID[0]:g}..{solve.B_GRID[-1]:g}): these runs do not "
+                         "determine it; add runs over a wider range of x")
 
     def to_law(theta) -> PowerLaw:
         return PowerLaw(A=float(np.exp(theta[0] + theta[1] * lx_ref)), b=float(theta[1]),

@@ -42,9 +42,20 @@ class IsoFlopFit(Allocation):
     b_stderr: float
 
     def summary(self) -> str:
-        return (f"isoFLOP fit over {len(self.minima)} budgets: "
-                f"N_opt ~ C^{self.a:.4f} (+/- {self.a_stderr:.4f}), "
-                f"D_opt ~ C^{self.b:.4f} (+/- {self.b_stderr:.4f})")
+        k = len(self.minima)
+        if k < 3:
+            err = (" (+/- not estimable: a line through 2 budgets leaves 0 degrees of freedom; "
+                   "add a budget)", ) * 2
+        else:
+            err = tuple(f" (+/- {e:.4f})" for e in (self.a_stderr, self.b_stderr))
+        out = (f"isoFLOP fit over {k} budgets: N_opt ~ C^{self.a:.4f}{err[0]}, "
+               f"D_opt ~ C^{self.b:.4f}{err[1]}")
+        edge = self.minima.loc[~self.minima["in_range"], "budget"].tolist()
+        if edge:
+            out += (f"\n  budgets {edge}: minimum at or beyond the edge of the sampled sizes "
+                    "(the lowest loss is the smallest or largest model): not bracketed, so its "
+                    "N_opt is an extrapolation; sample sizes beyond that edge")
+        return out
 
 
 def fit_isoflop(data: pd.DataFrame, *, N: str = "N", D: str = "D", C: str = "C",
@@ -55,8 +66,10 @@ def fit_isoflop(data: pd.DataFrame, *, N: str = "N", D: str = "D", C: str = "C",
       N (parameters), D (tokens), C (training FLOPs; runs of a budget should share it up to
       rounding, its median is used), loss (e.g. val_loss), budget (label of the isoFLOP
       group; e.g. the nominal budget). Each budget needs >= 3 distinct N; at least 2 budgets.
-    A minimum outside a budget's sampled N range is extrapolated and flagged (in_range=False):
-    sample more sizes around it rather than trusting it.
+    A minimum outside a budget's sampled N range, or one whose lowest-loss run is the smallest
+    or largest size (the data do not bracket it), is flagged in_range=False: sample more sizes
+    on that side rather than trusting it. With 2 budgets a_stderr/b_stderr are NaN (the line
+    through 2 points has no degrees of freedom), and the summary says so.
     """
     for col in (N, D, C, loss, budget):
         if col not in data.columns:
@@ -84,13 +97,24 @@ def fit_isoflop(data: pd.DataFrame, *, N: str = "N", D: str = "D", C: str = "C",
         rows.append(dict(budget=key, C=float(g["C"].median()), N_opt=float(np.exp(u_opt)),
                          D_opt=float(np.exp(d0 + d1 * u_opt)),
                          loss_opt=float(c0 - c1 ** 2 / (4 * c2)),
-                         in_range=bool(u.min() <= u_opt <= u.max()), n_runs=len(g)))
+                         in_range=_bracketed(u, g["loss"].to_numpy(float), u_opt),
+                         n_runs=len(g)))
     minima = pd.DataFrame(rows).sort_values("C").reset_index(drop=True)
     if minima["C"].nunique() < 2:
         raise ValueError(f"need at least 2 budgets with distinct C, got {minima['C'].nunique()}")
     lc = np.log(minima["C"].to_numpy())
     fn = linregress(lc, np.log(minima["N_opt"].to_numpy()))
     fd = linregress(lc, np.log(minima["D_opt"].to_numpy()))
+    # Through 2 budgets the line is exact: linregress's stderr 0 means "no degrees of freedom".
+    se = (float(fn.stderr), float(fd.stderr)) if len(minima) > 2 else (np.nan, np.nan)
     return IsoFlopFit(minima=minima, parabolas=parabolas, data=df, a=float(fn.slope),
                       b=float(fd.slope), log_kN=float(fn.intercept), log_kD=float(fd.intercept),
-                      a_stderr=float(fn.stderr), b_stderr=float(fd.stderr))
+                      a_stderr=se[0], b_stderr=se[1])
+
+
+def _bracketed(u: np.ndarray, loss: np.ndarray, u_opt: float) -> bool:
+    """The vertex lies inside the sampled sizes AND a sampled size on each side has a higher
+    loss than the best run: losses rising monotonically from the smallest size put the vertex
+    next to the edge, where the parabola's curvature, not the data, places it."""
+    i = int(np.argmin(loss))
+    return bool(u.min() <= u_opt <= u.max() and u.min() < u[i] < u.max())

@@ -37,7 +37,14 @@ def load_results(path: str | Path, finished_only: bool = False) -> pd.DataFrame:
     if not csv.is_file():
         raise FileNotFoundError(f"no results file at {csv}: pass a sweep directory containing "
                                 "results.csv, or the path of the CSV itself")
-    df = pd.read_csv(csv)
+    try:
+        df = pd.read_csv(csv)
+    except pd.errors.EmptyDataError:
+        raise ValueError(f"{csv}: the file is empty; a sweep writes results.csv with a header "
+                         "row once it starts (rerun `cgpt sweep SPEC` to rebuild it)") from None
+    except (UnicodeDecodeError, pd.errors.ParserError) as e:
+        raise ValueError(f"{csv}: not a CSV table ({type(e).__name__}: {str(e)[:80]}); pass a "
+                         "sweep's results.csv (rerun `cgpt sweep SPEC` to rebuild it)") from None
     missing = [c for c in COLUMNS if c not in df.columns]
     if missing:
         raise ValueError(f"{csv}: missing required column(s) {missing}; "

@@ -1,5 +1,6 @@
 """The analysis notebooks: committed stripped, in sync with their generator, and they run
 top to bottom (nbclient) on the fixture sweep."""
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -16,7 +17,8 @@ import make_notebooks  # noqa: E402  (the notebooks' generator)
 
 CASES = {"01_scaling_law.ipynb": make_notebooks.NB01,
          "02_cerebras_gpt_published.ipynb": make_notebooks.NB02,
-         "04_three_approaches.ipynb": make_notebooks.NB04}
+         "04_three_approaches.ipynb": make_notebooks.NB04,
+         "05_plan_next_runs.ipynb": make_notebooks.NB05}
 
 
 def run(name, kernel, env, monkeypatch):
@@ -78,3 +80,15 @@ def test_04_three_approaches_on_a_real_sweep(kernel, tmp_path, monkeypatch):
     assert "isoFLOP fit over 2 budgets" in text and "left out: ['1e+11']" in text
     assert "N_opt ~ C^" in text and "1: envelope" in text and "3: parametric" in text
     assert (tmp_path / "approaches.png").stat().st_size > 5000
+
+
+def test_05_plan_next_runs_on_a_real_sweep(kernel, tmp_path, monkeypatch):
+    """Fit the real approaches sweep, suggest, run the suggestions (stand-in losses), refit."""
+    sweep = tmp_path / "approaches"
+    shutil.copytree(FIXTURE / "approaches", sweep)
+    text, images = run("05_plan_next_runs.ipynb", kernel,
+                       {"CGPT_APPROACHES_DIR": str(sweep), "CGPT_N_BOOT": "100"}, monkeypatch)
+    assert images >= 1 and "15 finished runs" in text and "round 3:" in text
+    assert re.search(r"interval width: [\d.]+ -> [\d.]+", text)
+    sd = re.findall(r"forecast sd of log loss ([\d.]+) -> ([\d.]+)", text)
+    assert len(sd) == 3 and all(float(b) < float(a) for a, b in sd)   # each round tightens it

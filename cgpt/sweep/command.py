@@ -40,6 +40,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--on-change", default="error", choices=ON_CHANGE,
                    help="a run directory trained with a different config: 'error' (default) "
                    "names the differing keys; 'rerun' moves it to DIR/.superseded/ and trains anew")
+    p.add_argument("--suggest", type=int, metavar="K",
+                   help="for a finished sweep: print the next K runs (analysis.suggest_runs: "
+                   "most shrinkage of the forecast at --target-flops per FLOP), then exit")
+    p.add_argument("--write", action="store_true",
+                   help="--suggest: also write SPEC_next.yaml, the spec plus the runs (runs:)")
+    p.add_argument("--target-flops", type=float,
+                   help="--suggest: the compute to forecast (default 100x the largest run)")
+    p.add_argument("--budget-flops", type=float,
+                   help="--suggest: compute for the new runs, 6ND (default: the sweep's own)")
     p.add_argument("--no-compile-cache", action="store_true",
                    help="do not share JAX's persistent compilation cache (DIR/.jax_cache) "
                    "between the runs")
@@ -73,6 +82,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     spec, sets = split_spec_and_sets(args)
     sweep = load_sweep(spec, sets)
     out = Path(args.out or f"runs/sweeps/{sweep.name}")
+    if args.suggest is not None:
+        from cgpt.sweep.suggest import print_suggestions
+        return print_suggestions(sweep, out, args.suggest, args.target_flops,
+                                 args.budget_flops, write=args.write)
     if args.dry_run:
         runs = select(sweep.runs, args.only)
         print_table(sweep, out if out.is_dir() else None, runs, args.parallel or 1)

@@ -24,7 +24,7 @@ from cgpt.errors import TrainError
 from cgpt.train.resolve import resolve
 
 SPEC_KEYS = ("name", "description", "base", "models", "grid", "per_model", "filter", "require",
-             "estimate", "slurm")
+             "estimate", "slurm", "runs")
 GRID_KEYS = ("model", "tokens", "tokens_per_param", "flops", "seed", "overrides", "branches")
 # Placement may change between launches of one run (checkpoints restore into any layout),
 # so it is not part of a run's identity (the same rule as `cgpt train --resume`).
@@ -222,7 +222,7 @@ def _model_slurm(spec_path: Path, entries: dict, m: str) -> tuple[dict, dict]:
     return run_keys, slurm
 
 
-def load_sweep(path: str | Path, sets: list[str] | None = None) -> Sweep:
+def load_sweep(path: str | Path, sets: list[str] | None = None, _spec: dict | None = None) -> Sweep:
     """Expand a spec file into its run list; `sets` are `section.key=value` launch overrides.
 
     Layering, later wins: base < spec-defined model < per_model < the grid's seed and token
@@ -231,7 +231,10 @@ def load_sweep(path: str | Path, sets: list[str] | None = None) -> Sweep:
     """
 
     spec_path = Path(path)
-    spec = read_spec(spec_path)
+    spec = read_spec(spec_path) if _spec is None else _spec
+    if spec.get("runs"):  # explicit extra runs {model, tokens, seed} (`--suggest K --write`)
+        from cgpt.sweep.suggest import with_runs
+        return with_runs(spec_path, spec, sets, load_sweep)
     name = str(spec.get("name") or spec_path.stem)
     base = spec.get("base") or {}
     if not isinstance(base, dict):

@@ -1,0 +1,74 @@
+"""Argument checks shared by every fit: one ValueError naming the argument and the fix.
+
+A fit that silently accepts level=95 (a percentage), n_boot=10.5 or losses read as strings
+either crashes deep inside numpy or returns a number that means nothing; these turn each into
+a sentence before any work starts.
+"""
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+
+def check_level(level, name: str = "level") -> float:
+    """A confidence level strictly between 0 and 1 (0.95, not 95)."""
+    if isinstance(level, bool) or not isinstance(level, numbers.Real) or not 0 < level < 1:
+        hint = f"; {level}% is level={level / 100:g}" if isinstance(level, numbers.Real) \
+            and 1 < level < 100 else ""
+        raise ValueError(f"{name}={level!r}: a confidence level is a fraction in (0, 1), "
+                         f"e.g. {name}=0.95{hint}")
+    return float(level)
+
+
+def check_count(n, name: str = "n_boot", minimum: int = 0) -> int:
+    """A whole number >= minimum (bootstrap resamples, runs)."""
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral):
+        if isinstance(n, numbers.Real) and float(n).is_integer():
+            n = int(n)
+        else:
+            raise ValueError(f"{name}={n!r}: must be a whole number >= {minimum}, "
+                             f"e.g. {name}={max(minimum, 200)}")
+    if n < minimum:
+        raise ValueError(f"{name}={n}: must be >= {minimum}")
+    return int(n)
+
+
+def as_numbers(v, name: str) -> np.ndarray:
+    """A 1-d float array, or a ValueError naming `name` and the first value that is not a number."""
+    arr = np.asarray(v, dtype=object).ravel() if not isinstance(v, np.ndarray) else v.ravel()
+    try:
+        return np.asarray(arr, float)
+    except (TypeError, ValueError):
+        for item in arr:
+            try:
+                float(item)
+            except (TypeError, ValueError):
+                raise ValueError(f"{name} must be numbers, got {item!r}; convert the column "
+                                 "first (pandas.to_numeric) or load it with "
+                                 "analysis.load_results") from None
+        raise
+
+
+def check_xy(x, y, name_x: str = "x", name_y: str = "y") -> tuple[np.ndarray, np.ndarray]:
+    """Finite, positive 1-d arrays of equal length, or a ValueError saying which one is wrong."""
+    x, y = as_numbers(x, name_x), as_numbers(y, name_y)
+    if x.shape != y.shape:
+        raise ValueError(f"{name_x} and {name_y} differ in length ({x.size} vs {y.size})")
+    if x.size == 0:
+        raise ValueError(f"{name_x} and {name_y} are empty: no finished runs to fit")
+    for name, v in ((name_x, x), (name_y, y)):
+        if not np.all(np.isfinite(v)) or np.any(v <= 0):
+            raise ValueError(f"{name} must be finite and > 0 for a log-space fit; "
+                             "drop unfinished runs first (analysis.finished)")
+    return x, y
+
+
+def fmt_bound(v: float, ref: float) -> str:
+    """A bound a reader can use: values below 1e-6 of the estimate's scale print as 0 (an
+    optimiser driving log E to -700 leaves E = 4.79e-310, which means 'at the bound 0')."""
+    if not np.isfinite(v):
+        return str(v)
+    if abs(v) < 1e-6 * max(abs(ref), 1e-300):
+        return "0"
+    return f"{v:.4g}"

@@ -1,0 +1,93 @@
+"""`cgpt sweep SPEC --suggest K [--write]`: the next K runs for a finished sweep, and the spec's
+`runs:` list that holds them.
+
+A suggestion from `analysis.suggest_runs` is (n_params, tokens). A spec can only train model
+shapes it names (presets, or `models:` entries), so the planner is given exactly the sweep's
+model sizes (`sizes=`): each suggestion is one of the sweep's models at a token count chosen
+freely. `--write` copies the spec to `<stem>_next.yaml` with the suggestions appended under
+`runs:` (one `{model, tokens, seed}` each); launching the copy with the same `--out` skips the
+finished grid runs and trains only the new ones.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+RUN_KEYS = ("model", "tokens", "seed")
+
+
+def with_runs(spec_path: Path, spec: dict, sets, load):
+    """The grid's runs plus the spec's `runs:` entries, each expanded as a one-run grid of the
+    same spec (base, models and per_model apply to it as to any grid run)."""
+    entries = spec["runs"]
+    if not isinstance(entries, list):
+        raise ValueError(f"{spec_path}: 'runs' must be a list of {{model, tokens, seed}}")
+    sweep = load(spec_path, sets, _spec={**spec, "runs": None})
+    per_model = spec.get("per_model") or {}
+    for i, e in enumerate(entries):
+        where = f"{spec_path}: runs[{i}]"
+        if not isinstance(e, dict) or not {"model", "tokens"} <= set(e) or set(e) - set(RUN_KEYS):
+            raise ValueError(f"{where} must be a mapping with model, tokens and optionally seed "
+                             f"(got {e!r})")
+        grid = {"model": [e["model"]], "tokens": [e["tokens"]]}
+        if "seed" in e:
+            grid["seed"] = [e["seed"]]
+        sub = {**spec, "runs": None, "filter": None, "grid": grid,
+               "per_model": {k: v for k, v in per_model.items() if k == e["model"]}}
+        try:
+            sweep.runs += load(spec_path, sets, _spec=sub).runs
+        except ValueError as err:
+            raise ValueError(f"{where}: {err}") from None
+    ids = [r.run_id for r in sweep.runs]
+    dup = sorted({i for i in ids if ids.count(i) > 1})
+    if dup:
+        raise ValueError(f"{spec_path}: runs: duplicate run ids {dup}: an entry repeats a grid "
+                         "run or another entry; remove it or give it another seed")
+    return sweep
+
+
+def suggest(sweep, out: Path, k: int, target_flops: float | None = None,
+            budget_flops: float | None = None):
+    """The next k runs for the sweep in `out` (its results.csv), as a DataFrame with the
+    model name; defaults: target 100x the largest finished run, budget the sweep's compute."""
+    import analysis
+
+    res = analysis.load_results(out, finished_only=True)
+    if len(res) < 5:
+        raise ValueError(f"{out}: {len(res)} finished run(s); --suggest fits L(N, D) (5 "
+                         "parameters) and needs at least 5 finished runs at 2 or more D/N")
+    c = 6 * res["n_params"] * res["tokens"]
+    target = float(target_flops or 100 * c.max())
+    budget = float(budget_flops or c.sum())
+    names = {}
+    for r in sweep.runs:
+        names.setdefault(r.n_params, r.model if r.model else r.run_id.split("_")[0])
+    s = analysis.suggest_runs(res, target, budget, max_runs=k, sizes=sorted(names))
+    s.insert(0, "model", [names[int(n)] for n in s["n_params"]])
+    s["tokens"] = s["tokens"].round().astype(int)
+    s.attrs.update(target=target, budget=budget)
+    return s
+
+
+def print_suggestions(sweep, out: Path, k: int, target_flops=None, budget_flops=None,
+                      write: bool = False) -> int:
+    s = suggest(sweep, out, k, target_flops, budget_flops)
+    print(f"next {len(s)} run(s) for {out}: each shrinks the forecast of the compute-optimal loss "
+          f"(and N_opt) at C = {s.attrs['target']:.3g} most per FLOP; budget "
+          f"{s.attrs['budget']:.3g} FLOPs (6ND), {s['flops'].sum():.3g} used")
+    print(s.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    print(f"forecast sd of log loss at the target: {s.attrs['sd_log_loss_before']:.4f} now, "
+          f"{s['sd_log_loss'].iloc[-1]:.4f} with these runs (linearised fit)" if len(s) else "")
+    if write:
+        raw = yaml.safe_load(Path(sweep.path).read_text())
+        # A new seed: a suggestion next to a finished run is a replicate (fresh init and data
+        # order), not a rerun of the same computation.
+        seed = 1 + max(r.seed for r in sweep.runs)
+        raw["runs"] = list(raw.get("runs") or []) + [
+            {"model": m, "tokens": int(t), "seed": seed} for m, t in zip(s["model"], s["tokens"])]
+        dest = Path(sweep.path).with_name(f"{Path(sweep.path).stem}_next.yaml")
+        dest.write_text(yaml.safe_dump(raw, sort_keys=False))
+        print(f"wrote {dest} (the spec plus these runs under runs:); launch it with "
+              f"--out {out} to train only the new runs")
+    return 0

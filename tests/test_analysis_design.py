@@ -1,0 +1,98 @@
+"""analysis.design: the least-squares fit behind the planner, and suggest_runs on known laws."""
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from analysis import CHINCHILLA_UNROUNDED, EPOCH, fit_chinchilla
+from analysis.design import fit_ls, frontier, predict_loss_opt, suggest_runs
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def runs(law, pairs, noise, seed):
+    n, d = np.array(pairs, float).T
+    rng = np.random.default_rng(seed)
+    return pd.DataFrame({"n_params": n, "tokens": d,
+                         "val_loss": law(n, d) * np.exp(noise * rng.standard_normal(n.size))})
+
+
+SEED_RUNS = [(np.sqrt(c / 6 / r), np.sqrt(c / 6 * r)) for c in (1e18, 3e18) for r in (5, 20, 80)]
+GRID = [(float(EPOCH.n_opt(c)) * f, c / (6 * float(EPOCH.n_opt(c)) * f))
+        for c in (1e18, 1e19, 1e20) for f in (0.25, 0.5, 1, 2, 4)]
+
+
+def test_fit_ls_recovers_exact_law_and_agrees_with_fit_chinchilla():
+    df = runs(EPOCH, GRID, 0.0, 0)
+    theta, boot = fit_ls(df["n_params"], df["tokens"], df["val_loss"], n_boot=0)
+    np.testing.assert_allclose(np.exp(theta[:3]), [EPOCH.A, EPOCH.B, EPOCH.E], rtol=1e-3)
+    np.testing.assert_allclose(theta[3:], [EPOCH.alpha, EPOCH.beta], rtol=1e-4)
+    # The frontier formula is ChinchillaLaw's (Hoffmann eq. 4).
+    ln, ll = frontier(theta, 1e21)
+    assert np.exp(ln[0]) == pytest.approx(float(EPOCH.n_opt(1e21)), rel=1e-3)
+    assert np.exp(ll[0]) == pytest.approx(float(EPOCH.loss_opt(1e21)), rel=1e-5)
+    noisy = runs(EPOCH, GRID, 0.005, 1)
+    th, _ = fit_ls(noisy["n_params"], noisy["tokens"], noisy["val_loss"], n_boot=0)
+    ch = fit_chinchilla(noisy["n_params"], noisy["tokens"], noisy["val_loss"], n_boot=0,
+                        profile_params=())
+    assert th[3] == pytest.approx(ch.law.alpha, abs=0.03)     # LS vs Huber on the same runs
+    assert np.exp(frontier(th, 1e22)[1][0]) == pytest.approx(float(ch.law.loss_opt(1e22)),
+                                                              rel=0.01)
+
+
+def test_bootstrap_interval_covers_the_truth():
+    df = runs(EPOCH, GRID, 0.01, 2)
+    theta, boot = fit_ls(df["n_params"], df["tokens"], df["val_loss"], n_boot=200)
+    assert len(boot) == 200
+    pred, lo, hi = predict_loss_opt(theta, boot, 1e22)
+    assert lo < float(EPOCH.loss_opt(1e22)) < hi and lo < pred < hi
+    assert (hi - lo) / pred < 0.2
+
+
+def test_suggestions_fit_the_budget_and_shrink_the_interval():
+    seed = runs(EPOCH, SEED_RUNS, 0.01, 3)
+    s = suggest_runs(seed, 1e22, 2e20, max_run_flops=1e20)
+    assert list(s.columns[:3]) == ["n_params", "tokens", "flops"]
+    np.testing.assert_allclose(s["flops"], 6 * s["n_params"] * s["tokens"])
+    assert s["flops"].sum() <= 2e20 * (1 + 1e-9) and s["flops"].max() <= 1e20 * (1 + 1e-6)
+    assert s["flops"].sum() > 0.8 * 2e20                    # the budget is (nearly) spent
+    assert np.all(np.diff(s["sd_log_loss"]) <= 1e-12)         # each pick lowers the forecast sd
+    assert s["sd_log_loss"].iloc[-1] < 0.5 * s.attrs["sd_log_loss_before"]
+    # "Train" the suggestions on the true law: the real bootstrap interval shrinks.
+    after = pd.concat([seed, runs(EPOCH, list(zip(s["n_params"], s["tokens"])), 0.01, 4)])
+    w = []
+    for df in (seed, after):
+        theta, boot = fit_ls(df["n_params"], df["tokens"], df["val_loss"], n_boot=100)
+        _, lo, hi = predict_loss_opt(theta, boot, 1e22)
+        w.append(hi - lo)
+    assert w[1] < 0.5 * w[0]
+
+
+def test_suggestions_restricted_to_given_sizes_and_run_count():
+    seed = runs(CHINCHILLA_UNROUNDED, SEED_RUNS, 0.01, 5)
+    sizes = [3e7, 1e8, 3e8]
+    s = suggest_runs(seed, 1e22, 1e21, sizes=sizes, max_runs=4, objective="loss")
+    assert len(s) == 4 and set(s["n_params"]) <= set(sizes)
+
+
+def test_suggest_bad_input():
+    seed = runs(EPOCH, SEED_RUNS, 0.01, 3)
+    with pytest.raises(ValueError, match="results: needs columns .*'val_loss'"):
+        suggest_runs(seed.drop(columns="val_loss"), 1e22, 1e20)
+    with pytest.raises(ValueError, match="budget_flops=-1"):
+        suggest_runs(seed, 1e22, -1)
+    with pytest.raises(ValueError, match="objective="):
+        suggest_runs(seed, 1e22, 1e20, objective="N")
+    with pytest.raises(ValueError, match="max_runs=0"):
+        suggest_runs(seed, 1e22, 1e20, max_runs=0)
+
+
+def test_bench_design_smoke():
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "design.py"), "--studies", "2",
+                          "--n-boot", "20", "--procs", "1"], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "suggest" in out.stdout and "grid" in out.stdout and "coverage_pct" in out.stdout

@@ -1,0 +1,55 @@
+"""`cgpt sweep SPEC --suggest K --write` on a real finished sweep (the approaches fixture), and
+the spec's `runs:` list it writes."""
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from cgpt.sweep import command
+from cgpt.sweep.spec import load_sweep
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_suggest_prints_and_writes_runs_the_spec_can_launch(tmp_path, capsys):
+    out = tmp_path / "approaches"
+    shutil.copytree(ROOT / "tests" / "fixtures" / "analysis" / "approaches", out)
+    spec = tmp_path / "approaches.yaml"
+    shutil.copy(ROOT / "sweeps" / "approaches.yaml", spec)
+    assert command.main([str(spec), "--out", str(out), "--suggest", "3", "--write"]) == 0
+    text = capsys.readouterr().out
+    assert "next 3 run(s)" in text and "C = 1e+14" in text        # 100x the largest run
+    nxt = tmp_path / "approaches_next.yaml"
+    runs = yaml.safe_load(nxt.read_text())["runs"]
+    assert len(runs) == 3 and all(r["seed"] == 1 for r in runs)
+    grid = load_sweep(spec).runs
+    sweep = load_sweep(nxt)
+    assert [r.run_id for r in sweep.runs[:len(grid)]] == [r.run_id for r in grid]
+    new = sweep.runs[len(grid):]
+    sizes = {r.model: r.n_params for r in grid}
+    for r, e in zip(new, runs):                    # a preset of the sweep, tokens as suggested
+        assert r.model == e["model"] and r.n_params == sizes[e["model"]] and r.seed == 1
+        assert abs(r.tokens - e["tokens"]) <= r.batch_size * 128      # rounded to whole steps
+
+
+def test_runs_entries_are_checked(tmp_path):
+    spec = yaml.safe_load((ROOT / "sweeps" / "approaches.yaml").read_text())
+    path = tmp_path / "s.yaml"
+    for bad, match in (([{"model": "tiny-17k"}], r"runs\[0\] must be a mapping with model, tokens"),
+                       ([{"model": "tiny-99k", "tokens": 1e6}], r"runs\[0\]: .*tiny-99k"),
+                       ([{"model": "tiny-17k", "tokens": 1e6}] * 2, "duplicate run ids")):
+        path.write_text(yaml.safe_dump({**spec, "runs": bad}))
+        with pytest.raises(ValueError, match=match):
+            load_sweep(path)
+
+
+def test_suggest_needs_finished_runs(tmp_path, capsys):
+    out = tmp_path / "empty"
+    out.mkdir()
+    (out / "results.csv").write_text(
+        (ROOT / "tests" / "fixtures" / "analysis" / "approaches" / "results.csv").read_text()
+        .splitlines()[0] + "\n")
+    assert command.main([str(ROOT / "sweeps" / "approaches.yaml"), "--out", str(out),
+                         "--suggest", "2"]) == 2
+    assert "0 finished run(s); --suggest fits L(N, D)" in capsys.readouterr().err
