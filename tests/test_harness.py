@@ -88,6 +88,28 @@ def test_rolling_and_generation_match_hf(models):
     assert ours.generate_until(reqs) == hf.generate_until(reqs)
 
 
+def test_generation_of_many_prompt_lengths_matches_hf_in_few_compilations(models):
+    """20 prompts of at least 18 token lengths (the longest truncated to 58 of the 64-token
+    context, as `hf` truncates): the same texts as lm-eval's `hf` model, from one compiled program per bucket
+    length (16, 32, 64) rather than one per prompt length."""
+    from cgpt.eval.harness import _bucket
+    from cgpt.eval.lm import _generate
+
+    hf, ours = models
+    words = TEXT.split(" ")
+    gen = [(" ".join(words[:k]), {"until": ["\n\n"], "max_gen_toks": 6, "do_sample": False})
+           for k in range(1, 60, 3)]
+    lengths = [len(ours.tok_encode(c)) for c, _ in gen]
+    assert len(set(lengths)) >= 18 and max(lengths) > 64  # the longest are truncated
+    reqs = [_req("generate_until", a, i) for i, a in enumerate(gen)]
+    _generate.clear_cache()
+    got = ours.generate_until(reqs)
+    buckets = {_bucket(min(n, 64 - 6), 64) for n in lengths}
+    assert 2 <= _generate._cache_size() <= len(buckets) == 3
+    assert got == hf.generate_until(reqs)
+    assert len({g for g in got}) > 3  # non-degenerate continuations
+
+
 def _task(tmp_path):
     data = tmp_path / "mc.jsonl"
     data.write_text("".join(json.dumps({"question": q, "choices": c, "answer": a}) + "\n"

@@ -101,6 +101,34 @@ def test_small_greedy_generation_matches(small):
     np.testing.assert_array_equal(ours, ref)
 
 
+def test_ragged_generation_equals_each_prompt_alone(small):
+    """Prompts of 11 lengths in one right-padded batch: every row continues exactly as the
+    prompt alone does (cgpt and transformers), with one compilation per bucket length."""
+    from cgpt.eval.lm import _generate
+
+    model, dirs, _ = small
+    lm = cgpt.load(dirs["st"])
+    rng = np.random.default_rng(3)
+    prompts = [rng.integers(0, 512, n).tolist() for n in (1, 2, 5, 9, 15, 16, 17, 30, 33, 50, 64)]
+    _generate.clear_cache()
+    got = np.concatenate([lm.generate_ragged(prompts[i:i + 4], 12) for i in (0, 4, 8)])
+    assert _generate._cache_size() == 3  # buckets 16, 32 and 64 (batches of 4, 4 and 3)
+    lm.generate_ragged([p[:-1] or p for p in prompts[:4]], 12)  # other lengths, same bucket
+    assert _generate._cache_size() == 3
+    for p, row in zip(prompts, got):
+        alone = lm.generate(np.array([p]), 12)[0, len(p):]
+        np.testing.assert_array_equal(row, alone)
+        np.testing.assert_array_equal(row, _ref_greedy(model, np.array([p]), 12)[0, len(p):])
+    sampled = lm.generate_ragged(prompts[:4], 12, temperature=1.0, top_k=1)
+    np.testing.assert_array_equal(sampled, got[:4])  # top_k=1 is greedy, ragged too
+    for bad, msg in [(dict(prompts=[]), "no prompts"),
+                     (dict(prompts=[[1, 2, 3]], pad_to=2), "pad_to=2"),
+                     (dict(prompts=[[1], []]), "1..pad_to"),
+                     (dict(prompts=[[1] * 120], max_new_tokens=20), "n_ctx=128")]:
+        with pytest.raises(ValueError, match=msg):
+            lm.generate_ragged(**{"max_new_tokens": 4, **bad})
+
+
 def test_sampling_is_seeded_and_filtered(small):
     _, dirs, ids = small
     lm = cgpt.load(dirs["st"])

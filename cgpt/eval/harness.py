@@ -134,7 +134,8 @@ class CgptLM(TemplateLM):
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
         """Greedy (or sampled) continuations cut at the first stop sequence. Requests with the
-        same prompt length and generation settings run as one batch."""
+        same generation settings run in batches, longest first, right-padded to a few bucket
+        lengths: one compiled program per bucket, not per prompt length."""
         eos = self.tok_decode([self._eot])
         jobs = []
         for i, (context, gen_kwargs) in enumerate(r.args for r in requests):
@@ -148,16 +149,20 @@ class CgptLM(TemplateLM):
             temp = float(kw.get("temperature", 0.0)) if kw.get("do_sample") else 0.0
             jobs.append((i, ids, n, temp, until))
         groups: dict = {}
-        for job in jobs:
-            groups.setdefault((len(job[1]), job[2], job[3]), []).append(job)
+        for job in sorted(jobs, key=lambda j: -len(j[1])):  # longest first, as `hf`
+            groups.setdefault((job[2], job[3]), []).append(job)
         out: list = [None] * len(jobs)
         pbar = tqdm(total=len(jobs), disable=disable_tqdm, desc="cgpt generate_until")
-        for (P, n, temp), group in groups.items():
-            for b in range(0, len(group), self.batch_size):
-                chunk = group[b:b + self.batch_size]
-                gen = self.lm.generate(np.array([j[1] for j in chunk]), n, temperature=temp)
+        bs = self.batch_size
+        for (n, temp), group in groups.items():
+            for b in range(0, len(group), bs):
+                chunk = group[b:b + bs]
+                prompts = [j[1] for j in chunk]
+                prompts += [[self._eot]] * (bs - len(chunk))  # one batch shape per bucket
+                gen = self.lm.generate_ragged(prompts, n, temperature=temp,
+                                              pad_to=_bucket(len(prompts[0]), self.max_length))
                 for job, row in zip(chunk, gen):
-                    text = self.tok_decode(row[P:])
+                    text = self.tok_decode(row)
                     for stop in job[4]:
                         if stop:
                             text = text.split(stop)[0]

@@ -56,9 +56,13 @@ def _filter_logits(logits, top_k, top_p):
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "max_new", "cache_len", "greedy", "top_k",
-                                             "top_p"))
-def _generate(params, prompt, key, temperature, *, cfg, max_new, cache_len, greedy, top_k, top_p):
-    """Prefill the prompt into a KV cache, then decode `max_new` tokens in one XLA loop."""
+                                             "top_p", "ragged"))
+def _generate(params, prompt, lengths, key, temperature, *, cfg, max_new, cache_len, greedy,
+              top_k, top_p, ragged=False):
+    """Prefill the prompt into a KV cache, then decode `max_new` tokens in one XLA loop.
+
+    ragged: the rows are right-padded prompts of `lengths` [B]; each row continues from its
+    own last token at its own positions (one compiled shape for many prompt lengths)."""
     B, P = prompt.shape
 
     def pick(logits, key):
@@ -69,13 +73,18 @@ def _generate(params, prompt, key, temperature, *, cfg, max_new, cache_len, gree
 
     cache = decode.init_cache(cfg, B, cache_len)
     logits, cache = decode.forward(params, prompt, cfg, cache, 0)
+    if ragged:
+        logits = jnp.take_along_axis(logits, (lengths - 1)[:, None, None], axis=1)
     keys = jax.random.split(key, max_new)
     out = jnp.zeros((B, max_new), jnp.int32).at[:, 0].set(pick(logits[:, -1], keys[0]))
 
     def step(i, carry):
         out, cache = carry
         prev = jax.lax.dynamic_slice_in_dim(out, i - 1, 1, axis=1)
-        logits, cache = decode.forward(params, prev, cfg, cache, P + i - 1)
+        if ragged:
+            logits, cache = decode.forward_rows(params, prev, cfg, cache, lengths + i - 1)
+        else:
+            logits, cache = decode.forward(params, prev, cfg, cache, P + i - 1)
         return out.at[:, i].set(pick(logits[:, -1], keys[i])), cache
 
     out, _ = jax.lax.fori_loop(1, max_new, step, (out, cache))
@@ -157,6 +166,29 @@ class LM:
             raise ValueError("loss: need at least 2 tokens per row to predict a next token")
         return float(_loss(self.params, x, self.config))
 
+    def _check_sampling(self, max_new_tokens, temperature, top_k, top_p) -> None:
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        if temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {temperature}")
+        if top_k is not None and not 1 <= top_k <= self.config.vocab_size:
+            raise ValueError(f"top_k must be in [1, {self.config.vocab_size}], got {top_k}")
+        if top_p is not None and not 0 < top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+
+    def _run_generate(self, ids, lengths, max_new_tokens, temperature, top_k, top_p, seed,
+                      longest: int) -> np.ndarray:
+        total = longest + max_new_tokens
+        if total > self.config.n_ctx:
+            raise ValueError(f"prompt ({longest}) + max_new_tokens ({max_new_tokens}) "
+                             f"exceeds the context n_ctx={self.config.n_ctx}")
+        cache_len = min(self.config.n_ctx, _next_pow2(max(total, ids.shape[1])))
+        return np.asarray(_generate(
+            self._decode_params(), ids, lengths, jax.random.key(seed),
+            jnp.float32(max(temperature, 1e-6)), cfg=self.config, max_new=max_new_tokens,
+            cache_len=cache_len, greedy=temperature == 0.0, top_k=top_k, top_p=top_p,
+            ragged=lengths is not None))
+
     def generate(self, prompt, max_new_tokens: int, temperature: float = 0.0,
                  top_k: int | None = None, top_p: float | None = None, seed: int = 0):
         """Continue a prompt with a KV cache; greedy at temperature 0.
@@ -166,24 +198,38 @@ class LM:
         """
         as_text = isinstance(prompt, str)
         ids = self._ids(prompt, "prompt")
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        if temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {temperature}")
-        if top_k is not None and not 1 <= top_k <= self.config.vocab_size:
-            raise ValueError(f"top_k must be in [1, {self.config.vocab_size}], got {top_k}")
-        if top_p is not None and not 0 < top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
-        total = ids.shape[1] + max_new_tokens
-        if total > self.config.n_ctx:
-            raise ValueError(f"prompt ({ids.shape[1]}) + max_new_tokens ({max_new_tokens}) "
-                             f"exceeds the context n_ctx={self.config.n_ctx}")
-        new = _generate(self._decode_params(), ids, jax.random.key(seed),
-                        jnp.float32(max(temperature, 1e-6)), cfg=self.config,
-                        max_new=max_new_tokens, cache_len=min(self.config.n_ctx, _next_pow2(total)),
-                        greedy=temperature == 0.0, top_k=top_k, top_p=top_p)
-        out = np.concatenate([np.asarray(ids), np.asarray(new)], axis=1)
+        self._check_sampling(max_new_tokens, temperature, top_k, top_p)
+        new = self._run_generate(ids, None, max_new_tokens, temperature, top_k, top_p, seed,
+                                 ids.shape[1])
+        out = np.concatenate([np.asarray(ids), new], axis=1)
         return self.decode(out[0]) if as_text else out
+
+    def generate_ragged(self, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+                        temperature: float = 0.0, top_k: int | None = None,
+                        top_p: float | None = None, seed: int = 0,
+                        pad_to: int | None = None) -> np.ndarray:
+        """Continue prompts of different lengths as one batch -> new tokens [B, max_new_tokens].
+
+        The prompts are right-padded to `pad_to` (default: the next power of two >= 16 of the
+        longest, at most n_ctx), so all lengths within a bucket share one compiled program;
+        greedy results equal `generate` on each prompt alone.
+        """
+        if not prompts:
+            raise ValueError("generate_ragged: no prompts")
+        lengths = [len(p) for p in prompts]
+        longest = max(lengths)
+        P = pad_to or min(self.config.n_ctx, 1 << max(4, (longest - 1).bit_length()))
+        if min(lengths) < 1 or not longest <= P <= self.config.n_ctx:
+            raise ValueError(f"generate_ragged: prompt lengths {min(lengths)}..{longest} with "
+                             f"pad_to={P}; every prompt needs 1..pad_to tokens and pad_to at "
+                             f"most n_ctx={self.config.n_ctx}")
+        padded = np.zeros((len(prompts), P), np.int64)
+        for r, p in enumerate(prompts):
+            padded[r, :len(p)] = p
+        ids = self._ids(padded, "prompts")
+        self._check_sampling(max_new_tokens, temperature, top_k, top_p)
+        return self._run_generate(ids, jnp.asarray(lengths, jnp.int32), max_new_tokens,
+                                  temperature, top_k, top_p, seed, longest)
 
 
 def load(source: str | Path, dtype: str = "float32") -> LM:

@@ -77,6 +77,26 @@ def forward(params: Params, ids: jax.Array, cfg: ModelConfig, cache: dict,
     return head(params, x, cfg), cache
 
 
+def forward_rows(params: Params, ids: jax.Array, cfg: ModelConfig, cache: dict,
+                 pos: jax.Array) -> tuple[jax.Array, dict]:
+    """One token per row, ids [B, 1], row b at its own position pos[b]: for right-padded
+    prompts of different lengths decoded as one batch. Row b's keys/values go to cache slot
+    pos[b] and its query attends to slots 0..pos[b] (the padding past a row's prompt is
+    overwritten by its own tokens before it is ever attended to)."""
+    x = ((params["wte"][ids] + params["wpe"][pos][:, None]) * cfg.embed_mult
+         ).astype(compute_dtype(cfg))
+    layers = params["h"] if isinstance(params["h"], list) else unstack(params["h"])
+    rows = jnp.arange(ids.shape[0])
+    for i, p in enumerate(layers):
+        q, k, v = (t.transpose(0, 2, 1, 3) for t in qkv_heads(p, x, cfg, _linear))
+        cache = {n: cache[n].at[i, rows, :, pos].set(t[:, :, 0].astype(cache[n].dtype))
+                 for n, t in (("k", k), ("v", v))}
+        k, v = cache["k"][i].astype(x.dtype), cache["v"][i].astype(x.dtype)
+        att = attend(q, k, v, pos[:, None, None], cfg).transpose(0, 2, 1, 3)
+        x = block_rest(p, x, att, cfg, _linear)
+    return head(params, x, cfg), cache
+
+
 @jax.jit
 def decode_layout(params: Params) -> Params:
     """The weights re-laid out for batch-1 decoding: one dict per layer (a list under "h")

@@ -207,11 +207,11 @@ LinearFn = Callable[[jax.Array, Params], jax.Array]
 
 def attend(q: jax.Array, k: jax.Array, v: jax.Array, q_pos: jax.Array,
            cfg: ModelConfig) -> jax.Array:
-    """Softmax attention of q [B, H, T, Dh] at positions q_pos over k, v [B, H, S, Dh] at
-    positions 0..S-1, causally masked; scores and softmax in f32."""
+    """Softmax attention of q [B, H, T, Dh] at positions q_pos [T] (or per row [B, 1, T])
+    over k, v [B, H, S, Dh] at positions 0..S-1, causally masked; scores and softmax in f32."""
     scores = jnp.einsum("bhqd,bhkd->bhqk", q, k, preferred_element_type=jnp.float32)
     scores = scores * cfg.attn_scale
-    mask = jnp.arange(k.shape[2])[None, :] <= q_pos[:, None]
+    mask = jnp.arange(k.shape[2]) <= q_pos[..., None]
     scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
     return jnp.einsum("bhqk,bhkd->bhqd", probs, v)

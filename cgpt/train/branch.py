@@ -128,7 +128,10 @@ def plan_branches(parent: RunConfig, fractions: list[float],
     Returns the parent's config (made WSD, keeping every checkpoint) and, per fraction f of its
     budget, the branch's config and the parent step to branch from: the last checkpoint at or
     before the branch's own decay start (the branch trains at the peak LR up to there, exactly
-    as an independent run of its budget would).
+    as an independent run of its budget would with the same warmup). Every branch keeps the
+    parent's warmup (10% of the parent's steps, so 40% of a branch at f = 0.25): that is what
+    makes the stable phase shared, and it costs the short branches a little loss against a run
+    warmed up for its own length (measured in docs/analysis.md).
     """
     bad = [f for f in fractions if not (isinstance(f, (int, float)) and 0 < f < 1)]
     if bad:

@@ -1,8 +1,18 @@
-"""The published Cerebras-GPT optimizer recipe: AdamW, warmup, decay to 10%, clipping, μP LR.
+"""The published Cerebras-GPT optimizer recipe: AdamW, warmup, decay towards 10%, clipping, μP LR.
 
 Published values (modelzoo yaml, per preset): AdamW β = (0.9, 0.95), weight decay 0.1,
 global-norm clipping 1.0, linear warmup from 0 over ≈375M tokens, then linear or cosine
-decay to 10% of the peak at the last step; eps 1e-8 (1e-9 for 6.7B and 13B).
+decay over the remaining total − warmup steps to 10% of the peak; eps 1e-8 (1e-9 for 6.7B
+and 13B).
+
+Where the schedule ends, as ModelZoo runs it: its schedulers are torch LR schedulers stepped
+after every optimizer step, so the update with 0-based index k runs at lr(k), and the 111M
+yaml decays 6e-4 -> 6e-5 over 7512 = 9037 − 1525 steps. The last update (k = 9036) therefore
+runs at 6e-5 + 5.4e-4/7512 (10.012% of the peak); 6e-5 itself is lr(9037), one step after
+training ends. cgpt does the same (optax counts updates from 0): lr(total_steps) is exactly
+10%, and the last trained step sits one decay step above it, which only shows on short runs:
+10% + 90%/45 = 12% at 50 steps with warmup 5. Tested against torch's schedulers stepped
+this way (tests/test_schedule.py).
 
 Weight decay applies to the weight matrices (the blocks' kernels and the token/position
 embeddings) and not to biases or LayerNorm parameters: the usual GPT-2/3 practice (the
@@ -31,8 +41,9 @@ from cgpt.config.recipe import SCHEDULES, Recipe, wsd_decay_steps
 
 
 def schedule(r: Recipe) -> optax.Schedule:
-    """Linear warmup 0 -> peak, then linear or cosine decay to `end_lr_fraction * peak`
-    (or, for WSD, a stable phase at the peak and the decay over the final steps)."""
+    """Linear warmup 0 -> peak, then linear or cosine decay that reaches
+    `end_lr_fraction * peak` at step `total_steps` (one past the last update, as ModelZoo);
+    or, for WSD, a stable phase at the peak and the decay over the final steps."""
     if r.schedule == "wsd":
         return _wsd(r)
     if r.schedule != "published":
@@ -50,7 +61,8 @@ def schedule(r: Recipe) -> optax.Schedule:
 
 
 def _wsd(r: Recipe) -> optax.Schedule:
-    """Warmup 0 -> peak, constant peak, then linear or 1-sqrt decay to end_lr_fraction * peak."""
+    """Warmup 0 -> peak, constant peak, then linear or 1-sqrt decay reaching
+    end_lr_fraction * peak at step total_steps (as the published schedule)."""
     if r.decay not in WSD_DECAYS:
         raise ValueError(f"decay={r.decay!r} with schedule='wsd'; use one of {', '.join(WSD_DECAYS)}")
     if not 0 < r.decay_fraction <= 1:
@@ -97,4 +109,5 @@ def make_optimizer(r: Recipe, cfg: ModelConfig) -> optax.GradientTransformation:
 
 
 def lr_at(r: Recipe, step: int) -> float:
+    """The LR of the update with 0-based index `step` (the optimizer's own count)."""
     return float(schedule(r)(step))
