@@ -20,7 +20,7 @@ Modes (Cerebras' two execution modes, plus plain data parallelism and a chooser)
                     (`cgpt.sharding.pipeline`); combinable with `data`.
   auto              the first that fits the devices' memory (`cgpt.sharding.auto`).
 
-Modules: `placement` (--mesh parsing and factoring, batch axes; JAX-free), `auto` (the memory
+Modules: `axes` (--mesh parsing and factoring, batch axes; JAX-free), `auto` (the memory
 model and the mode/mesh decision; JAX-free), `mesh` (devices: emulated CPUs, the Mesh, device
 memory), `rules` (the rules tables, `logical_to_spec`, the unsharded-dims report), `strategies`
 (the placed step), `pipeline` (GPipe), `distributed` (processes of a multi-host job).
@@ -31,14 +31,14 @@ from __future__ import annotations
 import importlib
 
 # public names -> the module that defines them; imported on first use, so that the JAX-free
-# modules (`placement`, `auto`) load without JAX (`cgpt.train.resolve` reads them)
+# modules (`axes`, `auto`) load without JAX (`cgpt.train.resolve` reads them)
 _EXPORTS = {
     "auto": ("BYTES_PER_PARAM_STATE", "activation_bytes", "choose_auto",
              "data_parallel_bytes_per_device", "logits_bytes", "pipeline_bytes_per_device",
              "placement", "weight_streaming_bytes_per_device"),
     "mesh": ("build_mesh", "device_memory_bytes", "emulate_cpu_devices",
              "maybe_initialize_distributed"),
-    "placement": ("HOST_OFFLOAD_REMOVED", "MESH_AXES", "SHARDED_MODES", "batch_axes", "mesh_size", "parse_mesh",
+    "axes": ("HOST_OFFLOAD_REMOVED", "MESH_AXES", "SHARDED_MODES", "batch_axes", "mesh_size", "parse_mesh",
                   "replica_axes", "weight_streaming_axes"),
     "rules": ("DATA_PARALLEL", "LAYER_PIPELINED", "RULES", "WEIGHT_STREAMING", "Rules",
               "Unsharded", "logical_to_spec"),

@@ -17,7 +17,7 @@ import logging
 import math
 
 from cgpt.config.model import ModelConfig
-from cgpt.sharding.placement import SHARDED_MODES, parse_mesh, weight_streaming_axes
+from cgpt.sharding.axes import SHARDED_MODES, parse_mesh, weight_streaming_axes
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """Meshes on real devices: joining a multi-process job, emulated CPU devices, the `Mesh` of a
-placement's axes and a device's memory (the axes themselves: `cgpt.sharding.placement`).
+placement's axes and a device's memory (the axes themselves: `cgpt.sharding.axes`).
 
 Mesh axis names (MaxText's, where the role is the same):
   data   the batch is split over it (replicas). In weight_streaming the weights and

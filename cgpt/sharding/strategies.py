@@ -24,7 +24,7 @@ from cgpt.config.recipe import published_defaults
 from cgpt.sharding.auto import placement
 from cgpt.sharding.mesh import build_mesh, device_memory_bytes, maybe_initialize_distributed
 from cgpt.sharding.pipeline import bubble_fraction, pipelined_loss
-from cgpt.sharding.placement import HOST_OFFLOAD_REMOVED, SHARDED_MODES, batch_axes as ws_batch_axes
+from cgpt.sharding.axes import HOST_OFFLOAD_REMOVED, SHARDED_MODES, batch_axes as ws_batch_axes
 from cgpt.sharding.rules import (DATA_PARALLEL, LAYER_PIPELINED, WEIGHT_STREAMING, Rules,
                                  Unsharded, logical_to_spec, with_rule)
 

@@ -20,7 +20,7 @@ from cgpt.config.recipe import Recipe, published_defaults, steps_for_tokens, war
 from cgpt.config.run import RunConfig
 from cgpt.errors import TrainError
 from cgpt.sharding.auto import placement
-from cgpt.sharding.placement import HOST_OFFLOAD_REMOVED, replica_axes
+from cgpt.sharding.axes import HOST_OFFLOAD_REMOVED, replica_axes
 
 
 @dataclass(frozen=True)
