@@ -20,7 +20,8 @@ from cgpt.train import optim
 from cgpt.cli import main as cli_main
 from cgpt.config.model import get_config
 from cgpt.data.batches import DataConfig
-from cgpt.config.run import RunConfig, TrainConfig, apply_overrides, from_dict
+from cgpt.config.overrides import apply_overrides
+from cgpt.config.run import RunConfig, TrainConfig, from_dict
 from cgpt.train.loop import TrainError, make_plan, make_step, train
 
 REPO = Path(__file__).resolve().parents[1]
