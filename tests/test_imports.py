@@ -1,4 +1,5 @@
-"""Import hygiene: the configuration layer has no import cycles (function-level imports included)."""
+"""Import hygiene: no import cycles through cgpt.config or cgpt.plan (function-level imports
+included)."""
 import ast
 from pathlib import Path
 
