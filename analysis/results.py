@@ -14,14 +14,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-COLUMNS = (
-    "run_id", "model", "seed", "status", "error", "n_params", "n_params_nonembed", "tokens",
-    "flops_6nd", "flops", "train_loss", "val_loss", "wall_time_s", "tokens_per_s", "mfu",
-    "epochs", "mup", "run_dir",
-)
-STATUSES = ("done", "failed", "running", "pending")
-NUMERIC = ("seed", "n_params", "n_params_nonembed", "tokens", "flops_6nd", "flops", "train_loss",
-           "val_loss", "wall_time_s", "tokens_per_s", "mfu", "epochs")
+from .schema import COLUMNS, NUMERIC, REQUIRED, STATUSES  # noqa: F401  (COLUMNS re-exported)
+
 PARAMS = {"total": "n_params", "nonembed": "n_params_nonembed"}
 FLOPS = {"counted": "flops", "6nd": "flops_6nd"}
 
@@ -45,15 +39,15 @@ def load_results(path: str | Path, finished_only: bool = False) -> pd.DataFrame:
     except (UnicodeDecodeError, pd.errors.ParserError) as e:
         raise ValueError(f"{csv}: not a CSV table ({type(e).__name__}: {str(e)[:80]}); pass a "
                          "sweep's results.csv (rerun `cgpt sweep SPEC` to rebuild it)") from None
-    missing = [c for c in COLUMNS if c not in df.columns]
+    missing = [c for c in REQUIRED if c not in df.columns]
     if missing:
         raise ValueError(f"{csv}: missing required column(s) {missing}; "
-                         f"results.csv must have columns {list(COLUMNS)}")
+                         f"results.csv must have columns {list(REQUIRED)}")
     bad = sorted(set(df["status"].dropna().astype(str)) - set(STATUSES))
     if bad or df["status"].isna().any():
         raise ValueError(f"{csv}: column 'status' has values {bad or ['<empty>']}; "
                          f"allowed are {list(STATUSES)}")
-    for col in NUMERIC:
+    for col in (c for c in NUMERIC if c in df.columns):
         try:
             df[col] = pd.to_numeric(df[col])
         except (ValueError, TypeError) as e:

@@ -10,6 +10,7 @@ import pytest
 
 import analysis
 from analysis import COLUMNS, compute, finished, load_results, n_params
+from analysis.schema import OPTIONAL, REQUIRED
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "tests" / "fixtures" / "analysis"
@@ -27,7 +28,7 @@ def test_import_does_not_pull_jax():
 def test_fixture_matches_its_generator():
     committed = pd.read_csv(FIXTURE / "sweep" / "results.csv")
     fresh = make_sweep.make_sweep()
-    assert list(committed.columns) == list(COLUMNS)
+    assert list(committed.columns) == list(REQUIRED)
     pd.testing.assert_frame_equal(committed[list(fresh.select_dtypes("number"))],
                                   fresh.select_dtypes("number"), check_dtype=False)
     assert list(committed["run_id"]) == list(fresh["run_id"])
@@ -85,6 +86,36 @@ def test_bad_status_and_non_numeric(tmp_path):
         load_results(tmp_path)
 
 
+def test_optional_columns_are_read_when_written(tmp_path):
+    """A cgpt sweep writes REQUIRED + OPTIONAL; the fixture (hand-made) has only REQUIRED."""
+    assert COLUMNS == REQUIRED + OPTIONAL and not set(REQUIRED) & set(OPTIONAL)
+    df = make_sweep.make_sweep()
+    df["flops_budget"] = [1e18] + [np.nan] * (len(df) - 1)  # written as "" where unset
+    df["peak_lr"] = 2e-3
+    df[list(COLUMNS)].to_csv(tmp_path / "results.csv", index=False)
+    got = load_results(tmp_path)
+    assert list(got.columns) == list(COLUMNS)
+    assert got["flops_budget"].iloc[0] == 1e18 and got["flops_budget"].iloc[1:].isna().all()
+    assert (got["peak_lr"] == 2e-3).all()
+    df = df.astype({"peak_lr": object})
+    df.loc[1, "peak_lr"] = "fast"
+    df.to_csv(tmp_path / "results.csv", index=False)
+    with pytest.raises(ValueError, match="'peak_lr' must be numeric"):
+        load_results(tmp_path)
+
+
+def test_schema_imports_nothing():
+    """cgpt's sweep writer imports analysis.schema: it must not pull pandas, scipy or matplotlib."""
+    code = ("import sys, analysis.schema; bad = {'pandas', 'scipy', 'matplotlib'} & set(sys.modules);"
+            " sys.exit(str(bad) if bad else 0)")
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+
+
 def test_public_names():
     for name in analysis.__all__:
         assert hasattr(analysis, name), name
+    assert set(analysis.__all__) <= set(dir(analysis))
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        analysis.nope

@@ -104,3 +104,26 @@ def test_flops_conventions():
     assert flops.flops_6nd(cfg, D) == pytest.approx(6 * 111_050_496 * D)
     with pytest.raises(ValueError, match="attention"):
         flops.train_flops_per_token(cfg, T, attention="sparse")
+
+
+def test_param_tree_is_the_model_and_the_counts():
+    cfg = cgpt.get_config("2.7B")  # 32 heads of 80: d_head is not d_model / 16
+    tree = cfg.param_tree()
+    assert list(tree)[:2] == [("wte",), ("wpe",)] and list(tree)[-1] == ("ln_f", "bias")
+    assert tree[("h", "attn", "c_attn", "kernel")].shape == (32, 2560, 3 * 2560)
+    assert tree[("h", "mlp", "c_fc", "kernel")].axes == ("layers", "embed", "mlp")
+    assert tree[("h", "ln_1", "scale")].std is None and tree[("h", "ln_1", "scale")].fill == 1.0
+    assert tree[("h", "mlp", "c_proj", "kernel")].std == cfg.resid_out_std == 0.0025
+    assert sum(s.std is not None for s in tree.values()) == 6  # wte, wpe and four kernels
+    assert flops.matmul_params(cfg) == 32 * 12 * 2560 ** 2 + 50257 * 2560
+
+
+def test_units_read_and_write_bytes():
+    from cgpt.config.units import fmt_bytes, parse_bytes
+
+    assert [fmt_bytes(x) for x in (72e9, 19_123_456_789, 870_000, 512, 999_700_000, 2.5e15)] == \
+        ["72 GB", "19.1 GB", "870 kB", "512 B", "1 GB", "2.5 PB"]
+    assert parse_bytes(fmt_bytes(80e9).replace(" ", "")) == 80 * 10**9
+    assert parse_bytes("16GiB") == 16 * 2**30
+    with pytest.raises(ValueError, match="train.device_memory 'lots'"):
+        parse_bytes("lots", "train.device_memory")

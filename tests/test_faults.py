@@ -351,3 +351,34 @@ def test_metrics_lines_are_strict_json():
     rec = json.loads(line, parse_constant=lambda c: pytest.fail(c))
     assert rec == {"step": 3, "loss": 1.5, "val_loss": None, "grad_norm": None,
                    "nonfinite": ["val_loss", "grad_norm"]}
+
+
+def test_load_run_falls_back_past_a_corrupt_checkpoint_and_moves_nothing(tmp_path):
+    """cgpt.load(run_dir) shares the trainer's restore loop but only reads: the warning names
+    the unreadable step, the previous one loads, and no checkpoint is moved."""
+    from cgpt.model.gpt import init_params
+    import yaml
+
+    cfg = get_config("tiny-17k")
+    (tmp_path / checkpoint.CONFIG_FILE).write_text(yaml.safe_dump({"model": cfg.to_dict()}))
+    ck = checkpoint.Checkpointer(tmp_path, keep=3)
+    for step in (1, 2):
+        ck.save(step, init_params(cfg, step), {"count": np.int32(step)})
+    ck.close()
+
+    def corrupt(step):
+        for f in (tmp_path / "checkpoints" / str(step) / "params").rglob("*"):
+            if f.is_file() and f.stat().st_size > 0:
+                f.write_bytes(b"\x00" * 7)
+
+    corrupt(2)
+    with pytest.warns(UserWarning, match=r"checkpoints/2: checkpoint is unreadable.*falling "
+                                         r"back to step 1$"):
+        got_cfg, params, tok = checkpoint.load_run(tmp_path)
+    assert got_cfg.n_layer == cfg.n_layer and tok is None
+    jax.tree.map(np.testing.assert_array_equal, params, init_params(cfg, 1))
+    corrupt(1)
+    with pytest.raises(cgpt.LoadError, match=r"none of the checkpoints \[2, 1\] could be "
+                                             r"restored.*or load another run"):
+        checkpoint.load_run(tmp_path)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["1", "2"]

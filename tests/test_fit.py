@@ -187,7 +187,7 @@ def test_train_stops_before_writing_when_nothing_fits(corpus, tmp_path):
         train(_run(corpus, tmp_path, device_memory="200KB"), tmp_path / "run", progress=False)
     msg = str(e.value)
     assert msg.startswith("tiny-116k (") and "data_parallel on 4 device(s) (data=4)" in msg
-    assert "per device" in msg and "usable (0.2 MB per device less 10% headroom)" in msg
+    assert "per device" in msg and "usable (200 kB per device less 10% headroom)" in msg
     assert "more devices" in msg
     assert not (tmp_path / "run").exists()
     with pytest.raises(TrainError, match="a smaller train.micro_batch"):

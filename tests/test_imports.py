@@ -118,3 +118,11 @@ def test_deciding_a_run_imports_no_jax(module):
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                        cwd=ROOT)
     assert p.returncode == 0, p.stderr
+
+
+def test_the_graph_sees_function_level_imports():
+    assert "cgpt.model.gpt" in GRAPH["cgpt.model.hf"]  # `from cgpt.model.gpt import` in a def
+    assert "cgpt.config.model" in GRAPH["cgpt.config.flops"]
+    assert "cgpt.config.flops" not in GRAPH["cgpt.config.model"]
+    assert "cgpt.config.run" in GRAPH["cgpt.config.overrides"]
+    assert "cgpt.config.overrides" not in GRAPH["cgpt.config.run"]

@@ -8,6 +8,7 @@ import pytest
 
 from cgpt.model import gpt as model
 from cgpt.plan import command as plan
+from cgpt.plan.hlo import hlo_totals
 from cgpt.config.model import get_config
 
 # cpu-870k: 4 layers, d_model 96, vocab 4096 -> every weight dim divides by 8
@@ -120,7 +121,7 @@ ENTRY %main (a: f32[8,4]) -> f32[8,4] {
   ROOT %ar = f32[8,4]{1,0} all-reduce(%a), replica_groups={{0,1,2,3}}, to_apply=%add
 }
 """
-    t = plan.hlo_totals(hlo)
+    t = hlo_totals(hlo)
     assert t["collective_bytes"] == {"all-gather": 5 * 128, "reduce-scatter": 5 * 16 * 8,
                                      "all-reduce": 128}
     assert t["collective_bytes_in_loops"] == {"all-gather": 640, "reduce-scatter": 640}

@@ -132,7 +132,7 @@ def test_auto_picks_by_memory():
     assert s.describe()["auto_reason"] == s.auto_reason
     # the weight-streaming fallback must fit too: else an error with the numbers and the fix
     with pytest.raises(ValueError, match=r"nothing fits.*weight_streaming on data=8 needs "
-                                         r"~.*GiB.*more devices, a smaller train.micro_batch"):
+                                         r"~[0-9.]+ [kMGT]B.*more devices, a smaller train.micro_batch"):
         sharding.choose_auto(six, 8, ws // 2, ROWS, T, micro_batch=2)
 
 

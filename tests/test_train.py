@@ -21,7 +21,8 @@ from cgpt.config.recipe import Recipe
 from cgpt.cli import main as cli_main
 from cgpt.config.model import get_config
 from cgpt.config.data import DataConfig
-from cgpt.config.run import RunConfig, TrainConfig, apply_overrides, from_dict
+from cgpt.config.overrides import apply_overrides
+from cgpt.config.run import RunConfig, TrainConfig, from_dict
 from cgpt.errors import TrainError
 from cgpt.train.resolve import resolve
 from cgpt.train.step import make_step

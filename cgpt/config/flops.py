@@ -1,4 +1,4 @@
-"""Training FLOPs and token budgets, in one place.
+"""Training FLOPs, in one place (token budgets: `ModelConfig.chinchilla_tokens`).
 
 Two conventions coexist in the scaling-law literature and both are exposed:
 - `6ND`: 6 x total parameters x tokens (Chinchilla's C = 6ND, what `analysis` calls `flops_6nd`).
@@ -12,16 +12,18 @@ because that is what cgpt's attention computes and it is the PaLM/MaxText MFU co
 """
 from __future__ import annotations
 
-from cgpt.config.model import ModelConfig
+import math
+
+from cgpt.config.model import TOKENS_PER_PARAM, ModelConfig  # noqa: F401  (re-exported)
 
 ATTENTION_MODES = ("full", "causal")
 
 
 def matmul_params(cfg: ModelConfig) -> int:
     """Weights that take part in a matmul per token: blocks' kernels plus the tied LM head."""
-    d, f, inner = cfg.d_model, cfg.d_ffn, cfg.n_head * cfg.d_head
-    per_layer = d * 3 * inner + inner * d + d * f + f * d
-    return cfg.n_layer * per_layer + cfg.vocab_size * d
+    tree = cfg.param_tree()
+    kernels = sum(math.prod(s.shape) for path, s in tree.items() if path[-1] == "kernel")
+    return kernels + math.prod(tree[("wte",)].shape)
 
 
 def attention_flops_per_token(cfg: ModelConfig, seq_len: int, attention: str = "full") -> float:
@@ -48,10 +50,3 @@ def flops_6nd(cfg: ModelConfig, tokens: int) -> float:
     """Chinchilla's C = 6ND with N the total parameter count."""
     return 6.0 * cfg.num_params() * tokens
 
-
-TOKENS_PER_PARAM = 20  # Hoffmann et al. 2022, as used for every Cerebras-GPT model
-
-
-def chinchilla_tokens(cfg: ModelConfig, tokens_per_param: float = TOKENS_PER_PARAM) -> int:
-    """Compute-optimal token budget over total parameters."""
-    return int(round(tokens_per_param * cfg.num_params()))

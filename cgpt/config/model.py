@@ -10,9 +10,22 @@ import dataclasses
 import math
 import re
 from dataclasses import dataclass
+from typing import NamedTuple
 
 COMPUTE_DTYPES = ("auto", "float32", "bfloat16")
 ATTENTIONS = ("auto", "chunked", "xla", "cudnn")
+EMBEDDINGS = (("wte",), ("wpe",))  # the token and position tables (the LM head is tied to wte)
+TOKENS_PER_PARAM = 20  # Chinchilla-optimal (Hoffmann et al. 2022), as for every Cerebras-GPT model
+
+
+class ParamSpec(NamedTuple):
+    """One parameter: shape, logical axis names (the sharding rules' input) and published
+    init: truncated normal of σ `std` cut at ±2σ, or the constant `fill` where std is None."""
+
+    shape: tuple[int, ...]
+    axes: tuple[str, ...]
+    std: float | None = None
+    fill: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -119,30 +132,49 @@ class ModelConfig:
         """SP: 1/sqrt(d_head). μP: 1/d_head."""
         return 1.0 / self.d_head if self.mup else 1.0 / math.sqrt(self.d_head)
 
+    def param_tree(self) -> dict[tuple[str, ...], ParamSpec]:
+        """The parameter tree, written once: {path: ParamSpec} in HF GPT-2's order (wte, wpe,
+        h.*, ln_f; kernel before bias). Kernels are [in, out] and every block parameter is
+        stacked on a leading `layers` axis. `cgpt.model.gpt` builds the parameters from it;
+        `num_params` and the FLOPs accounting (`cgpt.config.flops`) sum it."""
+        L, d, f, inner = self.n_layer, self.d_model, self.d_ffn, self.n_head * self.d_head
+
+        def norm(*path: str, stacked: bool = True) -> dict:
+            lead, names = ((L,), ("layers",)) if stacked else ((), ())
+            return {(*path, "scale"): ParamSpec((*lead, d), (*names, "embed"), fill=1.0),
+                    (*path, "bias"): ParamSpec((*lead, d), (*names, "embed"))}
+
+        def linear(*path: str, d_in: int, d_out: int, axes: tuple[str, str], std: float) -> dict:
+            return {(*path, "kernel"): ParamSpec((L, d_in, d_out), ("layers", *axes), std),
+                    (*path, "bias"): ParamSpec((L, d_out), ("layers", axes[1]))}
+
+        return {
+            ("wte",): ParamSpec((self.vocab_size, d), ("vocab", "embed"), self.embed_std),
+            ("wpe",): ParamSpec((self.n_ctx, d), ("pos", "embed"), self.embed_std),
+            **norm("h", "ln_1"),
+            **linear("h", "attn", "c_attn", d_in=d, d_out=3 * inner, axes=("embed", "heads"),
+                     std=self.hidden_std),
+            **linear("h", "attn", "c_proj", d_in=inner, d_out=d, axes=("heads", "embed"),
+                     std=self.resid_out_std),
+            **norm("h", "ln_2"),
+            **linear("h", "mlp", "c_fc", d_in=d, d_out=f, axes=("embed", "mlp"),
+                     std=self.hidden_std),
+            **linear("h", "mlp", "c_proj", d_in=f, d_out=d, axes=("mlp", "embed"),
+                     std=self.resid_out_std),
+            **norm("ln_f", stacked=False),
+        }
+
     def num_params(self, embedding: bool = True) -> int:
-        """Exact parameter count (tied LM head counted once).
+        """Exact parameter count: the sizes in `param_tree` (tied LM head counted once).
 
         `embedding=False` drops the token and position embeddings (Kaplan's convention).
         """
-        d, f, inner = self.d_model, self.d_ffn, self.n_head * self.d_head
-        per_layer = (
-            2 * d  # ln_1
-            + d * 3 * inner + 3 * inner  # c_attn
-            + inner * d + d  # attn c_proj
-            + 2 * d  # ln_2
-            + d * f + f  # c_fc
-            + f * d + d  # mlp c_proj
-        )
-        n = self.n_layer * per_layer + 2 * d  # + ln_f
-        if embedding:
-            n += self.vocab_size * d + self.n_ctx * d
-        return n
+        return sum(math.prod(s.shape) for path, s in self.param_tree().items()
+                   if embedding or path not in EMBEDDINGS)
 
-    def chinchilla_tokens(self) -> int:
-        """Chinchilla-optimal budget: 20 tokens per (total) parameter (see `cgpt.config.flops`)."""
-        from cgpt.config.flops import chinchilla_tokens  # budgets live with the FLOPs accounting
-
-        return chinchilla_tokens(self)
+    def chinchilla_tokens(self, tokens_per_param: float = TOKENS_PER_PARAM) -> int:
+        """Compute-optimal token budget: 20 tokens per (total) parameter by default."""
+        return int(round(tokens_per_param * self.num_params()))
 
     def replace(self, **changes) -> "ModelConfig":
         """A copy with fields changed; unknown field names are an error, not ignored."""

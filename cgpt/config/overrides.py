@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import dataclasses
 
+import yaml
+
 from cgpt.config.model import ModelConfig
 from cgpt.config.data import DataConfig
-from cgpt.config.run import TrainConfig, parse_value
+from cgpt.config.run import TrainConfig
 
 SECTIONS = ("model", "data", "train")
 _FIELDS = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig}
@@ -35,6 +37,21 @@ def set_key(raw: dict, key: str, value, where: str) -> None:
     if not isinstance(sec, dict):
         raise ValueError(f"{where}: '{section}' must be a mapping")
     sec[name] = value
+
+
+def parse_value(text: str):
+    """YAML scalar parsing, so `true`, `1e-3`, `null` and `[1, 2]` mean what they look like
+    (YAML 1.1 itself reads `1e-3` as a string; numbers are read as numbers here)."""
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return value
+    return value
 
 
 def split_override(item: str, where: str) -> tuple[str, object]:

@@ -1,4 +1,6 @@
-"""One training run's full configuration: model + data + training, YAML in, `key=value` overrides.
+"""One training run's full configuration: model + data + training, YAML in and out.
+
+`key=value` overrides are `cgpt.config.overrides`, built on this module (never the reverse).
 
 A run directory's `config.yaml` is exactly `RunConfig.to_dict()`, so a run can be reproduced
 or resumed from it alone. Unknown keys and bad values are errors that name the key.
@@ -6,7 +8,6 @@ or resumed from it alone. Unknown keys and bad values are errors that name the k
 from __future__ import annotations
 
 import dataclasses
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -14,25 +15,13 @@ import yaml
 
 from cgpt.config.model import ModelConfig, get_config
 from cgpt.config.data import DataConfig
+from cgpt.config.units import parse_bytes
 
 # train.* keys that say how a step runs on the hardware at hand, not what is trained (with
 # model.remat): `cgpt.train.fit` may choose another micro-batch on other devices, and on
 # --resume, or when the sweep compares a run with its spec, the launch's values win
 PLACEMENT_KEYS = ("mode", "mesh", "micro_batches", "host_offload", "micro_batch", "device_memory")
 MODES = ("single", "data_parallel", "weight_streaming", "layer_pipelined", "auto")
-_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
-
-
-def parse_bytes(text: str | int | float, what: str = "--device-memory") -> int:
-    """'80GB' -> 80e9, '16GiB' -> 16 * 2**30, '1024' -> 1024; errors name `what`."""
-    m = re.fullmatch(r"\s*([\d.]+(?:E[+-]?\d+)?)\s*([KMGT]?I?B?)\s*", str(text).upper())
-    if not m or m.group(2) not in _UNITS:
-        raise ValueError(f"{what} {text!r}: expected a size such as 80GB, 40GiB or 512MB")
-    value = float(m.group(1)) * _UNITS[m.group(2)]
-    if value < 1:
-        raise ValueError(f"{what} {text!r} must be positive")
-    return int(value)
 
 
 @dataclass(frozen=True)
@@ -140,29 +129,6 @@ def _coerce(section: str, cls, values: dict):
             except ValueError:
                 raise ValueError(f"{section}.{k}={v!r} is not a number") from None
     return out
-
-
-def parse_value(text: str):
-    """YAML scalar parsing, so `true`, `1e-3`, `null` and `[1, 2]` mean what they look like
-    (YAML 1.1 itself reads `1e-3` as a string; numbers are read as numbers here)."""
-    try:
-        value = yaml.safe_load(text)
-    except yaml.YAMLError:
-        return text
-    if isinstance(value, str):
-        try:
-            return float(value)
-        except ValueError:
-            return value
-    return value
-
-
-def apply_overrides(raw: dict, overrides: list[str]) -> dict:
-    """`section.key=value` strings applied onto a raw config dict (a new dict); the rules
-    live in `cgpt.config.overrides`, shared with the sweep."""
-    from cgpt.config.overrides import apply_overrides as apply
-
-    return apply(raw, overrides)
 
 
 MIN_VOCAB = 257

@@ -78,15 +78,12 @@ def activation_stats(params: dict, ids, cfg: ModelConfig):
     x = M.embed(params, ids, cfg)
     stats["embedding"] = jnp.abs(x).mean()
     B, T, _ = x.shape
-    H, Dh = cfg.n_head, cfg.d_head
     mask = jnp.tril(jnp.ones((T, T), bool))
     for i in range(cfg.n_layer):
         p = jax.tree.map(lambda a, i=i: a[i], params["h"])
-        h = M.layer_norm(x, p["ln_1"], cfg.ln_eps)
-        q, k, _ = jnp.split(M.linear(h, p["attn"]["c_attn"]), 3, axis=-1)
-        q, k = (t.reshape(B, T, H, Dh).transpose(0, 2, 1, 3) for t in (q, k))
-        scores = jnp.einsum("bhqd,bhkd->bhqk", q, k) * cfg.attn_scale
-        stats[f"attn_logits.{i}"] = jnp.abs(scores).sum(where=mask) / (B * H * mask.sum())
+        q, k, _ = M.qkv_heads(p, x, cfg)  # [B, T, H, Dh]
+        scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) * cfg.attn_scale
+        stats[f"attn_logits.{i}"] = jnp.abs(scores).sum(where=mask) / (B * cfg.n_head * mask.sum())
         x = M.block(p, x, cfg)
         stats[f"block.{i}"] = jnp.abs(x).mean()
     logits = M.head(params, x, cfg)

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from cgpt.config import backend
-from cgpt.config.model import ModelConfig
+from cgpt.config.model import ModelConfig, ParamSpec
 
 Params = dict  # nested dict of arrays, the layout of `nnx.state(GPT).to_pure_dict()`
 # `constrain(x, logical_axes)` lets the sharding layer pin activations; identity by default.
@@ -34,64 +34,24 @@ def _no_constraint(x, axes):
 
 
 # ---- parameters ------------------------------------------------------------------------
-# The tree is written once, here: each nnx.Param carries its logical axis names (`axes`), from
-# which `param_axes` (the sharding rules' input) and `param_specs` (the HF key map in
-# `cgpt.model.hf`) derive. Weight axis names (`vocab`, `embed`, `heads`, `mlp`, `layers`, `pos`) are
-# distinct from the activation names (`act_*`) so that a rules table can shard weights and
-# activations differently (FSDP shards weights' embed dim while activations shard on batch).
-def _tn(rngs: nnx.Rngs, shape: tuple, std: float, axes: tuple) -> nnx.Param:
-    """Truncated normal cut at +-2 sigma, as in the published init."""
-    return nnx.Param(std * jax.random.truncated_normal(rngs.params(), -2.0, 2.0, shape, jnp.float32),
-                     axes=axes)
+# The tree is written once, in `ModelConfig.param_tree` (cgpt.config.model): path -> shape,
+# logical axis names and published init. `GPT` builds its nnx.Params from it, and `param_axes`
+# (the sharding rules' input) and `param_specs` (the HF key map in `cgpt.model.hf`) read it.
+# Weight axis names (`vocab`, `embed`, `heads`, `mlp`, `layers`, `pos`) are distinct from the
+# activation names (`act_*`) so that a rules table can shard weights and activations
+# differently (FSDP shards weights' embed dim while activations shard on batch).
+def _param(spec: ParamSpec, rngs: nnx.Rngs) -> nnx.Param:
+    """Truncated normal cut at +-2 sigma (the published init), or a constant (LayerNorm, biases)."""
+    if spec.std is None:
+        value = jnp.full(spec.shape, spec.fill, jnp.float32)
+    else:
+        value = spec.std * jax.random.truncated_normal(rngs.params(), -2.0, 2.0, spec.shape,
+                                                       jnp.float32)
+    return nnx.Param(value, axes=spec.axes)
 
 
-def _const(value: float, shape: tuple, axes: tuple) -> nnx.Param:
-    return nnx.Param(jnp.full(shape, value, jnp.float32), axes=axes)
-
-
-class LayerNorm(nnx.Module):
-    def __init__(self, *lead: int, d: int):
-        axes = ("layers",) * len(lead) + ("embed",)
-        self.scale = _const(1.0, (*lead, d), axes)
-        self.bias = _const(0.0, (*lead, d), axes)
-
-
-class Linear(nnx.Module):
-    """Kernel stored [in, out] (the HF GPT-2 Conv1D layout), optionally stacked over layers."""
-
-    def __init__(self, *lead: int, d_in: int, d_out: int, axes: tuple[str, str], std: float,
-                 rngs: nnx.Rngs):
-        layers = ("layers",) * len(lead)
-        self.kernel = _tn(rngs, (*lead, d_in, d_out), std, (*layers, *axes))
-        self.bias = _const(0.0, (*lead, d_out), (*layers, axes[1]))
-
-
-class Attention(nnx.Module):
-    def __init__(self, cfg: ModelConfig, L: int, rngs: nnx.Rngs):
-        inner = cfg.n_head * cfg.d_head
-        self.c_attn = Linear(L, d_in=cfg.d_model, d_out=3 * inner, axes=("embed", "heads"),
-                             std=cfg.hidden_std, rngs=rngs)
-        self.c_proj = Linear(L, d_in=inner, d_out=cfg.d_model, axes=("heads", "embed"),
-                             std=cfg.resid_out_std, rngs=rngs)
-
-
-class MLP(nnx.Module):
-    def __init__(self, cfg: ModelConfig, L: int, rngs: nnx.Rngs):
-        self.c_fc = Linear(L, d_in=cfg.d_model, d_out=cfg.d_ffn, axes=("embed", "mlp"),
-                           std=cfg.hidden_std, rngs=rngs)
-        self.c_proj = Linear(L, d_in=cfg.d_ffn, d_out=cfg.d_model, axes=("mlp", "embed"),
-                             std=cfg.resid_out_std, rngs=rngs)
-
-
-class Blocks(nnx.Module):
-    """All n_layer blocks, every parameter stacked on a leading `layers` axis."""
-
-    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
-        L = cfg.n_layer
-        self.ln_1 = LayerNorm(L, d=cfg.d_model)
-        self.attn = Attention(cfg, L, rngs)
-        self.ln_2 = LayerNorm(L, d=cfg.d_model)
-        self.mlp = MLP(cfg, L, rngs)
+class Node(nnx.Module):
+    """One level of the parameter tree: `h` (the stacked blocks), `h.attn`, `h.attn.c_attn`..."""
 
 
 class GPT(nnx.Module):
@@ -99,10 +59,13 @@ class GPT(nnx.Module):
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         self.config = cfg
-        self.wte = _tn(rngs, (cfg.vocab_size, cfg.d_model), cfg.embed_std, ("vocab", "embed"))
-        self.wpe = _tn(rngs, (cfg.n_ctx, cfg.d_model), cfg.embed_std, ("pos", "embed"))
-        self.h = Blocks(cfg, rngs)
-        self.ln_f = LayerNorm(d=cfg.d_model)
+        for path, spec in cfg.param_tree().items():  # in tree order: the init's random stream
+            node = self
+            for name in path[:-1]:
+                if name not in vars(node):
+                    setattr(node, name, Node())
+                node = getattr(node, name)
+            setattr(node, path[-1], _param(spec, rngs))
 
     def params(self) -> Params:
         return nnx.state(self, nnx.Param).to_pure_dict()
@@ -119,20 +82,9 @@ def init_params(cfg: ModelConfig, seed: int | jax.Array = 0) -> Params:
 
 
 def param_specs(cfg: ModelConfig) -> dict[tuple[str, ...], tuple[tuple[int, ...], tuple[str, ...]]]:
-    """{path in the parameter tree: (shape, logical axis names)} in the order the modules
-    define them (HF's order: wte, wpe, h.*, ln_f; kernel before bias), without allocating."""
-
-    def walk(module: nnx.Module, path: tuple):
-        for name, v in vars(module).items():
-            if isinstance(v, nnx.Param):
-                yield (*path, name), (tuple(v.value.shape), v.get_metadata()["axes"])
-            elif isinstance(v, nnx.Module):
-                yield from walk(v, (*path, name))
-
-    specs: dict = {}
-    # Built inside eval_shape (abstract values); read there, where the insertion order lives.
-    jax.eval_shape(lambda: specs.update(walk(GPT(cfg, rngs=nnx.Rngs(0)), ())))
-    return specs
+    """{path in the parameter tree: (shape, logical axis names)} in HF's order (wte, wpe, h.*,
+    ln_f; kernel before bias), without allocating."""
+    return {path: (s.shape, s.axes) for path, s in cfg.param_tree().items()}
 
 
 def param_axes(cfg: ModelConfig) -> Params:

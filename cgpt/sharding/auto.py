@@ -17,6 +17,7 @@ import logging
 import math
 
 from cgpt.config.model import ModelConfig
+from cgpt.config.units import fmt_bytes
 from cgpt.sharding.axes import SHARDED_MODES, parse_mesh, weight_streaming_axes
 
 log = logging.getLogger(__name__)
@@ -67,10 +68,6 @@ def weight_streaming_bytes_per_device(cfg: ModelConfig, num_devices: int, rows: 
             + logits_bytes(cfg, rows, seq_len))
 
 
-def _gib(x: int) -> str:
-    return f"{x / 2**30:.2f} GiB"
-
-
 def choose_auto(cfg: ModelConfig, num_devices: int, memory: int, batch: int, seq_len: int,
                 micro_batch: int | None = None,
                 mesh: dict[str, int] | None = None) -> tuple[str, dict[str, int], str]:
@@ -116,15 +113,15 @@ def choose_auto(cfg: ModelConfig, num_devices: int, memory: int, batch: int, seq
                           data_parallel_bytes_per_device(cfg, rows, seq_len)))
         cands.append(("weight_streaming", weight_streaming_axes(num_devices, batch, micro_batch)[0],
                       weight_streaming_bytes_per_device(cfg, num_devices, rows, seq_len)))
-    tried = "; ".join(f"{m} on {','.join(f'{k}={v}' for k, v in a.items())} needs ~{_gib(b)}"
+    tried = "; ".join(f"{m} on {','.join(f'{k}={v}' for k, v in a.items())} needs ~{fmt_bytes(b)}"
                       for m, a, b in cands)
     for i, (mode, axes, need) in enumerate(cands):
         if need <= memory:
             skipped = f" ({'; '.join(tried.split('; ')[:i])} does not)" if i else ""
-            return mode, axes, (f"{mode} fits: ~{_gib(need)} per device of {_gib(memory)} "
+            return mode, axes, (f"{mode} fits: ~{fmt_bytes(need)} per device of {fmt_bytes(memory)} "
                                 f"with {rows} sequence(s) in flight per batch shard{skipped}")
     raise ValueError(
-        f"--mode auto: nothing fits {_gib(memory)} per device with {rows} sequence(s) of "
+        f"--mode auto: nothing fits {fmt_bytes(memory)} per device with {rows} sequence(s) of "
         f"{seq_len} tokens in flight per batch shard: {tried}. Use more devices"
         + (", a smaller train.micro_batch" if rows > 1 else "")
         + (", or leave --mesh empty so auto may stream weights" if mesh and "fsdp" not in mesh

@@ -303,9 +303,9 @@ class LayerPipelined(Sharded):
                              f"size in {divisors}")
         super().__init__(cfg, mesh, ("data",), mesh_reason)
         self.micro_batches = micro_batches
-        self.loss = pipelined_loss(cfg, mesh, self._micro, self.constrain)
+        self.loss = pipelined_loss(cfg, mesh, self.micro_batches_for, self.constrain)
 
-    def _micro(self, rows: int) -> int:
+    def micro_batches_for(self, rows: int) -> int:
         """Micro-batches for a batch of `rows`. Configured M: used when it divides the
         per-replica rows (`prepare` insists for training), else the largest divisor below it
         (eval batches). Default: the fewest that reach 4 x stages (GPipe's rule of thumb
@@ -322,7 +322,7 @@ class LayerPipelined(Sharded):
             raise ValueError(f"train.micro_batches={M} must divide the per-replica micro-batch "
                              f"train.micro_batch={plan.micro_batch}; pick a divisor or set "
                              "train.micro_batch to a multiple of it")
-        m = self._micro(plan.micro_batch * plan.replicas)
+        m = self.micro_batches_for(plan.micro_batch * plan.replicas)
         self.bubble_fraction = bubble_fraction(self.stages, m)
         log.info("layer_pipelined: %d stages x %d micro-batches, bubble %.1f%%", self.stages,
                  m, 100 * self.bubble_fraction)

@@ -21,16 +21,11 @@ from pathlib import Path
 
 import yaml
 
+from analysis.schema import COLUMNS  # the results contract `analysis.load_results` reads
 from cgpt.config.model import ModelConfig
 from cgpt.fileio import atomic_write, atomic_write_text
 from cgpt.sweep.spec import Run, config_hash, identity
 
-# The results contract read by `analysis.load_results` (keep in sync with analysis/results.py).
-COLUMNS = (
-    "run_id", "model", "seed", "status", "error", "n_params", "n_params_nonembed", "tokens",
-    "flops_6nd", "flops", "train_loss", "val_loss", "wall_time_s", "tokens_per_s", "mfu",
-    "epochs", "mup", "run_dir", "flops_budget", "peak_lr",
-)
 SUMMARY_COLUMNS = ("n_params", "n_params_nonembed", "tokens", "flops_6nd", "flops", "train_loss",
                    "val_loss", "wall_time_s", "tokens_per_s", "mfu", "epochs", "mup")
 RUN_FILE = "run.yaml"  # the fully resolved config the sweep hands to `cgpt train --config`

@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 CONFIG_FILE = "config.yaml"
 CKPT_DIR = "checkpoints"
 DISCARDED_DIR = "discarded_checkpoints"
+CORRUPT_DIR = "corrupt_checkpoints"
 
 
 def brief(e: BaseException, limit: int = 160) -> str:
@@ -130,6 +131,40 @@ def _mute_storage_aftermath(hook) -> None:
             log.addFilter(_DropStorageAftermath())
 
 
+def restore_newest(mngr, run_dir: Path, items: dict, fix: str,
+                   aside: Path | None = None) -> tuple[int, dict, list[int]] | None:
+    """(step, {item: tree}, bad steps) from the newest checkpoint that restores every item
+    ({name: abstract tree}); None when there is none. Each newer one that fails is warned
+    about and, with `aside`, moved there (process 0 moves; the caller syncs and reloads).
+    When every checkpoint fails: a LoadError naming `fix`, and nothing is changed (a run
+    whose checkpoints are all unreadable is never silently restarted)."""
+    import orbax.checkpoint as ocp
+
+    bad = []
+    for step in sorted(mngr.all_steps(), reverse=True):
+        try:
+            out = mngr.restore(step, args=ocp.args.Composite(
+                **{k: ocp.args.StandardRestore(v) for k, v in items.items()}))
+        except Exception as e:  # orbax/tensorstore raise many types for bad files
+            bad.append((step, e))
+            continue
+        for b, e in bad:
+            src = run_dir / CKPT_DIR / str(b)
+            moved = ""
+            if aside is not None:
+                _set_aside(src, aside / str(b))
+                moved = f" (moved it to {aside / str(b)})"
+            warnings.warn(f"{src}: checkpoint is unreadable ({brief(e)}); falling back to step "
+                          f"{step}{moved}", stacklevel=3)
+        return step, out, [b for b, _ in bad]
+    if bad:
+        raise LoadError(
+            f"{run_dir / CKPT_DIR}: none of the checkpoints {[b for b, _ in bad]} could "
+            f"be restored (newest error: {brief(bad[0][1])}); nothing was changed. Fix the "
+            f"cause, or {fix}")
+    return None
+
+
 class Checkpointer:
     """Save/restore {params, opt_state, step} with the last `keep` checkpoints kept."""
 
@@ -191,36 +226,19 @@ class Checkpointer:
     def restore_latest(self, abstract_params, abstract_opt_state):
         """(step, params, opt_state) from the newest readable checkpoint, or None if none.
 
-        A checkpoint that fails to restore (corrupted on disk) is skipped with a warning and
-        the previous one is used.
+        A checkpoint that fails to restore (corrupted on disk) is skipped with a warning, set
+        aside (so that its step can be rewritten) and the previous one is used.
         """
-        import orbax.checkpoint as ocp
-
-        bad = []
-        for step in reversed(self.steps()):
-            try:
-                out = self.mngr.restore(step, args=ocp.args.Composite(
-                    params=ocp.args.StandardRestore(abstract_params),
-                    opt_state=ocp.args.StandardRestore(abstract_opt_state)))
-            except Exception as e:  # orbax/tensorstore raise many types for bad files
-                bad.append((step, e))
-                continue
-            for b, e in bad:  # newer ones that failed: set aside so their steps can be rewritten
-                src = self.run_dir / CKPT_DIR / str(b)
-                aside = self.run_dir / "corrupt_checkpoints" / str(b)
-                warnings.warn(f"{src}: checkpoint is unreadable ({brief(e)}); "
-                              f"falling back to step {step} (moved it to {aside})", stacklevel=2)
-                _set_aside(src, aside)
-            if bad:
-                distributed.barrier(f"corrupt-aside-{step}")  # process 0 moved them; all reload
-                self.mngr.reload()
-            return step, out["params"], out["opt_state"]
-        if bad:  # never silently restart a run whose checkpoints all fail to load
-            raise LoadError(
-                f"{self.run_dir / CKPT_DIR}: none of the checkpoints {[b for b, _ in bad]} could "
-                f"be restored (newest error: {brief(bad[0][1])}); nothing "
-                "was changed. Fix the cause, or move the checkpoints away to start over")
-        return None
+        found = restore_newest(self.mngr, self.run_dir,
+                               {"params": abstract_params, "opt_state": abstract_opt_state},
+                               "move the checkpoints away to start over", self.run_dir / CORRUPT_DIR)
+        if found is None:
+            return None
+        step, out, bad = found
+        if bad:
+            distributed.barrier(f"corrupt-aside-{step}")  # process 0 moved them; all reload
+            self.mngr.reload()
+        return step, out["params"], out["opt_state"]
 
     def close(self) -> None:
         self.mngr.close()
@@ -239,7 +257,6 @@ def read_run_config(run_dir: Path) -> dict:
 
 def load_run(run_dir: Path, compute_dtype: str = "float32"):
     """(ModelConfig, params, tokenizer) from the newest good checkpoint of a cgpt run."""
-    import orbax.checkpoint as ocp
     from cgpt.model.gpt import init_params
     from cgpt.data.tokenizer import load_checkpoint_tokenizer
 
@@ -250,16 +267,8 @@ def load_run(run_dir: Path, compute_dtype: str = "float32"):
         raise LoadError(f"{run_dir / CONFIG_FILE}: key 'model': {e}") from e
     abstract = jax.eval_shape(lambda: init_params(cfg))
     mngr = _manager(run_dir, create=False)  # reading only: never creates or deletes
-    steps = sorted(mngr.all_steps())
-    if not steps:
+    found = restore_newest(mngr, run_dir, {"params": abstract}, "load another run")
+    if found is None:
         raise LoadError(f"{run_dir / CKPT_DIR}: no complete checkpoint yet; train longer or "
                         "resume the run with --resume")
-    for step in reversed(steps):
-        try:
-            out = mngr.restore(step, args=ocp.args.Composite(
-                params=ocp.args.StandardRestore(abstract)))
-            return cfg, out["params"], load_checkpoint_tokenizer(run_dir)
-        except Exception as e:
-            warnings.warn(f"{run_dir / CKPT_DIR / str(step)}: unreadable checkpoint ({brief(e)}); "
-                          "trying the previous one", stacklevel=2)
-    raise LoadError(f"{run_dir / CKPT_DIR}: every checkpoint is unreadable")
+    return cfg, found[1]["params"], load_checkpoint_tokenizer(run_dir)

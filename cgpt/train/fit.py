@@ -26,6 +26,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+from cgpt.config.units import fmt_bytes
+
 HEADROOM = 0.10  # of device memory kept free: the runtime's own buffers, fragmentation, and
 # the estimate's error (XLA's CPU compiler stands in for the accelerator's in `cgpt plan`)
 
@@ -41,10 +43,6 @@ def step_bytes(compiled) -> dict[str, int]:
                                                               "alias")}
     b["total"] = b["argument"] + b["output"] + b["temp"] - b["alias"]
     return b
-
-
-def gb(x: float) -> str:
-    return f"{x / 1e9:.3g} GB" if x >= 1e8 else f"{x / 1e6:.3g} MB"
 
 
 @dataclass(frozen=True)
@@ -85,8 +83,8 @@ class Choice:
         how = ("as set" if self.micro_given and self.remat_given else
                f"chosen from {len(self.tried)} compiled candidate(s)")
         return (f"micro-batch {self.micro_batch} x {self.accum} accumulation step(s), remat "
-                f"{'on' if self.remat else 'off'} ({how}): {gb(self.bytes['total'])} per "
-                f"device of {gb(self.usable)} usable ({gb(self.device_memory)} less "
+                f"{'on' if self.remat else 'off'} ({how}): {fmt_bytes(self.bytes['total'])} per "
+                f"device of {fmt_bytes(self.usable)} usable ({fmt_bytes(self.device_memory)} less "
                 f"{HEADROOM:.0%} headroom)")
 
     def error(self, what: str) -> str:
@@ -106,9 +104,9 @@ class Choice:
                          "layer_pipelined), bf16 compute (model.compute_dtype=bfloat16), or a "
                          "shorter data.seq_len")
         return (f"{what}: {step} (micro-batch {self.micro_batch}, remat "
-                f"{'on' if self.remat else 'off'}) needs {gb(b['total'])} per device "
-                f"(arguments: parameters, optimizer state and batch {gb(b['argument'])}; temp "
-                f"{gb(b['temp'])}) but {gb(self.usable)} are usable ({gb(self.device_memory)} "
+                f"{'on' if self.remat else 'off'}) needs {fmt_bytes(b['total'])} per device "
+                f"(arguments: parameters, optimizer state and batch {fmt_bytes(b['argument'])}; temp "
+                f"{fmt_bytes(b['temp'])}) but {fmt_bytes(self.usable)} are usable ({fmt_bytes(self.device_memory)} "
                 f"per device less {HEADROOM:.0%} headroom); use " + "; or ".join(fixes))
 
 

@@ -1,0 +1,140 @@
+"""The plan of one run: its train step compiled (not run) on emulated CPU devices, and what
+that step costs per device. See `cgpt.plan.command` for what each number means."""
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Any, NamedTuple
+
+from cgpt.config.units import parse_bytes
+from cgpt.plan.hlo import hlo_totals
+
+
+def plan(model: str, mode: str, mesh: str = "", devices: int = 8,
+         device_memory: int | str = "80GB", batch: int | None = None,
+         micro_batch: int | None = None, micro_batches: int | None = None,
+         seq_len: int | None = None, dtype: str | None = None, remat: bool | None = None,
+         host_offload: bool = False, cpu_devices=None, platform: str = "gpu") -> dict:
+    """Compile one train step on abstract arrays and report its per-device costs. Unset
+    micro_batch / remat / dtype default as in `train` on `platform` (`cgpt.train.fit` chooses the
+    first two, `cgpt.config.backend` the dtype)."""
+    from cgpt import sharding
+    from cgpt.config.model import get_config
+    from cgpt.config.data import DataConfig
+    from cgpt.config.run import MODES, RunConfig, TrainConfig
+
+    if mode not in MODES or mode == "single":
+        raise ValueError(f"--mode {mode!r}; use one of {', '.join(sharding.SHARDED_MODES)}")
+    cfg = get_config(model).replace(remat=remat)
+    if dtype is not None:
+        cfg = cfg.replace(compute_dtype=dtype)
+    T = seq_len or cfg.n_ctx
+    if not 1 <= T <= cfg.n_ctx:
+        raise ValueError(f"--seq-len {T}: must be between 1 and the model's n_ctx={cfg.n_ctx}")
+    run = RunConfig(preset=model, model=cfg, data=DataConfig(seq_len=T), train=TrainConfig(
+        batch_size=batch, micro_batch=micro_batch, micro_batches=micro_batches, mode=mode,
+        mesh=mesh, host_offload=host_offload))
+    if cpu_devices is None:
+        import jax
+        cpu_devices = jax.devices("cpu")[:devices]
+    return plan_run(run, device_memory, cpu_devices, mode_flags=True, platform=platform)
+
+
+class Step(NamedTuple):
+    """A run's train step as `train` would build it, compiled."""
+
+    strategy: Any  # cgpt.sharding strategy
+    optimizer: Any  # optax.GradientTransformation
+    plan: Any  # the fitted run: batch / micro-batch / accumulation (cgpt.train.resolve.Resolved)
+    cfg: Any  # the ModelConfig it compiled with (remat and dtype resolved)
+    compiled: Any  # jax.stages.Compiled
+    choice: Any  # cgpt.train.fit.Choice: the bytes of the step and whether it fits
+    compile_s: float
+
+
+def compile_step(run, cpu_devices, memory: int, mode_flags: bool = False,
+                 platform: str | None = None) -> Step:
+    """The resolved run (`cgpt.train.resolve`) placed on `cpu_devices`, its optimizer and its
+    fitted, compiled step: the calls `train` makes. mode_flags: errors name plan's flags
+    (--batch) rather than config keys (train.batch_size)."""
+    from cgpt.errors import TrainError
+    from cgpt.train import fit, optim, setup
+    from cgpt.train.resolve import resolve
+
+    try:
+        res = resolve(run, cpu_devices, platform=platform, device_memory=memory)
+        strategy = setup.place(res, cpu_devices)
+        optimizer = optim.make_optimizer(res.recipe, res.cfg)
+        t0 = time.perf_counter()
+        p, compiled, choice = fit.fit_step(res, strategy, optimizer, memory)
+        compile_s = time.perf_counter() - t0
+    except TrainError as e:
+        msg = str(e)
+        if mode_flags:
+            msg = msg.replace("train.batch_size", "--batch").replace("train.micro_batch",
+                                                                     "--micro-batch")
+        raise ValueError(msg) from None
+    return Step(strategy, optimizer, p, p.cfg, compiled, choice, compile_s)
+
+
+def plan_run(run, device_memory: int | str, cpu_devices, mode_flags: bool = False,
+             platform: str = "gpu") -> dict:
+    """`plan` of a full RunConfig (its mode, mesh, batch, micro-batch, remat) on `cpu_devices`,
+    with `platform`'s kernels and dtype where the config says "auto" (as `train` there).
+    mode_flags: errors name plan's flags (--batch) rather than config keys (train.batch_size)."""
+    import jax
+
+    from cgpt.config import backend, flops
+    from cgpt.model.gpt import init_params
+
+    memory = parse_bytes(device_memory) if isinstance(device_memory, str) else int(device_memory)
+    run = dataclasses.replace(run, model=backend.for_platform(run.model, platform,
+                                                              compile_on="cpu"))
+    T, t = run.data.seq_len, run.train
+    strategy, optimizer, p, cfg, compiled, choice, compile_s = compile_step(
+        run, cpu_devices, memory, mode_flags, platform)
+
+    def shard_bytes(tree) -> int:
+        return sum(math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize
+                   for x in jax.tree.leaves(tree))
+
+    abstract_p = jax.eval_shape(lambda: init_params(cfg))
+    a_params, a_opt = strategy.abstract_state(abstract_p,
+                                              jax.eval_shape(optimizer.init, abstract_p))
+    b = choice.bytes
+    hlo = hlo_totals(compiled.as_text())
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    n = strategy.num_devices
+    return {
+        "model": cfg.name, "mode": strategy.mode, "requested_mode": t.mode,
+        "auto_reason": getattr(strategy, "auto_reason", None),
+        "mesh": dict(strategy.mesh.shape) if strategy.mesh is not None else {},
+        "num_devices": n,
+        "n_params": cfg.num_params(), "batch": p.batch_size, "seq_len": T,
+        "micro_batch": p.micro_batch, "accum": p.accum, "remat": bool(cfg.remat),
+        "dtype": cfg.compute_dtype, "platform": platform, "attention": cfg.attention,
+        "per_device_bytes": {
+            "params": shard_bytes(a_params), "optimizer": shard_bytes(a_opt), "temp": b["temp"],
+            "total": b["total"], "argument": b["argument"], "output": b["output"],
+            "alias": b["alias"]},
+        "device_memory": memory, "usable_memory": choice.usable, "fits": choice.fits,
+        "fit": {"searched": [k for k, given in (("micro_batch", choice.micro_given),
+                                                ("remat", choice.remat_given)) if not given],
+                "tried": [{"micro_batch": c.micro_batch, "remat": c.remat,
+                           "total": c.bytes["total"]} for c in choice.tried]},
+        "flops_per_step": hlo["dot_flops"] * n,
+        "flops_per_step_analytic": flops.train_flops_per_token(cfg, T) * p.batch_size * T,
+        "xla_cost_analysis_flops_per_device": float((cost or {}).get("flops", 0.0)),
+        "collective_bytes_per_step": sum(hlo["collective_bytes"].values()),
+        "collective_bytes_by_kind": hlo["collective_bytes"],
+        "collective_bytes_in_loops": hlo["collective_bytes_in_loops"],
+        "collective_ops": hlo["collective_ops"],
+        "bubble_fraction": strategy.bubble_fraction,
+        "micro_batches": (strategy.micro_batches_for(p.micro_batch * p.replicas)
+                          if strategy.mode == "layer_pipelined" else None),
+        "compile_s": round(compile_s, 2),
+        # dims the mode's rules could not split (replicated over those mesh axes instead)
+        "unsharded": strategy.describe()["unsharded"],
+    }
