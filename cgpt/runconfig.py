@@ -246,9 +246,6 @@ def safe_load(text: str, where: str):
                 n = _expanded_size(node, {}, set())
             except ValueError as e:
                 raise ValueError(f"{where}: {e}; write the values out instead") from None
-            except RecursionError:
-                raise ValueError(f"{where}: nested more than {sys.getrecursionlimit()} levels "
-                                 "deep; flatten it") from None
             if n > MAX_YAML_VALUES:
                 raise ValueError(f"{where}: its YAML aliases (*name) expand to {n:.3g} values, "
                                  f"over the limit of {MAX_YAML_VALUES}; write the values out "
@@ -258,6 +255,9 @@ def safe_load(text: str, where: str):
             loader.dispose()
     except yaml.YAMLError as e:
         raise ValueError(f"{where}: not valid YAML ({' '.join(str(e).split())})") from None
+    except RecursionError:
+        raise ValueError(f"{where}: nested too deeply (over ~{sys.getrecursionlimit() // 10} "
+                         "levels); flatten it") from None
 
 
 def load_yaml(path: str | Path, what: str = "config file",
