@@ -14,7 +14,8 @@ from pathlib import Path
 SLURM_COUNTS = ("nodes", "gpus_per_node", "tasks_per_node", "cpus_per_task", "array_parallelism",
                 "max_num_timeout")
 SLURM_AMOUNTS = ("timeout_min", "mem_gb")
-ESTIMATE_POSITIVE = ("flops_per_s", "step_overhead_s", "device_flops")
+ESTIMATE_POSITIVE = ("flops_per_s", "device_flops")  # divided by
+ESTIMATE_TIMES = ("startup_s", "step_overhead_s")  # added up: >= 0
 
 
 def _is_num(v) -> bool:
@@ -104,7 +105,7 @@ def check_estimate(est: dict, where: str) -> None:
             continue
         if k in ESTIMATE_POSITIVE and not (_is_num(v) and float(v) > 0):
             raise _fail(where, f"estimate.{k}", v, "a positive number")
-        if k == "startup_s" and not (_is_num(v) and float(v) >= 0):
+        if k in ESTIMATE_TIMES and not (_is_num(v) and float(v) >= 0):
             raise _fail(where, f"estimate.{k}", v, "a number of seconds >= 0")
         if k == "mfu" and not (_is_num(v) and 0 < float(v) <= 1):
             raise _fail(where, f"estimate.{k}", v, "a fraction in (0, 1], e.g. 0.4")
