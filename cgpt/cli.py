@@ -207,6 +207,27 @@ def main(argv: list[str] | None = None) -> int:
         argv = [a for a, o in zip(argv, is_override) if not o] + \
             [a for a, o in zip(argv, is_override) if o]
     args = ap.parse_args(argv)
+    from cgpt.sharding import distributed
+
+    handlers = {"train": cmd_train, "list": cmd_list, "generate": cmd_generate, "eval": cmd_eval}
+    try:
+        code = _run_command(args, handlers)
+    except SystemExit as e:
+        if distributed.joined() is None:
+            raise
+        code = e.code if isinstance(e.code, int) else 1
+    except BaseException:
+        if distributed.joined() is None:
+            raise
+        import traceback
+        traceback.print_exc()  # unexpected: the traceback, then leave with the others
+        code = 1
+    if code and distributed.joined() is not None:
+        distributed.leave(code)  # no JAX exit barrier on the error path (see there)
+    return code
+
+
+def _run_command(args, handlers) -> int:
     from cgpt.data.batches import DataError
     from cgpt.sharding.distributed import DistributedError
     from cgpt.errors import LoadError
@@ -214,7 +235,6 @@ def main(argv: list[str] | None = None) -> int:
     from cgpt.train.rundir import RunDirError
     from cgpt.errors import TrainError
 
-    handlers = {"train": cmd_train, "list": cmd_list, "generate": cmd_generate, "eval": cmd_eval}
     try:
         return args.func(args) if hasattr(args, "func") else handlers[args.command](args)
     except Preempted as e:  # checkpointed on SIGTERM/SIGUSR1/SIGUSR2 (cgpt.train.preempt)
@@ -227,6 +247,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"cgpt {args.command}: interrupted; rerun with --resume to continue",
               file=sys.stderr)
         return 130
+    except OSError as e:  # a file or directory that cannot be used: name it, no traceback
+        what = f"{e.filename}: " if e.filename else ""
+        print(f"cgpt {args.command}: error: {what}{e.strerror or e}; fix or remove it and "
+              "rerun", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -72,7 +72,8 @@ def _free_port() -> int:
 class Job:
     """`python -m cgpt train FLAGS` as 2 processes of one JAX job on localhost."""
 
-    def __init__(self, flags: list[str], logs: Path, jax_cache: Path, n: int = 2):
+    def __init__(self, flags: list[str], logs: Path, jax_cache: Path, n: int = 2,
+                 extra_env: dict[int, dict] | None = None):
         port = _free_port()
         self.logs = logs
         logs.mkdir(parents=True, exist_ok=True)
@@ -81,7 +82,8 @@ class Job:
             env = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu",
                    "JAX_COORDINATOR_ADDRESS": f"127.0.0.1:{port}", "JAX_NUM_PROCESSES": str(n),
                    "JAX_PROCESS_ID": str(i), "JAX_COMPILATION_CACHE_DIR": str(jax_cache),
-                   "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
+                   "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+                   **(extra_env or {}).get(i, {})}
             self.procs.append(subprocess.Popen(
                 [sys.executable, "-m", "cgpt", "train", *flags], cwd=REPO, env=env,
                 stdout=open(logs / f"{i}.out", "w"), stderr=open(logs / f"{i}.err", "w")))
@@ -300,3 +302,48 @@ def test_failed_data_preparation_stops_every_process(tmp_path, compile_cache):
     assert "does not exist" in job.err(0)
     assert "process 0 failed during data preparation, so process 1 stops too: DataError" \
         in job.err(1)
+
+
+# A `sitecustomize` (Python imports it at startup from PYTHONPATH) that makes this process slow to fail (DistributedError takes SLOW_S to raise) without touching
+# cgpt, as a loaded machine does.
+_SLOW_SITE = """
+import builtins, sys, time
+_import = builtins.__import__
+def _slow_import(name, *args, **kwargs):
+    module = _import(name, *args, **kwargs)
+    d = sys.modules.get("cgpt.sharding.distributedNone")
+    if getattr(d, "DistributedError", None) is not None and not getattr(d, "_test_slowed", False):
+        d._test_slowed = True
+        init = d.DistributedError.__init__
+        def slow_init(self, *a):
+            time.sleep(%(slow)s)
+            init(self, *a)
+        d.DistributedError.__init__ = slow_init
+    return module
+builtins.__import__ = _slow_import
+"""
+
+
+def test_failed_job_exits_cleanly_when_one_process_is_slow_to_fail(tmp_path, compile_cache):
+    """Issue #23: process 1 reaches the exit more than the peer timeout after process 0 (a
+    loaded machine). JAX's exit barrier timed out and both processes died with SIGABRT and a
+    C++ stack; each must exit 2 with its one error line."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(_SLOW_SITE % {"slow": 2 * PEER_TIMEOUT})
+    missing = tmp_path / "no_such_corpus"
+    slow = {"PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", str(REPO))])}
+    job = Job(_flags(missing, tmp_path / "cache", tmp_path / "run", "data_parallel"),
+              tmp_path / "logs", compile_cache, extra_env={1: slow})
+    try:
+        codes = job.wait(300)
+    finally:
+        job.kill()
+    assert codes == [2, 2], job.output()
+    for i in (0, 1):
+        err = job.err(i)
+        assert "Barrier timed out" not in err and "Terminating process" not in err, err
+        lines = [x for x in err.splitlines() if x.startswith("cgpt train: error:")]
+        assert len(lines) == 1, err
+    assert "does not exist" in job.err(0)
+    assert "process 0 failed during data preparation" in job.err(1)

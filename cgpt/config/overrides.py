@@ -80,5 +80,9 @@ def seed_overrides(seed: int) -> dict:
 def coerce_source(raw: dict) -> dict:
     """data.source stays a string even if YAML read it as a number or a bool (in place)."""
     if isinstance(raw.get("data"), dict) and "source" in raw["data"]:
-        raw["data"]["source"] = str(raw["data"]["source"])
+        src = raw["data"]["source"]
+        if isinstance(src, (dict, list)):
+            raise ValueError(f"data.source is {str(src)[:80]!r}: it must be one path, "
+                             "'default', or hf:<name>[:<config>]")
+        raw["data"]["source"] = str(src)
     return raw

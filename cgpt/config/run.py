@@ -8,6 +8,8 @@ or resumed from it alone. Unknown keys and bad values are errors that name the k
 from __future__ import annotations
 
 import dataclasses
+import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -180,16 +182,69 @@ def from_dict(raw: dict, where: str = "config") -> RunConfig:
     return RunConfig(preset=str(preset), model=model, data=data, train=train)
 
 
+MAX_YAML_VALUES = 100_000  # values a config may expand to through its aliases
+
+
+def _expanded_size(node, sizes: dict, path: set) -> int:
+    """Values `node` stands for once every alias is expanded (shared nodes counted per use,
+    each computed once, so a billion-laughs bomb is sized in time linear in the file)."""
+    if id(node) in sizes:
+        return sizes[id(node)]
+    if id(node) in path:
+        raise ValueError("a YAML alias refers to a collection that contains it")
+    if isinstance(node, yaml.ScalarNode):
+        return 1
+    path.add(id(node))
+    items = node.value if isinstance(node, yaml.SequenceNode) else \
+        [x for pair in node.value for x in pair]
+    n = 1 + sum(_expanded_size(x, sizes, path) for x in items)
+    path.discard(id(node))
+    sizes[id(node)] = n
+    return n
+
+
+def safe_load(text: str, where: str):
+    """yaml.safe_load, refusing documents whose aliases (&anchor / *alias) expand to more than
+    MAX_YAML_VALUES values or refer to themselves: the composed graph is sized before any
+    Python object is built, so an alias bomb costs no memory (and is never printed)."""
+    try:
+        loader = yaml.SafeLoader(text)
+        try:
+            node = loader.get_single_node()
+            if node is None:
+                return None
+            try:
+                n = _expanded_size(node, {}, set())
+            except ValueError as e:
+                raise ValueError(f"{where}: {e}; write the values out instead") from None
+            if n > MAX_YAML_VALUES:
+                raise ValueError(f"{where}: its YAML aliases (*name) expand to {n:.3g} values, "
+                                 f"over the limit of {MAX_YAML_VALUES}; write the values out "
+                                 "instead of nesting aliases")
+            return loader.construct_document(node)
+        finally:
+            loader.dispose()
+    except yaml.YAMLError as e:
+        raise ValueError(f"{where}: not valid YAML ({' '.join(str(e).split())})") from None
+    except RecursionError:
+        raise ValueError(f"{where}: nested too deeply (over ~{sys.getrecursionlimit() // 10} "
+                         "levels); flatten it") from None
+
+
 def load_yaml(path: str | Path, what: str = "config file",
               keys: str = "preset/model/data/train") -> dict:
     """A YAML mapping from `path`; every failure names the file (and `what` it should be)."""
     p = Path(path)
     try:
-        raw = yaml.safe_load(p.read_text())
+        raw = safe_load(p.read_text(), str(p))
     except FileNotFoundError:
         raise ValueError(f"{what} {p} not found") from None
-    except yaml.YAMLError as e:
-        raise ValueError(f"{p}: not valid YAML ({e})") from e
+    except IsADirectoryError:
+        raise ValueError(f"{what} {p} is a directory; give the YAML file") from None
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{p}: not UTF-8 text (byte {e.start}); a {what} is YAML") from None
+    except OSError as e:
+        raise ValueError(f"{what} {p}: cannot read it ({e.strerror or e})") from None
     if raw is None:
         return {}
     if not isinstance(raw, dict):

@@ -17,11 +17,15 @@ between workers, and a killed `map` restarts from scratch.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
+import ctypes
+import fcntl
 import hashlib
 import json
 import multiprocessing as mp
 import os
 import queue as queue_mod
+import signal
 from dataclasses import asdict
 from pathlib import Path
 from typing import Iterator
@@ -37,6 +41,42 @@ from cgpt.data.tokenizer import EOT, sha256 as tokenizer_sha256
 
 RECIPE = "cgpt-data-v2"  # bump whenever tokenization changes the tokens
 MIN_UNIT, MAX_UNIT = 1 << 20, 1 << 28  # bytes of source per unit (shard)
+LOCK_FILE = ".prepare.lock"  # in --out: one prepare per store directory
+_held: set[Path] = set()  # store directories whose lock this process holds
+
+
+@contextlib.contextmanager
+def store_lock(out: Path) -> Iterator[None]:
+    """Hold OUT/.prepare.lock (flock: released by the kernel even on SIGKILL) while writing a
+    store; a second prepare of the same directory stops with one line naming the holder."""
+    out = out.resolve()
+    if out in _held:  # cmd_prepare holds it already around prepare()
+        yield
+        return
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        f = open(out / LOCK_FILE, "a+")
+    except OSError as e:
+        raise DataError(f"--out {out}: cannot write there ({e.strerror or e}); choose another "
+                        "--out") from None
+    try:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            f.seek(0)
+            raise DataError(f"another data prepare (pid {f.read().strip() or '?'}) is writing "
+                            f"--out {out}; wait for it to finish (or stop it) and rerun") from None
+        f.seek(0)
+        f.truncate()
+        f.write(f"{os.getpid()}\n")
+        f.flush()
+        _held.add(out)
+        try:
+            yield
+        finally:
+            _held.discard(out)
+    finally:
+        f.close()
 
 
 # -------------------------------------------------------------------------------- corpus
@@ -149,8 +189,21 @@ class _Worker:
 _worker: _Worker | None = None  # this process's worker, set once by the pool's initializer
 
 
-def _init(tok_json, files, column, root, hf, q) -> None:
+def _die_with_parent(parent: int) -> None:
+    """Ask Linux to SIGKILL this worker when the prepare process dies (even by SIGKILL), so
+    no orphan keeps writing into the store while a rerun writes it too."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the pool's own checks remain
+        return
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def _init(tok_json, files, column, root, hf, q, parent: int | None = None) -> None:
     global _worker
+    if parent is not None:
+        _die_with_parent(parent)
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one core per process: the pool is the parallelism
     _worker = _Worker(tok_json, files, column, root, hf, q.put)
 
@@ -173,7 +226,16 @@ def prepare(source: str, tokenizer, out: str | os.PathLike, *, text_column: str 
     """
     out = Path(out).expanduser()
     corpus = corpus or Corpus(source, text_column, split)
+    if num_proc is not None and num_proc < 1:
+        raise DataError(f"--num-proc {num_proc}: must be at least 1 (or leave it out: all cores)")
     num_proc = max(1, num_proc or sources.cpu_count())
+    with store_lock(out):
+        return _prepare(source, tokenizer, out, text_column, split, num_proc, unit_bytes,
+                        progress, corpus, extra)
+
+
+def _prepare(source, tokenizer, out: Path, text_column, split, num_proc, unit_bytes, progress,
+             corpus: Corpus, extra) -> TokenStore:
     tok_json = tokenizer.to_str()
     vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
     dtype = np.dtype(token_dtype(vocab_size)).name
@@ -181,7 +243,7 @@ def prepare(source: str, tokenizer, out: str | os.PathLike, *, text_column: str 
             "sources": corpus.identity, "tokenizer_sha256": tokenizer_sha256(tokenizer), "dtype": dtype}
     plan_path = out / "plan.json"
     if plan_path.is_file():
-        plan = json.loads(plan_path.read_text())
+        plan = _read_record(plan_path)
         if {k: plan.get(k) for k in head} != head:
             diff = sorted(k for k in head if plan.get(k) != head[k])
             raise DataError(f"{out} holds a prepare of different data ({', '.join(diff)} differ); "
@@ -189,19 +251,23 @@ def prepare(source: str, tokenizer, out: str | os.PathLike, *, text_column: str 
         if (out / "manifest.json").is_file():
             return TokenStore(out)
     else:
-        if out.exists() and any(out.iterdir()):
+        if out.exists() and any(p.name != LOCK_FILE for p in out.iterdir()):
             raise DataError(f"--out {out} exists and is not a token store; choose an empty or new directory")
         if unit_bytes is None:
             unit_bytes = min(MAX_UNIT, max(MIN_UNIT, corpus.num_bytes() // (4 * num_proc)))
         plan = {**head, "unit_bytes": unit_bytes, "units": [asdict(u) for u in corpus.units(unit_bytes)]}
         atomic_write_text(out / "tokenizer.json", tok_json)
         atomic_write_text(plan_path, json.dumps(plan) + "\n")
-    units = [Unit(u["kind"], tuple(u["files"]), u["start"], u["stop"]) for u in plan["units"]]
+    try:
+        units = [Unit(u["kind"], tuple(u["files"]), u["start"], u["stop"]) for u in plan["units"]]
+    except (KeyError, TypeError) as e:
+        raise DataError(f"{plan_path} is damaged (bad units: {type(e).__name__} {e}); delete "
+                        f"{out} and prepare again") from None
     shards = out / "shards"
     shards.mkdir(exist_ok=True)
     for stale in shards.glob("*.tmp"):  # left by a killed worker; never trusted
         stale.unlink(missing_ok=True)
-    todo = [(i, u) for i, u in enumerate(units) if not (out / f"{shard_name(i)}.json").is_file()]
+    todo = [(i, u) for i, u in enumerate(units) if not _shard_done(out, i)]
     _tokenize(todo, len(units), tok_json, corpus, out, num_proc, progress)
     return _finish(out, plan, units, corpus, vocab_size, tokenizer.token_to_id(EOT), extra)
 
@@ -227,14 +293,21 @@ def _tokenize(todo, total, tok_json, corpus, out, num_proc, progress) -> None:
         ctx = mp.get_context("spawn")  # never fork: the caller may hold threads (JAX, tokenizers)
         q = ctx.Queue()
         pool = cf.ProcessPoolExecutor(min(num_proc, len(todo)), mp_context=ctx, initializer=_init,
-                                      initargs=(tok_json, corpus.files, corpus.text_column, out, corpus.hf, q))
+                                      initargs=(tok_json, corpus.files, corpus.text_column, out, corpus.hf, q,
+                                                os.getpid()))
         try:
             pending = {pool.submit(_run, i, u) for i, u in todo}
             while pending:
                 ready, pending = cf.wait(pending, timeout=0.5, return_when=cf.FIRST_COMPLETED)
                 _drain(q, bar)
                 for fut in ready:
-                    fut.result()  # a worker's DataError (or a dead worker) surfaces here
+                    try:
+                        fut.result()  # a worker's DataError (or a dead worker) surfaces here
+                    except cf.process.BrokenProcessPool:
+                        raise DataError(
+                            f"a tokenizing worker of the prepare into {out} died (killed, or out "
+                            "of memory: try fewer --num-proc); the finished shards are kept: "
+                            "rerun the same command to continue") from None
                     finished()
             _drain(q, bar)
         except BaseException:
@@ -257,9 +330,33 @@ def _drain(q, bar) -> None:
     bar.update(n)
 
 
+def _read_record(path: Path) -> dict:
+    """A JSON object the prepare wrote (plan, shard record); damage is a DataError naming it."""
+    try:
+        rec = json.loads(path.read_bytes())
+    except (OSError, ValueError, RecursionError) as e:
+        rec = e
+    if not isinstance(rec, dict):
+        why = f"{type(rec).__name__}: {rec}" if isinstance(rec, Exception) else "not an object"
+        raise DataError(f"{path} is damaged ({str(why)[:200]}); delete {path.parent} and "
+                        "prepare again")
+    return rec
+
+
+def _shard_done(out: Path, i: int) -> bool:
+    """Shard i's record exists and parses (a damaged one is redone) with its .bin beside it."""
+    path = out / f"{shard_name(i)}.json"
+    try:
+        rec = json.loads(path.read_bytes())
+    except (OSError, ValueError, RecursionError):
+        return False
+    return isinstance(rec, dict) and isinstance(rec.get("num_tokens"), int) \
+        and (out / f"{shard_name(i)}.bin").is_file()
+
+
 def _finish(out: Path, plan: dict, units: list[Unit], corpus: Corpus, vocab_size: int, eot_id: int,
             extra: dict | None) -> TokenStore:
-    records = [json.loads((out / f"{shard_name(i)}.json").read_text()) for i in range(len(units))]
+    records = [_read_record(out / f"{shard_name(i)}.json") for i in range(len(units))]
     rows = sum(r["num_rows"] for r in records)
     num_tokens = sum(r["num_tokens"] for r in records)
     if rows == 0:
@@ -300,11 +397,20 @@ def register(subparsers) -> None:
 def cmd_prepare(args) -> int:
     import time
 
-    from cgpt.data.tokenizer import load_tokenizer, train_tokenizer, with_eot
-
     t0 = time.perf_counter()
     out = Path(args.out).expanduser()
+    if args.vocab_size < 1:
+        raise DataError(f"--vocab-size {args.vocab_size}: must be positive (e.g. 4096)")
     corpus = Corpus(args.source, args.text_column, args.split)
+    with store_lock(out):  # also around training the tokenizer, which it writes into --out
+        return _cmd_prepare(args, out, corpus, t0)
+
+
+def _cmd_prepare(args, out: Path, corpus: Corpus, t0: float) -> int:
+    import time
+
+    from cgpt.data.tokenizer import load_tokenizer, train_tokenizer, with_eot
+
     if args.tokenizer != "train":
         tok = load_tokenizer(args.tokenizer)
     elif (out / "plan.json").is_file() and (out / "tokenizer.json").is_file():

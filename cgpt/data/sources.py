@@ -16,6 +16,7 @@ import hashlib
 import io
 import json
 import os
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
@@ -128,7 +129,10 @@ def _line_ranges(path: Path, size: int, unit_bytes: int) -> list[tuple[int, int]
 def _row_group_ranges(path: Path, unit_bytes: int) -> list[tuple[int, int]]:
     import pyarrow.parquet as pq
 
-    meta = pq.read_metadata(path)
+    try:
+        meta = pq.read_metadata(path)
+    except _read_errors() as e:
+        raise _unreadable(path, e) from None
     ranges, start, acc = [], 0, 0
     for g in range(meta.num_row_groups):
         acc += meta.row_group(g).total_byte_size
@@ -175,12 +179,41 @@ def read_unit(unit: Unit, files: list[Path], text_column: str, digest=None, hf_d
     updated with the source bytes read (compressed bytes for compressed files)."""
     if unit.kind == "hf":
         yield from _read_hf(hf_dataset, unit.start, unit.stop, text_column)
-    elif unit.kind == "text":
-        yield from _read_text_files([files[i] for i in unit.files], digest)
-    elif unit.kind == "parquet":
-        yield from _read_parquet(files[unit.files[0]], unit.start, unit.stop, text_column)
-    else:
-        yield from _read_jsonl(files[unit.files[0]], unit, text_column, digest)
+        return
+    try:
+        if unit.kind == "text":
+            yield from _read_text_files([files[i] for i in unit.files], digest)
+        elif unit.kind == "parquet":
+            yield from _read_parquet(files[unit.files[0]], unit.start, unit.stop, text_column)
+        else:
+            yield from _read_jsonl(files[unit.files[0]], unit, text_column, digest)
+    except DataError:
+        raise
+    except _read_errors() as e:  # truncated or corrupt compressed/Parquet data, I/O errors
+        path = Path(getattr(e, "filename", None) or files[unit.files[0]])
+        raise _unreadable(path, e) from None
+
+
+def _read_errors() -> tuple[type[BaseException], ...]:
+    """What a damaged file raises while it is read: gzip/zlib, zstandard, pyarrow, the OS."""
+    errors: list[type[BaseException]] = [EOFError, OSError, ValueError, zlib.error]
+    try:
+        import zstandard
+        errors.append(zstandard.ZstdError)
+    except ImportError:
+        pass
+    try:
+        import pyarrow
+        errors.append(pyarrow.ArrowException)
+    except ImportError:
+        pass
+    return tuple(errors)
+
+
+def _unreadable(path: Path, e: BaseException) -> DataError:
+    why = " ".join(str(e).split())[:300] or type(e).__name__
+    return DataError(f"{path}: cannot read it ({type(e).__name__}: {why}); the file is damaged "
+                     f"or not {suffix_of(path) or 'a supported'} data: restore or remove it")
 
 
 def _read_text_files(paths: list[Path], digest) -> Iterator[tuple[list[str], int]]:
@@ -254,7 +287,7 @@ def _read_jsonl(path: Path, unit: Unit, column: str, digest) -> Iterator[tuple[l
             where = lambda: _line_where(path, unit, first_line, n)  # noqa: E731
             try:
                 row = json.loads(line)
-            except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
                 raise DataError(f"{where()}: not valid JSON ({e}); each line must be one JSON object "
                                 f'such as {{"{column}": "..."}}') from e
             text = _row_text(row, column, where)
@@ -288,8 +321,8 @@ def _read_json_array(path: Path, column: str, digest) -> Iterator[tuple[list[str
         digest.update(data)
     try:
         rows = json.loads(data)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise DataError(f"{path}: not valid JSON ({e}); write a JSON array of objects or JSON Lines") from e
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+        raise DataError(f"{path}: not valid JSON ({e}); write a JSON array of objects or JSON Lines") from None
     texts = [_row_text(r, column, lambda i=i: f"{path}, item {i}") for i, r in enumerate(rows)]
     yield [t for t in texts if t], len(texts)
 

@@ -116,11 +116,18 @@ class TokenStore:
         raw = path.read_bytes()
         try:
             self.manifest = json.loads(raw)
-        except json.JSONDecodeError as e:
-            raise DataError(f"{path} is not valid JSON ({e}); prepare the store again") from e
-        if self.manifest.get("format") != FORMAT:
-            raise DataError(f"{path}: format {self.manifest.get('format')!r}, expected {FORMAT!r}; "
+        except (ValueError, RecursionError) as e:  # bad JSON or bad UTF-8
+            raise DataError(f"{path} is not valid JSON ({e}); prepare the store again") from None
+        m = self.manifest if isinstance(self.manifest, dict) else {}
+        if m.get("format") != FORMAT:
+            raise DataError(f"{path}: format {m.get('format')!r}, expected {FORMAT!r}; "
                             "prepare the store again with this version of cgpt")
+        shards = m.get("shards")
+        if not (isinstance(shards, list) and all(isinstance(s, dict) and isinstance(
+                s.get("file"), str) and isinstance(s.get("num_tokens"), int) for s in shards)
+                and isinstance(m.get("num_tokens"), int) and m.get("dtype") in ("uint16", "uint32")):
+            raise DataError(f"{path} is damaged (its dtype, num_tokens or shards list is "
+                            "missing or malformed); prepare the store again")
         self.sha256 = hashlib.sha256(raw).hexdigest()
         self.dtype = np.dtype(self.manifest["dtype"])
         self._tokens = None

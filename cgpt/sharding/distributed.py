@@ -17,7 +17,8 @@ without its heartbeat (at once if process 0, the coordinator, dies) the others s
 from __future__ import annotations
 
 import os
-from typing import Callable, TypeVar
+import sys
+from typing import Callable, NoReturn, TypeVar
 
 import jax
 import numpy as np
@@ -27,6 +28,8 @@ T = TypeVar("T")
 PEER_TIMEOUT_S = 100  # JAX's default heartbeat timeout
 WAIT_TIMEOUT_S = 7 * 24 * 3600  # for process 0's one-time work; a dead process 0 ends it sooner
 BARRIER_TIMEOUT_S = 600  # for barriers that every process reaches within seconds
+SHUTDOWN_TIMEOUT_S = 300  # JAX's exit barrier: a live process that is slow to finish gets this
+_peer_timeout = PEER_TIMEOUT_S  # this job's, set by `initialize`
 
 
 class DistributedError(RuntimeError):
@@ -71,7 +74,12 @@ def initialize(peer_timeout: int | None = None) -> bool:
         return False
     # Cross-process collectives on the CPU backend (accelerator backends ignore this).
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    kw = dict(heartbeat_timeout_seconds=timeout, shutdown_timeout_seconds=timeout)
+    global _peer_timeout
+    _peer_timeout = timeout
+    # A dead process is noticed by its missing heartbeats; the exit barrier only waits for live
+    # ones, so it may be long: a loaded machine must not turn a finished run into a SIGABRT.
+    kw = dict(heartbeat_timeout_seconds=timeout,
+              shutdown_timeout_seconds=max(timeout, SHUTDOWN_TIMEOUT_S))
     if env.get("JAX_COORDINATOR_ADDRESS"):
         if "JAX_PROCESS_ID" not in env:
             raise ValueError("JAX_COORDINATOR_ADDRESS is set but JAX_PROCESS_ID is not; set "
@@ -81,6 +89,46 @@ def initialize(peer_timeout: int | None = None) -> bool:
     else:
         jax.distributed.initialize(**kw)
     return True
+
+
+def joined() -> tuple[int, int] | None:
+    """(process index, process count) of the multi-process job this process joined, else None.
+    Reads the coordination state only: never starts a JAX backend."""
+    if "jax" not in sys.modules:
+        return None
+    state = jax._src.distributed.global_state
+    if state.client is None or not state.num_processes or state.num_processes < 2:
+        return None
+    return int(state.process_id), int(state.num_processes)
+
+
+def leave(code: int) -> NoReturn:
+    """End this process of a failed multi-process job with exit status `code`, skipping
+    JAX's exit barrier (whose timeout, when another process is slow to fail too, ends every
+    process with SIGABRT and a C++ stack instead of the error already printed).
+
+    Each process records that it is leaving; the others wait for process 0 (the coordination
+    service lives in it, and their clients abort once it is gone), and process 0 waits until
+    every other process has acknowledged, each wait bounded by a few peer timeouts: a process
+    that never comes (stuck elsewhere) is then stopped by the heartbeat check as before.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    where = joined()
+    if where is not None:
+        index, count = where
+        client, wait_ms = _client(), max(3 * _peer_timeout, 60) * 1000
+        try:
+            client.key_value_set(f"cgpt/leave/{index}", str(code))
+            if index == 0:
+                for j in range(1, count):
+                    client.blocking_key_value_get(f"cgpt/left/{j}", wait_ms)
+            else:
+                client.blocking_key_value_get("cgpt/leave/0", wait_ms)
+                client.key_value_set(f"cgpt/left/{index}", str(code))
+        except Exception:  # noqa: BLE001 - the service is gone or a peer never came: leave anyway
+            pass
+    os._exit(code)
 
 
 def is_writer() -> bool:

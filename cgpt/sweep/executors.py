@@ -41,6 +41,7 @@ class Job:
     env: dict = field(default_factory=dict, hash=False)  # extra environment (compile cache)
     pin: tuple = ()  # (slot, slots): local runs get their own share of the devices
     branch_from: str = ""  # "PARENT_DIR@STEP" for a cooldown branch (waits for the checkpoint)
+    files: dict = field(default_factory=dict, hash=False)  # name -> text the run dir starts with
 
 
 # Launcher run as `python -c`: hold the run's lock for the whole training process (the fd is
@@ -163,6 +164,9 @@ def execute_run(job: Job) -> dict:
     """
     d = Path(job.run_dir)
     rank = int(os.environ.get("SLURM_PROCID", "0") or 0)
+    for name, text in job.files.items():  # the directory may have been deleted since launch
+        if not (d / name).exists():
+            atomic_write_text(d / name, text)
     # A requeued or relaunched run finds the config its first attempt wrote: resume it (every
     # rank alike; the sweep checked that the config is the same before launching).
     job = replace(job, resume=job.resume or (d / "config.yaml").exists())
@@ -292,13 +296,19 @@ def run_local(jobs: list[Job], parallel: int, finished, on_start=None) -> None:
                     j, slot = pending.pop(0), free.pop(0)
                     if parallel > 1:
                         j = replace(j, pin=(slot, parallel))
-                    futs[pool.submit(execute_run, j)] = slot
+                    futs[pool.submit(execute_run, j)] = (slot, j)
                     if on_start:
                         on_start(j)
                 done, _ = wait(list(futs), return_when=FIRST_COMPLETED)
                 for f in done:
-                    free.append(futs.pop(f))
-                    finished(f.result())
+                    slot, j = futs.pop(f)
+                    free.append(slot)
+                    try:
+                        res = f.result()
+                    except Exception as e:  # e.g. the run directory became unwritable
+                        res = {"run_id": j.run_id, "status": "failed", "returncode": None,
+                               "error": f"could not run it: {type(e).__name__}: {e}"}
+                    finished(res)
         except KeyboardInterrupt:
             stop_local()
             for f in futs:

@@ -17,7 +17,7 @@ from cgpt.fileio import probe_writable
 from cgpt.sweep.executors import Job, run_local, run_submitit
 from cgpt.sweep.spec import Run, Sweep, fmt_count, fmt_time, missing_required, select
 from cgpt.sweep.state import LOG_FILE, SUPERSEDED_DIR, config_change, prepare_run_dir, read_json, \
-    run_state, supersede, write_results
+    run_files, run_state, supersede, write_results
 
 EXECUTORS = ("local", "slurm", "submitit-local")
 ON_CHANGE = ("error", "rerun")
@@ -211,6 +211,7 @@ def launch(sweep: Sweep, out: Path, parallel: int | None = None, executor: str =
         env = compile_cache_env(Path(cache).resolve() if cache else None)
         jobs = [Job(r.run_id, str(prepare_run_dir(r, out).resolve()),
                     resume=(out / r.run_id / "config.yaml").exists(), env=env,
+                    files=run_files(r),
                     branch_from=f"{(out / r.branch_from[0]).resolve()}@{r.branch_from[1]}"
                     if r.branch_from else "") for r in todo]
 

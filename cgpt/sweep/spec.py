@@ -22,6 +22,7 @@ from cgpt.config.overrides import SECTIONS, check_key, coerce_source, seed_overr
 from cgpt.config.run import PLACEMENT_KEYS, RunConfig, from_dict, load_yaml, parse_bytes
 from cgpt.errors import TrainError
 from cgpt.train.resolve import resolve
+from cgpt.sweep.validate import check_estimate, check_slurm, check_spec
 
 SPEC_KEYS = ("name", "description", "base", "models", "grid", "per_model", "filter", "require",
              "estimate", "slurm", "runs")
@@ -190,6 +191,7 @@ def read_spec(path: str | Path) -> dict:
     bad = sorted(set(spec) - set(SPEC_KEYS))
     if bad:
         raise ValueError(f"{p}: unknown key(s) {bad}; valid: {', '.join(SPEC_KEYS)}")
+    check_spec(spec, p)
     return spec
 
 
@@ -219,6 +221,7 @@ def _model_slurm(spec_path: Path, entries: dict, m: str) -> tuple[dict, dict]:
         else:
             check_key(k, f"{spec_path}: per_model.{m}")
             run_keys[k] = v
+    check_slurm(slurm, f"{spec_path}: per_model.{m}")
     return run_keys, slurm
 
 
@@ -251,6 +254,8 @@ def load_sweep(path: str | Path, sets: list[str] | None = None, _spec: dict | No
     slurm_set: dict = {}
     set_run = _split_sets(list(sets or []), slurm_set, est)
     slurm.update(slurm_set)
+    check_slurm(slurm, f"{spec_path} (or --set)")
+    check_estimate(est, f"{spec_path} (or --set)")
     try:
         memory = est.pop("device_memory", None)
         estimate = Estimate(**{k: float(v) for k, v in est.items()}, device_memory=None if
@@ -322,11 +327,8 @@ def load_sweep(path: str | Path, sets: list[str] | None = None, _spec: dict | No
     label_overrides = len(overrides) > 1 or any(o and "name" in o for o in ovr_list
                                                 if isinstance(o, dict))
 
-    flt = spec.get("filter") or {}
-    tpp_range = flt.get("tokens_per_param") if isinstance(flt, dict) else None
-    if flt and (not isinstance(flt, dict) or set(flt) != {"tokens_per_param"}
-                or not isinstance(tpp_range, list) or len(tpp_range) != 2):
-        raise ValueError(f"{spec_path}: filter must be {{tokens_per_param: [min, max]}}")
+    flt = spec.get("filter") or {}  # its shape: validate.check_spec
+    tpp_range = [float(x) for x in flt["tokens_per_param"]] if flt else None
 
     runs: list[Run] = []
     dropped = 0

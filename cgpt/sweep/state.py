@@ -24,6 +24,7 @@ import yaml
 from analysis.schema import COLUMNS  # the results contract `analysis.load_results` reads
 from cgpt.config.model import ModelConfig
 from cgpt.fileio import atomic_write, atomic_write_text
+from cgpt.config.run import safe_load
 from cgpt.sweep.spec import Run, config_hash, identity
 
 SUMMARY_COLUMNS = ("n_params", "n_params_nonembed", "tokens", "flops_6nd", "flops", "train_loss",
@@ -51,8 +52,9 @@ def held_elsewhere(run_dir: Path) -> bool:
 
 
 def run_state(run_dir: Path) -> str:
-    """'done' | 'running' | 'failed' | 'interrupted' | 'new', read from the run directory."""
-    if (run_dir / "summary.json").exists():
+    """'done' | 'running' | 'failed' | 'interrupted' | 'new', read from the run directory.
+    A summary.json that does not parse (a crash mid-copy, a full disk) is not 'done'."""
+    if read_json(run_dir / "summary.json") is not None:
         return "done"
     if held_elsewhere(run_dir):
         return "running"
@@ -64,10 +66,12 @@ def run_state(run_dir: Path) -> str:
 
 
 def read_json(path: Path) -> dict | None:
+    """The JSON object in `path`; None when it is missing, unreadable or not an object."""
     try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
+        out = json.loads(path.read_text())
+    except (OSError, ValueError, RecursionError):  # ValueError: bad JSON or bad UTF-8
         return None
+    return out if isinstance(out, dict) else None
 
 
 def result_row(run: Run, out: Path) -> dict:
@@ -123,9 +127,13 @@ def config_change(run: Run, out: Path) -> list[str]:
     if not saved.exists():
         return []
     try:
-        old = identity(yaml.safe_load(saved.read_text()) or {})
-    except yaml.YAMLError:
-        return [f"{saved} is not valid YAML"]
+        old = safe_load(saved.read_text(errors="replace"), str(saved)) or {}
+    except (ValueError, OSError):
+        old = None
+    if not isinstance(old, dict):
+        return [f"{saved} is not a run config (damaged); use --on-change rerun to move the "
+                "run aside and train it anew"]
+    old = identity(old)
     new = identity(yaml.safe_load(run.config.to_yaml()))
     a, b = _flat(old), _flat(new)
     # Model keys added since the run was written hold their defaults; an "auto" compute dtype
@@ -141,7 +149,11 @@ def config_change(run: Run, out: Path) -> list[str]:
 def supersede(run: Run, out: Path) -> Path:
     """Move a run directory whose config changed to DIR/.superseded/<run_id>.<old hash>/."""
     d = out / run.run_id
-    old = yaml.safe_load((d / "config.yaml").read_text()) or {}
+    try:
+        old = safe_load((d / "config.yaml").read_text(errors="replace"), "config.yaml")
+    except (ValueError, OSError):
+        old = None
+    old = old if isinstance(old, dict) else {"damaged": (d / "config.yaml").stat().st_size}
     dest = out / SUPERSEDED_DIR / f"{run.run_id}.{config_hash(old)}"
     dest.parent.mkdir(parents=True, exist_ok=True)
     if dest.exists():
@@ -150,11 +162,22 @@ def supersede(run: Run, out: Path) -> Path:
     return dest
 
 
+def run_files(run: Run) -> dict[str, str]:
+    """The files a run directory starts with: the config train reads, its identity record."""
+    return {RUN_FILE: run.config.to_yaml(), IDENTITY_FILE: json.dumps(
+        {"run_id": run.run_id, "config_hash": run.config_hash}, indent=2)}
+
+
 def prepare_run_dir(run: Run, out: Path) -> Path:
-    """Create the run directory with the config train reads and its identity record."""
+    """Create the run directory with `run_files`; a summary.json that does not parse is moved
+    to summary.json.damaged, so that the relaunch (train --resume) writes it again."""
     d = out / run.run_id
     d.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(d / RUN_FILE, run.config.to_yaml())
-    atomic_write_text(d / IDENTITY_FILE, json.dumps(
-        {"run_id": run.run_id, "config_hash": run.config_hash}, indent=2))
+    for name, text in run_files(run).items():
+        atomic_write_text(d / name, text)
+    summary = d / "summary.json"
+    if summary.exists() and read_json(summary) is None:
+        summary.replace(d / "summary.json.damaged")
+        print(f"{run.run_id}: {summary} does not parse; moved it to summary.json.damaged and "
+              "resuming the run to write it again")
     return d

@@ -1,0 +1,331 @@
+"""Issue #23, the data / sweep-spec / sweep / data-prepare half: each failure found there, on
+real files and real processes (bench/fault_campaign_sweep.py runs the wider campaign)."""
+import csv
+import fcntl
+import gzip
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import tracemalloc
+from pathlib import Path
+
+import pytest
+import yaml
+
+from cgpt import sweep as sw
+from cgpt.cli import main as cli_main
+from cgpt.data.prepare import LOCK_FILE, prepare
+from cgpt.data.sources import DataError
+from cgpt.data.store import TokenStore
+from cgpt.sweep import executors, state
+
+REPO = Path(__file__).resolve().parents[1]
+TAG = f"CGPT_TEST_PREPARE_{os.getpid()}"
+
+
+def _docs(n: int, seed: int = 0) -> list[str]:
+    rng = random.Random(seed)
+    words = "the of and a to in is was for on that with as by at from it an were are".split()
+    return [" ".join(rng.choice(words) for _ in range(rng.randint(5, 60))) for _ in range(n)]
+
+
+def _jsonl(docs) -> bytes:
+    return "".join(json.dumps({"text": d}) + "\n" for d in docs).encode()
+
+
+@pytest.fixture(scope="module")
+def tok():
+    from cgpt.data.tokenizer import train_tokenizer, with_eot
+    return with_eot(train_tokenizer([_docs(300)], 300), "test")
+
+
+def _one_line_error(capsys, argv: list[str]) -> str:
+    assert cli_main(argv) == 2
+    err = capsys.readouterr().err
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert len(lines) == 1 and "error:" in lines[0] and "Traceback" not in err, err
+    return lines[0]
+
+
+# ---- 4: YAML alias bombs ---------------------------------------------------------------------
+def _bomb(where: str, levels: int = 8) -> str:
+    anchors = ["&a0 [x, x, x, x, x, x, x, x, x]"] + [
+        f"&a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, levels + 1)]
+    if where == "overrides":
+        return ("name: bomb\nbase: {preset: tiny-17k}\ngrid:\n  model: tiny-17k\n  overrides:\n"
+                + "".join(f"    - {a}\n" for a in anchors))
+    return ("name: bomb\ndescription:\n" + "".join(f"  l{i}: {a}\n" for i, a in enumerate(anchors))
+            + f"base:\n  preset: tiny-17k\n  train:\n    tokens: *a{levels}\ngrid:\n  model: tiny-17k\n")
+
+
+@pytest.mark.parametrize("where", ["overrides", "tokens"])
+def test_alias_bomb_spec_is_refused_before_it_expands(tmp_path, capsys, where):
+    """A level-8 billion-laughs spec (9^9 = 3.9e8 values) grew past 6 GB in grid.overrides and
+    was printed whole in the base.train.tokens error. It is refused while still a node graph."""
+    spec = tmp_path / "bomb.yaml"
+    spec.write_text(_bomb(where))
+    import cgpt.train  # noqa: F401 - load_sweep's imports, not counted below
+    tracemalloc.start()
+    try:
+        with pytest.raises(ValueError, match="aliases") as e:
+            sw.load_sweep(spec)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert str(spec) in str(e.value) and len(str(e.value)) < 300, str(e.value)[:500]
+    assert peak < 20 * 2**20, peak  # the file's node graph, never the expansion
+    line = _one_line_error(capsys, ["sweep", str(spec), "--dry-run", "--no-fit"])
+    assert re.search(r"expand to [\d.]+e\+08 values, over the limit", line), line
+
+
+def test_small_aliases_recursive_aliases_and_deep_nesting(tmp_path, capsys):
+    ok = tmp_path / "ok.yaml"  # an ordinary anchor is still fine
+    ok.write_text("name: ok\nbase: {preset: tiny-17k, train: {batch_size: 4, tokens: 640}}\n"
+                  "models: {m1: &m {preset: tiny-17k, d_model: 24, n_head: 2}, m2: *m}\n"
+                  "grid: {model: [m1, m2]}\n")
+    assert [r.config.model.d_model for r in sw.load_sweep(ok).runs] == [24, 24]
+    rec = tmp_path / "rec.yaml"
+    rec.write_text("a: &a [1, *a]\n")
+    assert "refers to a collection that contains it" in _one_line_error(
+        capsys, ["sweep", str(rec), "--dry-run"])
+    deep = tmp_path / "deep.yaml"
+    deep.write_text("a: " + "[" * 5000 + "]" * 5000 + "\n")
+    assert "nested too deeply" in _one_line_error(capsys, ["sweep", str(deep), "--dry-run"])
+    assert "is a directory" in _one_line_error(capsys, ["sweep", str(tmp_path), "--dry-run"])
+
+
+# ---- 9: spec values of the wrong type -------------------------------------------------------
+BASE = {"name": "t", "base": {"preset": "tiny-17k", "train": {"batch_size": 4, "tokens": 640}},
+        "grid": {"model": ["tiny-17k"]}}
+BAD = [  # (key, value, what the message must name); each was a traceback or silently accepted
+    ("filter", {"tokens_per_param": ["a", "b"]}, "filter.tokens_per_param"),
+    ("filter", {"tokens_per_param": [None, 2]}, "filter.tokens_per_param"),
+    ("grid.branches", {"a": 1}, "grid.branches"),
+    ("per_model", {"tiny-17k": 5}, "per_model.tiny-17k"),
+    ("per_model", {"tiny-17k": [1]}, "per_model.tiny-17k"),
+    ("slurm", 5, "slurm"), ("slurm", [1], "slurm"),
+    ("slurm", {"gpus_per_node": -1}, "slurm.gpus_per_node"),
+    ("estimate", 5, "estimate"), ("estimate", [1], "estimate"),
+    ("estimate", {"flops_per_s": 0}, "estimate.flops_per_s"),
+    ("estimate", {"flops_per_s": -1e9}, "estimate.flops_per_s"),
+    ("estimate", {"mfu": -0.5, "device_flops": 1e12}, "estimate.mfu"),
+    ("base.train", 5, "base.train"), ("name", [1, 2], "name"),
+    ("models", {"m": 5}, "models.m"),
+    ("grid.overrides", [{"name": [1], "train.peak_lr": 1e-3}], "grid.overrides[0].name"),
+    ("base.data", {"source": {"a": 1}}, "data.source"),
+]
+
+
+@pytest.mark.parametrize("key,value,named", BAD, ids=[f"{k}={v}" for k, v, _ in BAD])
+def test_spec_value_of_the_wrong_type_is_one_error(tmp_path, key, value, named):
+    spec = json.loads(json.dumps(BASE))
+    *parents, last = key.split(".")
+    d = spec
+    for p in parents:
+        d = d[p]
+    d[last] = value
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    with pytest.raises(ValueError) as e:
+        sw.load_sweep(path)
+    assert type(e.value) is ValueError and str(path) in str(e.value) and named in str(e.value), \
+        str(e.value)
+
+
+@pytest.mark.parametrize("flag", ["estimate.flops_per_s=0", "slurm.nodes=0"])
+def test_launch_overrides_of_the_wrong_value_are_one_error(tmp_path, capsys, flag):
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(BASE))
+    assert flag.partition("=")[0] in _one_line_error(
+        capsys, ["sweep", str(path), "--dry-run", "--no-fit", "--set", flag])
+
+
+# ---- 5 and 9: damaged summary.json, a run directory deleted mid-sweep ------------------------
+def _sweep_spec(tmp: Path, seeds: list[int]) -> Path:
+    corpus = tmp / "corpus"
+    corpus.mkdir()
+    (corpus / "a.jsonl").write_bytes(_jsonl(_docs(400)))
+    base = {"preset": "tiny-17k", "model": {"vocab_size": 300},
+            "data": {"source": str(corpus), "vocab_size": 300, "seq_len": 16, "val_sequences": 4,
+                     "cache_dir": str(tmp / "cache")},
+            "train": {"batch_size": 4, "tokens": 640}}
+    p = tmp / "s.yaml"
+    p.write_text(yaml.safe_dump({"name": "s", "base": base, "grid": {"model": ["tiny-17k"],
+                                                                     "seed": seeds}}))
+    return p
+
+
+def _status(out: Path) -> dict[str, str]:
+    with open(out / "results.csv", newline="") as f:
+        return {r["run_id"]: r["status"] for r in csv.DictReader(f)}
+
+
+def test_truncated_summary_is_not_done_and_the_relaunch_writes_it(tmp_path, capsys):
+    """A finished run whose summary.json was cut short: the relaunch printed 'done' while
+    results.csv said 'pending', and never retried it. Now it resumes and writes it again."""
+    s = sw.load_sweep(_sweep_spec(tmp_path, [0]))
+    out = tmp_path / "out"
+    assert sw.launch(s, out, report=False, compile_cache=None) == 0
+    rid = s.runs[0].run_id
+    summary = out / rid / "summary.json"
+    good = json.loads(summary.read_text())
+    summary.write_text(summary.read_text()[:40])
+    assert state.run_state(out / rid) == "interrupted"
+    assert state.result_row(s.runs[0], out)["status"] == "pending"
+    capsys.readouterr()
+    assert sw.launch(s, out, report=False, compile_cache=None) == 0
+    assert "1 to resume" in capsys.readouterr().out
+    again = json.loads(summary.read_text())
+    assert again["val_loss"] == pytest.approx(good["val_loss"], rel=1e-5)
+    assert _status(out) == {rid: "done"}
+    assert (out / rid / "summary.json.damaged").is_file()
+
+
+def test_run_directory_deleted_mid_sweep_is_made_again(tmp_path, monkeypatch):
+    """The second run's directory is deleted while the first trains: the sweep used to stop
+    with a traceback and never attempt that run."""
+    s = sw.load_sweep(_sweep_spec(tmp_path, [0, 1]))
+    out = tmp_path / "out"
+    real = executors.execute_run
+
+    def deleting(job):
+        if job.run_id == s.runs[0].run_id:
+            shutil.rmtree(out / s.runs[1].run_id)
+        return real(job)
+
+    monkeypatch.setattr(executors, "execute_run", deleting)
+    assert sw.launch(s, out, report=False, compile_cache=None) == 0
+    assert set(_status(out).values()) == {"done"}
+
+
+# ---- 9: damaged data files ------------------------------------------------------------------
+def _damaged(tmp: Path) -> dict[str, Path]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import zstandard
+
+    good = _jsonl(_docs(200))
+    files = {"truncated.jsonl.gz": gzip.compress(good)[:300],
+             "crc.jsonl.gz": gzip.compress(good)[:-8] + b"\0" * 8,
+             "truncated.jsonl.zst": zstandard.ZstdCompressor().compress(good)[:300],
+             "random.jsonl.zst": os.urandom(2000), "random.parquet": os.urandom(3000),
+             "deep.jsonl": ("[" * 100000 + "]" * 100000 + "\n").encode(),
+             "deep.json": ("[" * 100000 + "]" * 100000).encode()}
+    out = {}
+    for name, data in files.items():
+        p = tmp / name.split(".")[0] / name
+        p.parent.mkdir(exist_ok=True)
+        p.write_bytes(data)
+        out[name] = p
+    p = tmp / "cut" / "cut.parquet"
+    p.parent.mkdir()
+    pq.write_table(pa.table({"text": _docs(300)}), p)
+    p.write_bytes(p.read_bytes()[:-200])
+    out["cut.parquet"] = p
+    return out
+
+
+def test_damaged_data_files_are_one_error_naming_the_file(tmp_path, tok):
+    for name, path in _damaged(tmp_path).items():
+        with pytest.raises(DataError) as e:
+            prepare(str(path), tok, tmp_path / f"out_{name}", num_proc=1, progress=False)
+        msg = str(e.value)
+        assert type(e.value) is DataError and str(path) in msg and len(msg) < 600, (name, msg)
+
+
+def test_damaged_store_records_are_one_error(tmp_path, tok):
+    src = tmp_path / "a.jsonl"
+    src.write_bytes(_jsonl(_docs(200)))
+    store = tmp_path / "store"
+    prepare(str(src), tok, store, num_proc=1, progress=False)
+    manifest = json.loads((store / "manifest.json").read_text())
+    for bad in ([], {**manifest, "dtype": None}, {**manifest, "shards": [1]}):
+        (store / "manifest.json").write_text(json.dumps(bad))
+        with pytest.raises(DataError, match="manifest.json"):
+            TokenStore(store)
+    # a shard record cut short (a crash of the disk, not of cgpt: writes are atomic) is redone
+    (store / "manifest.json").unlink()
+    rec = store / "shards" / "000000.json"
+    rec.write_text(rec.read_text()[:30])
+    again = prepare(str(src), tok, store, num_proc=1, progress=False)
+    assert [s["sha256"] for s in again.manifest["shards"]] == \
+        [s["sha256"] for s in manifest["shards"]]
+    (store / "manifest.json").unlink()
+    (store / "plan.json").write_text("[1]")
+    with pytest.raises(DataError, match="plan.json is damaged"):
+        prepare(str(src), tok, store, num_proc=1, progress=False)
+
+
+# ---- 3: data prepare: one writer per --out, no orphan workers --------------------------------
+def test_second_prepare_of_one_out_is_refused(tmp_path, tok, capsys):
+    src = tmp_path / "a.jsonl"
+    src.write_bytes(_jsonl(_docs(50)))
+    out = tmp_path / "store"
+    out.mkdir()
+    (tmp_path / "tok.json").write_text(tok.to_str())
+    with open(out / LOCK_FILE, "w") as held:  # as a running prepare holds it
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        held.write("4242\n")
+        held.flush()
+        line = _one_line_error(capsys, ["data", "prepare", str(src), "--tokenizer",
+                                        str(tmp_path / "tok.json"), "--out", str(out),
+                                        "--no-progress"])
+    assert "another data prepare (pid 4242)" in line and str(out) in line
+    assert not (out / "plan.json").exists()
+    assert cli_main(["data", "prepare", str(src), "--tokenizer", str(tmp_path / "tok.json"),
+                     "--out", str(out), "--no-progress"]) == 0  # lock released: it runs
+
+
+def _tagged() -> list[int]:
+    """Live processes that inherited TAG (the prepare and its workers), zombies excluded."""
+    pids = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            env, stat = (d / "environ").read_bytes(), (d / "stat").read_text()
+        except OSError:
+            continue
+        if f"{TAG}=1".encode() in env.split(b"\0") and stat.rpartition(")")[2].split()[0] != "Z":
+            pids.append(int(d.name))
+    return pids
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_sigkilled_prepare_leaves_no_worker_running(tmp_path, tok):
+    """SIGKILL of `cgpt data prepare` left its 2 workers (and the resource tracker) running
+    and writing into --out while the rerun wrote it too."""
+    src = tmp_path / "big"
+    src.mkdir()
+    for i in range(4):  # enough work that the workers are busy when the parent dies
+        (src / f"p{i}.jsonl").write_bytes(_jsonl(_docs(25000, i)))
+    (tmp_path / "tok.json").write_text(tok.to_str())
+    argv = [sys.executable, "-m", "cgpt", "data", "prepare", str(src), "--tokenizer",
+            str(tmp_path / "tok.json"), "--out", str(tmp_path / "store"), "--no-progress",
+            "--num-proc", "2"]
+    env = {**os.environ, TAG: "1", "PYTHONPATH": str(REPO)}
+    p = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.time() + 120
+        while len(_tagged()) < 3 and time.time() < deadline and p.poll() is None:
+            time.sleep(0.05)
+        assert p.poll() is None and len(_tagged()) >= 3, "the workers never started"
+        p.kill()
+        p.wait()
+        deadline = time.time() + 20
+        while _tagged() and time.time() < deadline:
+            time.sleep(0.1)
+        survivors = _tagged()
+        assert survivors == [], f"processes outlived the killed prepare: {survivors}"
+    finally:
+        for pid in _tagged():
+            os.kill(pid, signal.SIGKILL)
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    TokenStore(tmp_path / "store").verify()
