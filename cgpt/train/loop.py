@@ -501,7 +501,7 @@ def _train(run: RunConfig, out: Path, resume: bool, progress: bool, strategy,
         "resumed_from_step": start, "tokens_per_s": tps, "mfu": mfu_of(tps),
         "peak_flops_source": peak_src, "epochs": epochs, "mup": cfg.mup,
         "mode": run.train.mode, "devices": strategy.num_devices,
-        "placement": {**strategy.describe(), **fitted.describe()},
+        "placement": {**strategy.describe(), **fitted.describe(), **distributed.job_layout()},
         "peak_lr": plan.recipe.peak_lr, "warmup_steps": plan.recipe.warmup_steps,
         "decay": plan.recipe.decay, "config_changes": changes,
         # the run's own copy (relative to the run directory), the same after a resume
