@@ -10,6 +10,8 @@ only the parameters.
 from __future__ import annotations
 
 import logging
+import math
+import os
 import shutil
 import sys
 import time
@@ -142,7 +144,9 @@ class Checkpointer:
     while a 13B state (154 GB) reaches the disk. The next `save`, `steps`, and `close` wait
     for it first, and a failed write raises there, naming that checkpoint's path. Each
     checkpoint is still written to a temporary directory and renamed when complete.
-    Every finished save prints one line with its measured time (`last_save_s`).
+    Every finished save prints one line with its measured time (`last_save_s`), and a
+    warning when that exceeds the grace the SLURM executor leaves after its time-limit signal
+    (CGPT_SAVE_GRACE_S, `cgpt.sweep.executors.requeue_grace`).
     """
 
     # A test-only hook in the writer: called by Orbax's background thread after the files
@@ -156,6 +160,7 @@ class Checkpointer:
         self._holds = None
         self._written_at: float | None = None
         self.last_save_s: float | None = None  # the newest finished save, start to commit
+        self._warned = False
 
     def _written(self) -> None:
         if type(self).before_commit is not None:
@@ -196,9 +201,17 @@ class Checkpointer:
             self._release(step, e)  # raises
         self._release(step, None)
         self.last_save_s = (self._written_at or time.monotonic()) - t0
-        if distributed.is_writer():
-            print(f"checkpoint {step}: saved in {self.last_save_s:.1f} s (training paused "
-                  f"{blocking:.1f} s of it)", file=sys.stderr, flush=True)
+        if not distributed.is_writer():
+            return
+        print(f"checkpoint {step}: saved in {self.last_save_s:.1f} s (training paused "
+              f"{blocking:.1f} s of it)", file=sys.stderr, flush=True)
+        grace = float(os.environ.get("CGPT_SAVE_GRACE_S") or 0)  # set by the SLURM executor
+        if grace and self.last_save_s > grace and not self._warned:
+            self._warned = True
+            print(f"warning: checkpoint {step} took {self.last_save_s:.0f} s to save, more than "
+                  f"the {grace:.0f} s the scheduler's signal leaves before the requeue: a save "
+                  "on the signal would be cut off; set slurm.signal_delay_s to at least "
+                  f"{math.ceil(1.25 * self.last_save_s) + 30}", file=sys.stderr, flush=True)
 
     def _hold(self) -> None:
         # Orbax logs a traceback per failed writer thread, and TensorStore reports writes that
