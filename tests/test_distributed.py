@@ -69,7 +69,7 @@ def test_one_node_of_eight_gpus():
     assert init_args(alloc, env) is None  # one process: no job to join; JAX sees all 8
     check_devices(alloc, "gpu", 8, 8, 1, nodes=1)
     with pytest.raises(AllocationError, match=r"gives each process 8 GPU\(s\) but JAX found none "
-                                              r"and fell back to CPU \(1 device\(s\)\).*\[cuda\]"):
+                                              r"and fell back to CPU \(1 device\(s\)\).*requirements-gpu"):
         check_devices(alloc, "cpu", 1, 1, 1, nodes=1)
     check_devices(alloc, "cpu", 1, 1, 1, nodes=1, cpu_on_purpose=True)  # JAX_PLATFORMS=cpu
     with pytest.raises(AllocationError, match=r"8 GPU\(s\), 8 in all, but JAX sees 4"):
@@ -150,7 +150,22 @@ def test_train_refuses_a_cpu_fallback_before_training(tmp_path):
     assert proc.stderr.strip().splitlines() == [
         "cgpt train: error: the SLURM allocation (SLURM_JOB_NUM_NODES=1, SLURM_NTASKS=1, "
         "SLURM_TASKS_PER_NODE=1, SLURM_GPUS_ON_NODE=8) gives each process 8 GPU(s) but JAX "
-        "found none and fell back to CPU (1 device(s)): install JAX's CUDA wheels with "
-        "`pip install -e '.[cuda]'` (README: GPU install), or set JAX_PLATFORMS=cpu to train "
-        "on the CPU on purpose"], proc.stderr
+        "found none and fell back to CPU (1 device(s)): install JAX's CUDA wheels (`pip "
+        "install -r requirements-gpu.txt`, README: GPU clusters), or set JAX_PLATFORMS=cpu to "
+        "train on the CPU on purpose"], proc.stderr
     assert not out.exists()
+
+
+def test_signal_lead_and_grace_agree_with_the_spec():
+    """The executor waits the spec's signal lead less the requeue margin, one process per node."""
+    from cgpt.sweep import executors as ex
+    from cgpt.sweep.spec import load_sweep
+
+    assert ex.requeue_grace({}) == 60  # submitit's 90 s lead: the grace cgpt had before
+    cluster = load_sweep(REPO / "sweeps" / "cerebras_gpt.yaml").runs[0].slurm
+    assert ex.requeue_grace(cluster) == cluster["signal_delay_s"] - 30 == 270
+    assert ex.requeue_grace({"signal_delay_s": 15}) == 10
+    with pytest.raises(ValueError, match="slurm.signal_delay_s=0"):
+        ex.requeue_grace({"signal_delay_s": 0})
+    params = ex.slurm_params(cluster, None, 7, "cerebras_gpt")
+    assert (params["tasks_per_node"], params["gpus_per_node"]) == (1, 8)

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from typing import Mapping
 
 GPU_PLATFORMS = ("gpu", "cuda", "rocm")
-INSTALL_HINT = ("install JAX's CUDA wheels with `pip install -e '.[cuda]'` (README: GPU "
-                "install), or set JAX_PLATFORMS=cpu to train on the CPU on purpose")
+INSTALL_HINT = ("install JAX's CUDA wheels (`pip install -r requirements-gpu.txt`, "
+                "README: GPU clusters), or set JAX_PLATFORMS=cpu to train on the CPU on purpose")
 
 
 class AllocationError(ValueError):
