@@ -131,7 +131,9 @@ def _wait_past_checkpoint(job: Job, out: Path, timeout: float = 600) -> list[dic
             log = _log(out)
         except (OSError, json.JSONDecodeError):  # not there yet, or a line half-written
             log = []
-        if log and 5 < log[-1]["step"] < STEPS and log[-1]["step"] % 5 in (2, 3):
+        # ... and that checkpoint committed: saves are asynchronous (cgpt.train.checkpoint)
+        if (log and 5 < log[-1]["step"] < STEPS and log[-1]["step"] % 5 in (2, 3)
+                and (out / "checkpoints" / str(log[-1]["step"] // 5 * 5)).is_dir()):
             return log
         time.sleep(0.02)
     job.kill()
@@ -150,6 +152,10 @@ def _check_resumed(out: Path, before: list[dict], reference: dict[tuple, float])
     summary = json.loads((out / "summary.json").read_text())
     redone = [r for r in before if r["step"] > summary["resumed_from_step"]]
     assert summary["resumed_from_step"] >= 5 and redone
+    # the job's layout as launched: one host, 2 processes of 4 devices (cgpt.sharding.allocation)
+    assert {k: summary["placement"][k] for k in ("nodes", "processes", "devices_per_process",
+                                                 "devices_total")} == {
+        "nodes": 1, "processes": 2, "devices_per_process": 4, "devices_total": 8}
     assert all(got[r["step"]] == same(r) for r in redone), (redone, got)
     # ... and the whole series (train and validation losses) equals the 1-process, 8-device run
     vals = {(r["step"], k): r[k] for r in after for k in ("loss", "val_loss") if k in r}

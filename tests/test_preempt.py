@@ -93,3 +93,75 @@ def test_triggers_interval_and_signal(monkeypatch):
     finally:
         t.uninstall()
     assert signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL
+
+
+# ---- a save slower than the old fixed 60 s grace, on the SLURM executor's signal path -------
+HOOK = '''import os, time
+if os.environ.get("SLOW_SAVE_S"):
+    from cgpt.train import checkpoint
+
+    def _slow():
+        with open(os.environ["SLOW_SAVE_MARK"], "a") as f:
+            f.write("slowed\\n")
+        time.sleep(float(os.environ["SLOW_SAVE_S"]))
+    checkpoint.Checkpointer.before_commit = _slow
+'''
+
+
+@pytest.mark.parametrize("delay, lead", [pytest.param(4, 15, id="4s-save"),
+                                         pytest.param(65, 120, id="65s-save",
+                                                      marks=pytest.mark.slow)])
+def test_slow_save_on_the_signal_completes_and_the_requeued_job_resumes(
+        corpus, tmp_path, monkeypatch, delay, lead):
+    """The SLURM path without SLURM: `RunTask.checkpoint` (what submitit calls on the
+    time-limit signal) signals train, whose checkpoint's writer is slowed by `delay` s (a
+    test-only hook, sitecustomize); it waits the grace of a `lead`-second signal and hands
+    back the resuming call, which finishes with the uninterrupted run's losses."""
+    from cgpt.sweep import executors as ex
+    from cgpt.sweep.state import RUN_FILE
+
+    ref = tmp_path / "ref"
+    assert cli_main(["train", *_flags(corpus, tmp_path, ref)]) == 0
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(HOOK)
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / RUN_FILE).write_text((ref / "config.yaml").read_text())
+    mark = tmp_path / "slowed.txt"
+    grace = ex.requeue_grace({"signal_delay_s": lead})
+    assert grace > delay
+    slow = {"SLOW_SAVE_S": str(delay), "SLOW_SAVE_MARK": str(mark),
+            "PYTHONPATH": f"{hooks}{os.pathsep}{REPO}", ex.GRACE_ENV: f"{grace:g}"}
+    job = ex.Job("run", str(out), resume=False, env=slow)
+    monkeypatch.setenv("SLURM_JOB_ID", "7")  # a SLURM task: a signalled exit waits for requeue
+    monkeypatch.setenv("CGPT_REQUEUE_WAIT_S", "0")
+    import threading
+
+    result = {}
+    t = threading.Thread(target=lambda: result.update(ex.execute_run(job)))
+    t.start()
+    log = out / "metrics.jsonl"
+    deadline = time.time() + 300
+    while time.time() < deadline and t.is_alive():
+        if log.exists() and len(log.read_text().splitlines()) >= 10:
+            break
+        time.sleep(0.05)
+    assert t.is_alive(), (out / "train.log").read_text()
+    t0 = time.time()
+    again = ex.RunTask().checkpoint(job)
+    waited = time.time() - t0
+    t.join(60)
+    text = (out / "train.log").read_text()
+    assert result["status"] == "interrupted" and result["returncode"] == 128 + signal.SIGUSR1, text
+    assert waited >= delay and mark.read_text() == "slowed\n"  # the one save, slowed
+    stopped = max(_losses(out))
+    assert 10 <= stopped < STEPS and _ckpt_steps(out) == [stopped], text  # committed
+    assert f"waiting up to {grace:.0f} s" in text
+    assert f"checkpoint {stopped}: saved in" in text
+    # submitit runs the returned call again in the requeued job: it resumes
+    assert again.function is not None and again.args[0].resume
+    requeued = ex.replace(again.args[0], env={})
+    assert again.function(requeued)["status"] == "done", (out / "train.log").read_text()[-2000:]
+    assert _losses(out) == _losses(ref)
+    assert json.loads((out / "summary.json").read_text())["resumed_from_step"] == stopped

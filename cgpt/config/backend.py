@@ -15,6 +15,15 @@ dtype into a config so that a run's `config.yaml` records what it trained with.
   flash attention (bf16 only, so an f32 GPU run uses XLA's); autodiff's dense backward; the LM
   head's vocabulary padded to a multiple of 128 for the tensor cores (50257 -> 50304).
 - **TPU**: as GPU, with XLA's attention (no cuDNN).
+
+GPU memory, one rule for plan and run: "device memory" (`plan --device-memory 80GB`,
+`estimate.device_memory`, `train.device_memory`) is the GPU's physical memory, and the fit
+(`cgpt.train.fit`) lets a step use all but HEADROOM = 10% of it. A GPU run sets JAX's
+allocator to exactly that share (`gpu_allocator`: XLA_PYTHON_CLIENT_MEM_FRACTION=0.90, where
+JAX's default is 0.75), so the pool the run gets is the "usable" figure the plan printed; the
+other 10% is the CUDA context, cuBLAS/cuDNN workspaces and NCCL buffers, outside the pool.
+`device_memory(bytes_limit, environ)` turns the allocator's limit back into that device
+memory; a user's own smaller fraction lowers it (the fit then sees the smaller pool).
 """
 from __future__ import annotations
 
@@ -24,6 +33,8 @@ from dataclasses import dataclass
 from cgpt.config.model import ModelConfig
 
 PLATFORMS = ("cpu", "gpu", "rocm", "tpu")
+GPU_MEM_FRACTION = 0.90  # = 1 - cgpt.train.fit.HEADROOM (tests/test_distributed.py checks)
+JAX_DEFAULT_MEM_FRACTION = 0.75  # JAX's preallocated share when the variable is unset
 _ALIASES = {"cuda": "gpu"}
 
 
@@ -132,3 +143,32 @@ def for_platform(cfg: ModelConfig, platform: str, compile_on: str | None = None)
         attention = "xla"
     return cfg.replace(compute_dtype=k.compute_dtype, attention=attention,
                        vocab_multiple=k.vocab_multiple)
+
+
+def gpu_allocator(environ) -> float:
+    """Set the GPU allocator's share of memory (XLA_PYTHON_CLIENT_MEM_FRACTION) unless the user
+    set it, and return the share in effect. Must run before JAX creates its GPU client."""
+    if not (environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION") or "").strip():
+        environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{GPU_MEM_FRACTION:.2f}"
+    return mem_fraction(environ)
+
+
+def mem_fraction(environ) -> float:
+    """The allocator's share of GPU memory in effect (JAX's 0.75 when unset)."""
+    raw = (environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION") or "").strip()
+    try:
+        f = float(raw) if raw else JAX_DEFAULT_MEM_FRACTION
+    except ValueError:
+        f = -1.0
+    if not 0 < f <= 1:
+        raise ValueError(f"XLA_PYTHON_CLIENT_MEM_FRACTION={raw!r}: must be a fraction in (0, 1]; "
+                         f"unset it to use cgpt's {GPU_MEM_FRACTION}")
+    return f
+
+
+def device_memory(bytes_limit: int, environ) -> int:
+    """The device memory (in the sense of `plan --device-memory`) a GPU whose allocator limit
+    is `bytes_limit` gives a run: limit / max(fraction, 0.90). With cgpt's 0.90 (or more) that
+    is the GPU's physical memory; with a smaller fraction the fit's usable 90% of it is the
+    pool itself."""
+    return int(bytes_limit / max(mem_fraction(environ), GPU_MEM_FRACTION))

@@ -17,11 +17,14 @@ without its heartbeat (at once if process 0, the coordinator, dies) the others s
 from __future__ import annotations
 
 import os
+import socket
 import sys
 from typing import Callable, NoReturn, TypeVar
 
 import jax
 import numpy as np
+
+from cgpt.sharding import allocation
 
 T = TypeVar("T")
 
@@ -55,40 +58,70 @@ def devices_per_process(total: int) -> int:
 
 
 def initialize(peer_timeout: int | None = None) -> bool:
-    """Join a multi-process job when the environment describes one; True if joined.
+    """Join a multi-process job when the environment describes one, with every GPU the
+    scheduler gave this process; then check what JAX sees against the allocation. True if
+    joined.
 
     Must run before any JAX computation. JAX_COORDINATOR_ADDRESS (with JAX_NUM_PROCESSES and
     JAX_PROCESS_ID) or a SLURM allocation of more than one task (SLURM_NTASKS > 1, where JAX
     reads the rest) start it; so does CGPT_DISTRIBUTED=1 (Cloud TPU pods). `peer_timeout`
     (seconds, default 100) bounds how long the others wait for a process that stopped.
+    GPU memory: the allocator's fraction is set here too (`cgpt.config.backend.gpu_allocator`).
+    Raises `AllocationError` (one line, both numbers) when the devices differ from the
+    allocation (`cgpt.sharding.allocation`).
     """
     timeout = PEER_TIMEOUT_S if peer_timeout is None else peer_timeout
     if isinstance(timeout, bool) or not isinstance(timeout, int) or timeout < 1:
         raise ValueError(f"--peer-timeout {peer_timeout!r}: must be a whole number of seconds "
                          ">= 1")
-    if jax.distributed.is_initialized():
-        return True
-    env = os.environ
-    n = job_processes()
-    if n <= 1 and env.get("CGPT_DISTRIBUTED") != "1":
-        return False
-    # Cross-process collectives on the CPU backend (accelerator backends ignore this).
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    if _LAYOUT:
+        return jax.process_count() > 1
+    from cgpt.config.backend import gpu_allocator
+
+    gpu_allocator(os.environ)  # before JAX creates its GPU client
+    alloc = allocation.allocation_from_env(os.environ, allocation.gpus_present())
+    kw = allocation.init_args(alloc, os.environ)
     global _peer_timeout
     _peer_timeout = timeout
-    # A dead process is noticed by its missing heartbeats; the exit barrier only waits for live
-    # ones, so it may be long: a loaded machine must not turn a finished run into a SIGABRT.
-    kw = dict(heartbeat_timeout_seconds=timeout,
-              shutdown_timeout_seconds=max(timeout, SHUTDOWN_TIMEOUT_S))
-    if env.get("JAX_COORDINATOR_ADDRESS"):
-        if "JAX_PROCESS_ID" not in env:
-            raise ValueError("JAX_COORDINATOR_ADDRESS is set but JAX_PROCESS_ID is not; set "
-                             "JAX_PROCESS_ID (0 .. JAX_NUM_PROCESSES-1) for every process")
-        jax.distributed.initialize(coordinator_address=env["JAX_COORDINATOR_ADDRESS"],
-                                   num_processes=n, process_id=int(env["JAX_PROCESS_ID"]), **kw)
-    else:
-        jax.distributed.initialize(**kw)
-    return True
+    joined = jax.distributed.is_initialized()
+    if kw is not None and not joined:
+        # Cross-process collectives on the CPU backend (accelerator backends ignore this).
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        jax.distributed.initialize(heartbeat_timeout_seconds=timeout,
+                                   # the exit barrier waits only for live processes: on a
+                                   # loaded machine a slow one must not become a SIGABRT
+                                   shutdown_timeout_seconds=max(timeout, SHUTDOWN_TIMEOUT_S),
+                                   **kw)
+        joined = True
+    nodes = _count_hosts()
+    allocation.check_devices(alloc, jax.default_backend(), jax.device_count(),
+                             jax.local_device_count(), jax.process_count(), nodes,
+                             cpu_on_purpose=os.environ.get("JAX_PLATFORMS", "").strip() == "cpu")
+    _LAYOUT.update(allocation.layout(alloc, nodes, jax.process_count(),
+                                     jax.local_device_count(), jax.device_count()))
+    return joined
+
+
+_LAYOUT: dict = {}  # this job's layout once initialize() checked it
+
+
+def job_layout() -> dict:
+    """Nodes, processes and devices per process of this job, for summary.json's placement."""
+    if not _LAYOUT:
+        initialize()
+    return dict(_LAYOUT)
+
+
+def _count_hosts() -> int:
+    """How many distinct hosts the job's processes run on (1 with one process)."""
+    if jax.process_count() == 1:
+        return 1
+    import zlib
+
+    from jax.experimental import multihost_utils
+
+    h = np.int32(zlib.crc32(socket.gethostname().encode()) & 0x7FFFFFFF)
+    return len(set(np.asarray(multihost_utils.process_allgather(h)).ravel().tolist()))
 
 
 def joined() -> tuple[int, int] | None:

@@ -51,7 +51,9 @@ def build_mesh(axes: dict[str, int], devices: Sequence | None = None) -> Mesh:
 
 
 def device_memory_bytes(device=None) -> int:
-    """Memory of one device: the allocator's limit on GPU/TPU, RAM / device count on CPU."""
+    """Memory of one device as `plan --device-memory` means it: on a GPU the physical memory
+    whose 90% the allocator pool holds (`cgpt.config.backend.device_memory`), on TPU the
+    allocator's limit, on CPU RAM / device count."""
     device = device or jax.devices()[0]
     stats = None
     try:
@@ -59,6 +61,10 @@ def device_memory_bytes(device=None) -> int:
     except Exception:
         pass
     if stats and stats.get("bytes_limit"):
+        if device.platform in ("gpu", "cuda", "rocm"):
+            from cgpt.config.backend import device_memory
+
+            return device_memory(int(stats["bytes_limit"]), os.environ)
         return int(stats["bytes_limit"])
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     return ram // max(1, jax.local_device_count())

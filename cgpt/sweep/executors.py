@@ -29,6 +29,21 @@ SUBMITIT_GENERIC = ("timeout_min", "mem_gb", "gpus_per_node", "cpus_per_task", "
                     "tasks_per_node", "stderr_to_stdout")
 # Exit statuses of a train that checkpointed and stopped on a signal (cgpt.train.preempt).
 SIGNAL_EXITS = {128 + s for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)}
+SUBMITIT_SIGNAL_DELAY_S = 90  # submitit's slurm_signal_delay_s when a spec sets none
+GRACE_ENV = "CGPT_SAVE_GRACE_S"  # the grace, passed to train
+REQUEUE_MARGIN_S = 30  # of the signal's lead, kept for submitit's requeue (scontrol) itself
+
+
+def requeue_grace(slurm: dict) -> float:
+    """Seconds `RunTask.checkpoint` waits for the checkpoint on the time-limit signal: the
+    spec's `slurm.signal_delay_s` (submitit's 90 when unset) less the requeue margin (30 s,
+    or a third of a shorter lead). One number for both, so they cannot disagree; train warns
+    when its measured save time exceeds it (cgpt.train.checkpoint)."""
+    lead = float(slurm.get("signal_delay_s", SUBMITIT_SIGNAL_DELAY_S))
+    if lead <= 0:
+        raise ValueError(f"slurm.signal_delay_s={lead:g}: must be > 0 seconds (the time "
+                         "between SLURM's signal and the time limit, for the checkpoint)")
+    return lead - min(REQUEUE_MARGIN_S, lead / 3)
 
 
 @dataclass(frozen=True)
@@ -147,6 +162,11 @@ def _wait_for_parent(job: Job, poll_s: float = 2.0) -> bool:
     return False
 
 
+def proc_rank() -> int:
+    """This task's rank in a multi-task SLURM job (0 otherwise)."""
+    return int(os.environ.get("SLURM_PROCID", "0") or 0)
+
+
 def slurm_job_id() -> str:
     """This job's id as squeue and scontrol name it: ARRAYID_TASK for an array task."""
     env = os.environ
@@ -163,7 +183,7 @@ def execute_run(job: Job) -> dict:
     and all ranks inherit the SLURM environment that `jax.distributed.initialize` reads.
     """
     d = Path(job.run_dir)
-    rank = int(os.environ.get("SLURM_PROCID", "0") or 0)
+    rank = proc_rank()
     for name, text in job.files.items():  # the directory may have been deleted since launch
         if not (d / name).exists():
             atomic_write_text(d / name, text)
@@ -246,6 +266,8 @@ class RunTask:
         return execute_run(job)
 
     def checkpoint(self, job: Job, grace_s: float | None = None):
+        """Ask train to checkpoint and stop, wait up to the job's grace (`requeue_grace`),
+        and hand submitit the resuming call."""
         import submitit
 
         if (Path(job.run_dir) / "summary.json").exists():
@@ -254,7 +276,12 @@ class RunTask:
         with _live_lock:
             proc = _live.get(job.run_id)
         if proc is not None:  # ask again each second: train ignores it until its loop starts
-            deadline = time.time() + (grace_s or float(os.environ.get("CGPT_CKPT_GRACE_S", 60)))
+            grace = grace_s or float(job.env.get(GRACE_ENV) or requeue_grace({}))
+            with open(Path(job.run_dir) / (LOG_FILE if proc_rank() == 0 else
+                                           f"train.rank{proc_rank()}.log"), "a") as f:
+                f.write(f"==== cgpt sweep {time.strftime('%Y-%m-%d %H:%M:%S')}: the scheduler's "
+                        f"signal: checkpoint, waiting up to {grace:.0f} s, then requeue\n")
+            deadline = time.time() + grace
             while time.time() < deadline and not _child_exited(proc.pid):
                 try:
                     proc.send_signal(signal.SIGUSR1)
@@ -323,6 +350,8 @@ def slurm_params(slurm: dict, parallel: int | None, n_jobs: int, name: str) -> d
         if k in ("array_parallelism", "max_num_timeout"):
             continue
         params[k if k in SUBMITIT_GENERIC else f"slurm_{k}"] = v
+    # one process per node driving all of its GPUs (cgpt.sharding.allocation)
+    params.setdefault("tasks_per_node", 1)
     params["slurm_array_parallelism"] = int(parallel or slurm.get("array_parallelism") or n_jobs)
     params.setdefault("timeout_min", 60 * 24)
     params["name"] = f"cgpt-{name}"
@@ -356,6 +385,8 @@ def run_submitit(jobs: list[Job], resources: dict[str, dict], name: str, folder:
         except (NameError, AssertionError, ValueError) as e:
             raise ValueError(f"{where}: bad slurm: setting ({e}); see docs/sweeps.md") from None
         task = RunTask()
+        grace = {GRACE_ENV: f"{requeue_grace(res):g}"}  # train compares its save time with it
+        group = [replace(j, env={**j.env, **grace}) for j in group]
         with ex.batch():
             group_subs = [ex.submit(task, j) for j in group]
         subs += group_subs

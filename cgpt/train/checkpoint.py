@@ -10,8 +10,11 @@ only the parameters.
 from __future__ import annotations
 
 import logging
+import math
+import os
 import shutil
 import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -54,11 +57,14 @@ def is_run_dir(path: Path) -> bool:
     return (path / CONFIG_FILE).exists() and (path / CKPT_DIR).is_dir()
 
 
-def _manager(run_dir: Path, keep: int | None = None, create: bool = True):
+def _manager(run_dir: Path, keep: int | None = None, create: bool = True, on_written=None):
+    """Orbax's manager; asynchronous when `on_written` (called before each commit) is given."""
     import orbax.checkpoint as ocp
 
-    opts = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=False,
-                                        create=create)
+    opts = ocp.CheckpointManagerOptions(
+        max_to_keep=keep, create=create, enable_async_checkpointing=on_written is not None,
+        async_options=ocp.AsyncOptions(post_finalization_callback=on_written)
+        if on_written is not None else None)
     return ocp.CheckpointManager((run_dir / CKPT_DIR).absolute(), options=opts)
 
 
@@ -166,45 +172,105 @@ def restore_newest(mngr, run_dir: Path, items: dict, fix: str,
 
 
 class Checkpointer:
-    """Save/restore {params, opt_state, step} with the last `keep` checkpoints kept."""
+    """Save/restore {params, opt_state, step} with the last `keep` checkpoints kept.
+
+    Saves are asynchronous (Orbax's async checkpointing): `save` returns once the state is
+    copied off the devices and the files are written in the background, so training goes on
+    while a 13B state (154 GB) reaches the disk. The next `save`, `steps`, and `close` wait
+    for it first, and a failed write raises there, naming that checkpoint's path. Each
+    checkpoint is still written to a temporary directory and renamed when complete.
+    Every finished save prints one line with its measured time (`last_save_s`), and a
+    warning when that exceeds the grace the SLURM executor leaves after its time-limit signal
+    (CGPT_SAVE_GRACE_S, `cgpt.sweep.executors.requeue_grace`).
+    """
+
+    # A test-only hook in the writer: called by Orbax's background thread after the files
+    # are written and before the rename commits them (tests slow the writer with it).
+    before_commit = None
 
     def __init__(self, run_dir: Path, keep: int = 2):
         self.run_dir = Path(run_dir)
-        self.mngr = _manager(self.run_dir, keep)
+        self.mngr = _manager(self.run_dir, keep, on_written=self._written)
+        self._pending: tuple[int, float, float] | None = None  # (step, started, blocking s)
+        self._holds = None
+        self._written_at: float | None = None
+        self.last_save_s: float | None = None  # the newest finished save, start to commit
+        self._warned = False
+
+    def _written(self) -> None:
+        if type(self).before_commit is not None:
+            type(self).before_commit()
+        self._written_at = time.monotonic()
 
     def steps(self) -> list[int]:
+        self.wait()  # a save still writing is not a checkpoint yet
         return sorted(self.mngr.all_steps())
 
     def save(self, step: int, params, opt_state) -> None:
-        """Write checkpoint `step`. If the storage refuses (disk full, quota, read-only), the
-        error names the checkpoint's path and the failure's aftermath is not printed."""
+        """Start writing checkpoint `step` and return; the previous save is finished first.
+        If the storage refuses (disk full, quota, read-only), the error names the
+        checkpoint's path and the failure's aftermath is not printed."""
         import orbax.checkpoint as ocp
 
-        held, absl = _HoldErrors(), logging.getLogger("absl")
-        absl.addFilter(held)
-        # TensorStore reports writes that end after Orbax closed its event loop as unraisable
-        # "Event loop is closed" errors, possibly before the save returns: held back here
-        unraisable, prev_hook = [], sys.unraisablehook
-        sys.unraisablehook = lambda u: unraisable.append(u) if _closed_loop(u) else prev_hook(u)
-        error = None
+        self.wait()
+        t0 = time.monotonic()
+        self._hold()
+        self._written_at = None
         try:
             self.mngr.save(step, args=ocp.args.Composite(
                 params=ocp.args.StandardSave(params),
                 opt_state=ocp.args.StandardSave(opt_state)), force=True)
+        except BaseException as e:
+            self._release(step, e)  # raises
+        self._pending = (step, t0, time.monotonic() - t0)
+
+    def wait(self) -> None:
+        """Block until the save in flight (if any) is on disk; raise its error if it failed."""
+        if self._pending is None:
+            return
+        step, t0, blocking = self._pending
+        self._pending = None
+        try:
             self.mngr.wait_until_finished()
-        except Exception as e:  # noqa: BLE001 - re-raised below
-            error = e
-        except BaseException:
-            sys.unraisablehook = prev_hook
-            absl.removeFilter(held)
-            raise
-        cause = rundir.storage_oserror(error) if error is not None else None
+        except BaseException as e:
+            self._release(step, e)  # raises
+        self._release(step, None)
+        self.last_save_s = (self._written_at or time.monotonic()) - t0
+        if not distributed.is_writer():
+            return
+        print(f"checkpoint {step}: saved in {self.last_save_s:.1f} s (training paused "
+              f"{blocking:.1f} s of it)", file=sys.stderr, flush=True)
+        grace = float(os.environ.get("CGPT_SAVE_GRACE_S") or 0)  # set by the SLURM executor
+        if grace and self.last_save_s > grace and not self._warned:
+            self._warned = True
+            print(f"warning: checkpoint {step} took {self.last_save_s:.0f} s to save, more than "
+                  f"the {grace:.0f} s the scheduler's signal leaves before the requeue: a save "
+                  "on the signal would be cut off; set slurm.signal_delay_s to at least "
+                  f"{math.ceil(1.25 * self.last_save_s) + 30}", file=sys.stderr, flush=True)
+
+    def _hold(self) -> None:
+        # Orbax logs a traceback per failed writer thread, and TensorStore reports writes that
+        # end after Orbax closed its event loop as unraisable "Event loop is closed" errors,
+        # at any time until the save is waited for: held back until then
+        held, unraisable, prev_hook = _HoldErrors(), [], sys.unraisablehook
+        logging.getLogger("absl").addFilter(held)
+        sys.unraisablehook = lambda u: unraisable.append(u) if _closed_loop(u) else prev_hook(u)
+        self._holds = (held, unraisable, prev_hook)
+
+    def _release(self, step: int, error: BaseException | None) -> None:
+        """End the hold of `_hold`; re-raise `error`, as an OSError naming checkpoint `step`'s
+        path if the storage refused it."""
+        held, unraisable, prev_hook = self._holds
+        self._holds = None
+        absl = logging.getLogger("absl")
+        cause = (rundir.storage_oserror(error) if isinstance(error, Exception) else None)
         if cause is None:
             sys.unraisablehook = prev_hook
             absl.removeFilter(held)
-            held.release()
-            for u in unraisable:
-                prev_hook(u)
+            if error is None or isinstance(error, Exception):
+                held.release()
+                for u in unraisable:
+                    prev_hook(u)
             if error is not None:
                 raise error
             return
@@ -241,7 +307,11 @@ class Checkpointer:
         return step, out["params"], out["opt_state"]
 
     def close(self) -> None:
-        self.mngr.close()
+        """Finish the save in flight, then release Orbax's threads (even if it failed)."""
+        try:
+            self.wait()
+        finally:
+            self.mngr.close()
 
 
 def read_run_config(run_dir: Path) -> dict:

@@ -167,7 +167,8 @@ def _train(run: RunConfig, out: Path, resuming: bool, progress: bool, launch: ru
     result = summary.build(
         res, metrics.read(out / metrics.METRICS_FILE), val_loss, speed,
         wall_time_s=time.perf_counter() - wall0, start=start, data=data,
-        placement={**strategy.describe(), **fitted.describe()}, changes=changes)
+        placement={**strategy.describe(), **fitted.describe(), **distributed.job_layout()},
+        changes=changes)
     if writer:
         summary.write(out, result)
     return result
