@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import optax
 
 from cgpt.config.model import ModelConfig
-from cgpt.config.recipe import SCHEDULES, Recipe, wsd_decay_steps
+from cgpt.config.recipe import SCHEDULES, WSD_DECAYS, Recipe, wsd_decay_steps
 
 
 def schedule(r: Recipe) -> optax.Schedule:
