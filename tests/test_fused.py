@@ -41,13 +41,15 @@ def _params(out):
 
 def _assert_close_params(a, b, tol=1e-6):
     """Params agree within `tol`, except the attention key bias: softmax ignores it, so its
-    gradient is zero but for rounding, which Adam scales up to steps of ~lr, so ulp-level
-    differences flip them. There both runs must hold only that noise (|b_k| < 1e-4)."""
+    gradient is zero but for rounding, which Adam scales up, so ulp-level differences move it
+    at random (by up to ~1e-4 here). It has no effect on any output (the logged val losses
+    agree within `tol`); its difference must still stay small (1e-3)."""
     ka, kb = (np.asarray(p["h"]["attn"]["c_attn"]["bias"]) for p in (a, b))
     d = ka.shape[-1] // 3
-    assert np.abs(ka[..., d:2 * d]).max() < 1e-4 and np.abs(kb[..., d:2 * d]).max() < 1e-4
+    assert np.abs(ka[..., d:2 * d] - kb[..., d:2 * d]).max() < 1e-3
     for p in (a, b):
-        p["h"]["attn"]["c_attn"]["bias"] = np.asarray(p["h"]["attn"]["c_attn"]["bias"])[..., :d]
+        bias = np.asarray(p["h"]["attn"]["c_attn"]["bias"])
+        p["h"]["attn"]["c_attn"]["bias"] = np.concatenate([bias[..., :d], bias[..., 2 * d:]], -1)
     diffs = jax.tree.map(lambda p, q: float(np.max(np.abs(np.asarray(p) - np.asarray(q)))), a, b)
     assert max(jax.tree.leaves(diffs)) <= tol, diffs
 
