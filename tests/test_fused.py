@@ -40,7 +40,7 @@ def _params(out):
 
 
 def _assert_close_params(a, b, tol=1e-6):
-    """Params agree within `tol`, except the attention key bias: softmax ignores it, so its
+    """Params agree within `tol` + 1e-5 x their size, except the attention key bias: softmax ignores it, so its
     gradient is zero but for rounding, which Adam scales up, so ulp-level differences move it
     at random (by up to ~1e-4 here). It has no effect on any output (the logged val losses
     agree within `tol`); its difference must still stay small (1e-3)."""
@@ -50,8 +50,10 @@ def _assert_close_params(a, b, tol=1e-6):
     for p in (a, b):
         bias = np.asarray(p["h"]["attn"]["c_attn"]["bias"])
         p["h"]["attn"]["c_attn"]["bias"] = np.concatenate([bias[..., :d], bias[..., 2 * d:]], -1)
-    diffs = jax.tree.map(lambda p, q: float(np.max(np.abs(np.asarray(p) - np.asarray(q)))), a, b)
-    assert max(jax.tree.leaves(diffs)) <= tol, diffs
+    excess = jax.tree.map(  # |p - q| beyond tol + 1e-5 |q| (LN scales near 1: a few ulps)
+        lambda p, q: float(np.max(np.abs(np.asarray(p) - q) - 1e-5 * np.abs(np.asarray(q)))),
+        a, b)
+    assert max(jax.tree.leaves(excess)) <= tol, excess
 
 
 def _assert_same_run(fused_dir, solo_dir, tol=1e-6):
