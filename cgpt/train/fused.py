@@ -1,0 +1,163 @@
+"""Fused training: runs of one model shape trained as one vmapped program (issue #21).
+
+Scaling-law sweeps are mostly small runs, and a small run leaves most of a machine idle (on
+CPU the tiny presets reach 16-30% of the matmul peak; each run also pays its own compile and
+process start). Runs that share a model shape and a step count but differ in seed, data
+order, peak LR, warmup, schedule, weight decay or clipping are one program with a leading
+member axis: `jax.vmap` over the members' params, optimizer states, batches and
+hyperparameters (HFTA, Wang et al., MLSys 2021).
+
+Each member's optimizer is `cgpt.train.optim.make_optimizer`'s chain with the same state
+(so its checkpoints restore into a run trained alone), but the learning rate is read from a
+per-member table: `optim.schedule(recipe)` evaluated at every step, so every schedule
+(published linear/cosine, WSD) is exactly the one a solo run uses. Weight decay and the
+clipping norm are per-member arrays too; Adam's b1, b2 and eps must agree (they are the
+preset's, and constant folding of a static b1 could differ from a traced one by an ulp).
+
+A member whose loss or gradient norm is not finite keeps its last good params and optimizer
+state (the update is masked inside the step), so the others go on unchanged.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from cgpt.config.model import ModelConfig
+from cgpt.errors import TrainError
+from cgpt.model import gpt as model
+from cgpt.train import optim
+from cgpt.train.step import make_step
+
+# What may differ between the members of a fused group: everything else must be equal.
+MEMBER_MODEL_KEYS = ("name", "init_std", "out_init_std", "mup_init_std")  # init only
+MEMBER_DATA_KEYS = ("seed",)  # the batch order
+MEMBER_TRAIN_KEYS = ("seed", "peak_lr", "warmup_steps", "weight_decay", "clip_norm", "decay",
+                     "schedule", "decay_fraction", "end_lr_fraction", "log_every", "eval_every",
+                     "ckpt_every", "keep_checkpoints")
+SHARED_RECIPE_KEYS = ("total_steps", "batch_size", "adam_eps", "b1", "b2")
+
+
+def check_group(resolved: Sequence, names: Sequence[str]) -> None:
+    """Raise a TrainError naming the first key on which a member differs from member 0 in a
+    way one program cannot train (`resolved`: each member's `Resolved`, `names`: its --out)."""
+    if not resolved:
+        raise TrainError("fused training needs at least one run")
+    for i, r in enumerate(resolved):
+        if r.mode != "single":
+            raise TrainError(f"fused run {names[i]}: train.mode={r.run.train.mode} resolved to "
+                             f"{r.mode}; fused training runs on one device: set "
+                             "train.mode=single (or train the run alone)")
+    first = resolved[0]
+    a = first.run.to_dict()
+    ra = dataclasses.asdict(first.recipe)
+    for i, r in enumerate(resolved[1:], 1):
+        b = r.run.to_dict()
+        keys = [f"model.{k}" for k in a["model"] if k not in MEMBER_MODEL_KEYS]
+        keys += [f"data.{k}" for k in a["data"] if k not in MEMBER_DATA_KEYS]
+        keys += [f"train.{k}" for k in a["train"] if k not in MEMBER_TRAIN_KEYS]
+        for key in keys:
+            s, k = key.split(".")
+            if a[s][k] != b[s][k]:
+                raise TrainError(
+                    f"fused runs must share {key}: {names[0]} has {a[s][k]!r} but {names[i]} "
+                    f"has {b[s][k]!r}; members may differ only in "
+                    f"{', '.join(['data.seed'] + [f'train.{x}' for x in MEMBER_TRAIN_KEYS])} "
+                    "and the init scales; train the others in another group")
+        rb = dataclasses.asdict(r.recipe)
+        for k in SHARED_RECIPE_KEYS:
+            if ra[k] != rb[k]:
+                raise TrainError(f"fused runs must share the recipe's {k}: {names[0]} has "
+                                 f"{ra[k]!r} but {names[i]} has {rb[k]!r}; train the others in "
+                                 "another group")
+
+
+@dataclasses.dataclass(frozen=True)
+class Hyper:
+    """Per-member optimizer hyperparameters as arrays with a leading member axis."""
+
+    lr: jax.Array  # [M, total_steps + 1]: the schedule at every update count
+    weight_decay: jax.Array  # [M]
+    clip_norm: jax.Array  # [M]
+
+
+jax.tree_util.register_dataclass(Hyper, data_fields=["lr", "weight_decay", "clip_norm"],
+                                 meta_fields=[])
+
+
+def lr_table(recipe) -> np.ndarray:
+    """`optim.schedule(recipe)` at counts 0..total_steps (float32): the solo run's LRs."""
+    counts = jnp.arange(recipe.total_steps + 1, dtype=jnp.int32)
+    return np.asarray(jax.jit(jax.vmap(optim.schedule(recipe)))(counts), np.float32)
+
+
+def stack_hyper(recipes: Sequence) -> Hyper:
+    return Hyper(lr=jnp.asarray(np.stack([lr_table(r) for r in recipes])),
+                 weight_decay=jnp.asarray([r.weight_decay for r in recipes], jnp.float32),
+                 clip_norm=jnp.asarray([r.clip_norm for r in recipes], jnp.float32))
+
+
+def member_optimizer(h: Hyper, recipe, cfg: ModelConfig) -> optax.GradientTransformation:
+    """One member's optimizer (`h`: its slice of the arrays, inside the vmap): the chain of
+    `optim.make_optimizer`, whose state it shares, with the per-member values traced."""
+    parts = [
+        optax.clip_by_global_norm(h.clip_norm),
+        optax.scale_by_adam(b1=recipe.b1, b2=recipe.b2, eps=recipe.adam_eps),
+        optax.add_decayed_weights(h.weight_decay, mask=optim.decay_mask),
+        optax.scale_by_learning_rate(lambda count: h.lr[count]),
+    ]
+    if cfg.mup:
+        parts.append(optax.masked(optax.scale(1.0 / cfg.width_mult), optim.decoder_kernel_mask))
+    return optax.chain(*parts)
+
+
+def make_fused_step(cfg: ModelConfig, recipe, loss: Callable = model.loss_fn) -> Callable:
+    """step(params, opt_state, batch [M, accum, micro, T+1], hyper, active [M]) ->
+    (params, opt_state, {loss, grad_norm, ok} each [M]), jitted with params and state donated.
+
+    A member that is not `active`, or whose loss or gradient norm is not finite, keeps its
+    params and optimizer state (`ok` is False for it)."""
+
+    def member(params, opt_state, batch, h, active):
+        new_p, new_o, m = make_step(cfg, member_optimizer(h, recipe, cfg), loss)(
+            params, opt_state, batch)
+        ok = active & jnp.isfinite(m["loss"]) & jnp.isfinite(m["grad_norm"])
+        keep = lambda new, old: jnp.where(ok, new, old)  # noqa: E731
+        return (jax.tree.map(keep, new_p, params), jax.tree.map(keep, new_o, opt_state),
+                {**m, "ok": ok})
+
+    return jax.jit(jax.vmap(member), donate_argnums=(0, 1))
+
+
+def make_fused_eval(cfg: ModelConfig, loss: Callable = model.loss_fn) -> Callable:
+    """eval(params [M, ...], tokens [B, T+1]) -> [M] losses on one shared batch."""
+    return jax.jit(jax.vmap(lambda p, tokens: loss(p, tokens, cfg), in_axes=(0, None)))
+
+
+@jax.jit
+def members_finite(tree) -> jax.Array:
+    """[M] booleans: every float leaf of member m is finite."""
+    leaves = [jnp.isfinite(x).reshape(x.shape[0], -1).all(axis=1) for x in jax.tree.leaves(tree)
+              if jnp.issubdtype(x.dtype, jnp.inexact)]
+    return jnp.stack(leaves).all(axis=0)
+
+
+def stack(trees: Sequence):
+    """Member trees -> one tree with a leading member axis."""
+    return jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
+
+
+def member(tree, i: int):
+    """Member `i`'s slice of a stacked tree."""
+    return jax.tree.map(lambda x: x[i], tree)
+
+
+def init_member(cfg: ModelConfig, recipe, seed: int):
+    """(params, opt_state) exactly as a solo run initializes them (`SingleDevice`)."""
+    params = jax.jit(model.init_params, static_argnums=0)(cfg, seed)
+    opt_state = jax.jit(optim.make_optimizer(recipe, cfg).init)(params)
+    return params, opt_state

@@ -1,0 +1,306 @@
+"""Training a fused group: one vmapped program, one run directory per member.
+
+Each member's run directory ends up as `train` would leave it (config.yaml, tokenizer.json,
+metrics.jsonl, checkpoints, summary.json), so `cgpt.load(member_dir)` and `cgpt train
+--resume` of one member alone work, and its logged losses equal the run trained alone (within
+1e-6 in f32, `tests/test_fused.py`). What is shared: one compile, one process, one loop.
+
+Faults stay per member. A member whose loss or gradient norm is not finite is masked in the
+step (keeps its last good state), writes nothing more, and gets `failed.json` with the advice a
+solo run prints (`cgpt.train.resume.nonfinite_stop`); the others go on. Relaunching a killed
+group with `resume=True` restarts every member from the newest checkpoint step they all kept
+(later ones are moved to `discarded_checkpoints/`, as `--from-step` does): batches are a pure
+function of the step, so the rewound members retrain exactly what they had.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from cgpt.config import flops
+from cgpt.config.run import RunConfig, parse_bytes
+from cgpt.errors import TrainError
+from cgpt.fileio import atomic_write_text, probe_writable
+from cgpt.sharding.mesh import device_memory_bytes
+from cgpt.sharding.strategies import SingleDevice
+from cgpt.train import checkpoint, fit, fused, metrics, preempt, resume, rundir, setup, summary
+from cgpt.train.mfu import Throughput
+from cgpt.train.resolve import resolve
+
+FAILED_FILE = "failed.json"  # = cgpt.sweep.state.FAILED_FILE (train never imports the sweep)
+
+
+def train_fused(runs: Sequence[RunConfig], outs: Sequence[str | Path], resume: bool = False,
+                progress: bool = True) -> list[dict | TrainError]:
+    """Train `runs` (one shape, see `cgpt.train.fused.check_group`) as one program into the
+    run directories `outs`; returns each member's summary, or the TrainError that stopped it.
+
+    Every directory is locked while this runs; a launch that fails before the configs are
+    written leaves nothing behind. Single process, one device (`train.mode=single`)."""
+    outs = [Path(o) for o in outs]
+    if len(runs) != len(outs):
+        raise TrainError(f"fused training got {len(runs)} configs but {len(outs)} --out "
+                         "directories; give one --out per config")
+    dup = sorted({str(o) for o in outs if [p.resolve() for p in outs].count(o.resolve()) > 1})
+    if dup:
+        raise TrainError(f"fused runs need one directory each; {', '.join(dup)} is given twice")
+    if jax.process_count() > 1:
+        raise TrainError("fused training runs in one process; launch it without SLURM tasks")
+    with contextlib.ExitStack() as stack:
+        launches = []
+        for out in outs:
+            new_dirs = rundir.first_missing(out)
+            try:
+                probe_writable(out)
+            except OSError as e:
+                raise TrainError(f"output directory {out} is not writable ({e.strerror or e}); "
+                                 "choose another --out") from e
+            launches.append(stack.enter_context(rundir.Launch(out, new_dirs)))
+        return _train_fused(list(runs), outs, resume, progress, launches)
+
+
+def _train_fused(runs: list[RunConfig], outs: list[Path], resuming: bool, progress: bool,
+                 launches: list[rundir.Launch]) -> list[dict | TrainError]:
+    from tqdm.auto import tqdm
+
+    # ---- set up: each member resolved, the group checked, one compiled step -----------------
+    wall0 = time.perf_counter()
+    results: list[dict | TrainError | None] = [None] * len(runs)
+    devices = jax.devices()
+    live, res, saved, priors, fresh, memory = [], {}, {}, {}, {}, {}
+    for i, (run, out) in enumerate(zip(runs, outs)):
+        fresh[i] = not (out / checkpoint.CONFIG_FILE).exists()
+        priors[i] = None if fresh[i] or not resuming else checkpoint.read_run_config(out)
+        saved[i] = resume.check_config(run, out, resuming)
+        if resuming and (out / summary.SUMMARY_FILE).exists():  # finished already
+            results[i] = summary.read(out)
+            continue
+        t = saved[i].train
+        memory[i] = (parse_bytes(t.device_memory, "train.device_memory") if t.device_memory
+                     else device_memory_bytes())
+        r = resolve(saved[i], devices, device_memory=memory[i])
+        res[i] = r.fitted(r.micro_batch, bool(r.cfg.remat))  # no search: one shape, checked below
+        live.append(i)
+    if not live:
+        return results
+    fused.check_group([res[i] for i in live], [str(outs[i]) for i in live])
+    r0 = res[live[0]]
+    cfg, total, M = r0.cfg, r0.total_steps, len(live)
+    step_fn, bytes_ = _compile(r0, M, memory[live[0]])
+    print(f"{cfg.name}: {M} runs fused into one program, micro-batch {r0.micro_batch} x "
+          f"{r0.accum} accumulation step(s): {fit.gb(bytes_['total'])} on one device",
+          file=sys.stderr, flush=True)
+    data = {}
+    for i in live:
+        data[i] = setup.run_data(res[i], outs[i], fresh[i])
+        if fresh[i]:
+            launches[i].created.append(outs[i] / "tokenizer.json")
+            data[i].save_tokenizer(outs[i])
+        atomic_write_text(outs[i] / checkpoint.CONFIG_FILE, saved[i].to_yaml())
+    for i in live:
+        launches[i].commit()  # from here on each directory holds a resumable run
+
+    ckpts = {i: checkpoint.Checkpointer(outs[i], keep=res[i].run.train.keep_checkpoints)
+             for i in live}
+    try:
+        start, params, opt_state = _start(res, ckpts, outs, live, resuming)
+        changes = {}
+        for i in live:
+            metrics.truncate(outs[i] / metrics.METRICS_FILE, start)
+            changes[i] = resume.record_changes(outs[i], priors[i], saved[i], start)
+        evaluate = _validation(r0, data[live[0]])
+        trained = _loop(res, data, ckpts, outs, live, start, params, opt_state, step_fn,
+                        evaluate, progress, tqdm, results)
+    finally:
+        _close_all(*(c.close for c in ckpts.values()))
+
+    # ---- the summaries ----------------------------------------------------------------------
+    speed, params, val_loss = trained
+    placement = {**SingleDevice(cfg).describe(), "micro_batch": r0.micro_batch, "accum": r0.accum,
+                 "remat": bool(cfg.remat), "bytes_per_device": bytes_["total"], "fused": M}
+    for k, i in enumerate(live):
+        if results[i] is not None:  # failed
+            continue
+        if math.isnan(val_loss[k]):  # resumed at its end: no fresh evaluation
+            val_loss[k] = float(evaluate(params)[k])
+        results[i] = summary.build(
+            res[i], metrics.read(outs[i] / metrics.METRICS_FILE), val_loss[k], speed,
+            wall_time_s=time.perf_counter() - wall0, start=start, data=data[i],
+            placement=placement, changes=changes[i])
+        summary.write(outs[i], results[i])
+    return results
+
+
+def _compile(r0, members: int, memory: int):
+    """The fused step compiled for `members` stacked states, and its bytes (`fit.step_bytes`);
+    a TrainError if it does not fit the device."""
+    cfg = r0.cfg
+    a_p, a_o = jax.eval_shape(lambda: fused.init_member(cfg, r0.recipe, 0))
+    grow = lambda x: jax.ShapeDtypeStruct((members, *x.shape), x.dtype)  # noqa: E731
+    a_hyper = fused.Hyper(lr=jax.ShapeDtypeStruct((members, r0.total_steps + 1), jnp.float32),
+                          weight_decay=jax.ShapeDtypeStruct((members,), jnp.float32),
+                          clip_norm=jax.ShapeDtypeStruct((members,), jnp.float32))
+    a_batch = jax.ShapeDtypeStruct((members, r0.accum, r0.micro_batch, r0.seq_len + 1), jnp.int32)
+    compiled = fused.make_fused_step(cfg, r0.recipe).lower(
+        jax.tree.map(grow, a_p), jax.tree.map(grow, a_o), a_batch, a_hyper,
+        jax.ShapeDtypeStruct((members,), jnp.bool_)).compile()
+    b = fit.step_bytes(compiled)
+    if b["total"] > fit.usable_memory(memory):
+        raise TrainError(f"{members} fused runs of {cfg.name} need {fit.gb(b['total'])} on one "
+                         f"device but {fit.gb(fit.usable_memory(memory))} are usable; fuse "
+                         "fewer runs per group (or set train.micro_batch smaller)")
+    return compiled, b
+
+
+def _start(res, ckpts, outs, live, resuming):
+    """(start step, stacked params, stacked optimizer state). Resuming, every member restarts
+    from the newest step all of them kept; later checkpoints are set aside (a rewind)."""
+    states = {i: fused.init_member(res[i].cfg, res[i].recipe, res[i].run.train.seed)
+              for i in live}
+    start = 0
+    if resuming:
+        common = set.intersection(*(set(ckpts[i].steps()) for i in live))
+        start = max(common, default=0)
+        for i in live:
+            ckpts[i].discard_after(start)
+        strategy = SingleDevice(res[live[0]].cfg)
+        got = {}
+        for i in live:
+            got[i], p, o = setup.start_state(res[i], strategy, ckpts[i], *states[i], outs[i],
+                                             resume=True, from_step=None, branch_from=None)
+            states[i] = (p, o)
+        if len(set(got.values())) > 1:  # a checkpoint was unreadable and fell back further
+            raise TrainError("the fused runs restored different steps ("
+                             + ", ".join(f"{outs[i]}: {got[i]}" for i in live)
+                             + "); resume them with --from-step at a step all of them keep")
+        start = got[live[0]]
+    params = fused.stack([states[i][0] for i in live])
+    opt_state = fused.stack([states[i][1] for i in live])
+    return start, params, opt_state
+
+
+def _loop(res, data, ckpts, outs, live, start, params, opt_state, step_fn, evaluate, progress,
+          tqdm, results):
+    r0 = res[live[0]]
+    total, B, T = r0.total_steps, r0.batch_size, r0.seq_len
+    hyper = fused.stack_hyper([res[i].recipe for i in live])
+    lrs = np.asarray(hyper.lr)
+    tr = {i: res[i].run.train for i in live}
+    eval_every = {i: tr[i].eval_every or max(1, total // 10) for i in live}
+    ckpt_every = {i: tr[i].ckpt_every or max(1, total // 10) for i in live}
+    window = summary.loss_window(total)
+    speed = Throughput(flops.train_flops_per_token(r0.cfg, T), r0.cfg.compute_dtype, 1)
+    logs = {i: metrics.MetricsLog(outs[i], start) for i in live}
+    active = np.ones(len(live), bool)
+    val_loss = [math.nan] * len(live)
+    bar = tqdm(total=total, initial=start, disable=not progress, unit="step", dynamic_ncols=True,
+               desc=f"{r0.cfg.name} x{len(live)} fused")
+    triggers = preempt.CheckpointTriggers(tr[live[0]].checkpoint_minutes).install()
+
+    def fail(k: int, err: TrainError) -> None:
+        i = live[k]
+        active[k] = False
+        results[i] = err
+        logs[i].close()
+        atomic_write_text(outs[i] / FAILED_FILE, json.dumps({"status": "failed",
+                                                             "error": str(err)}, indent=2))
+        print(f"{outs[i]}: {err}", file=sys.stderr, flush=True)
+
+    try:
+        for step in range(start, total):
+            by_seed = {}  # members of one data seed share their batches
+            for i in live:
+                s = data[i].seed
+                if s not in by_seed:
+                    by_seed[s] = data[i].train_batch(step, B).reshape(r0.accum, -1, T + 1)
+            batch = np.stack([by_seed[data[i].seed] for i in live])
+            t0 = time.perf_counter()
+            params, opt_state, m = step_fn(params, opt_state, jnp.asarray(batch), hyper,
+                                         jnp.asarray(active))
+            loss, gnorm, ok = (np.asarray(m[k]) for k in ("loss", "grad_norm", "ok"))
+            dt = time.perf_counter() - t0
+            for k, i in enumerate(live):
+                if active[k] and not ok[k]:  # before any write for this step
+                    what, note = ((f"loss is {loss[k]}", "") if not math.isfinite(loss[k]) else
+                                  (f"grad_norm is {gnorm[k]}", f" (loss {loss[k]:.4g})"))
+                    fail(k, resume.nonfinite_stop(what, step + 1, ckpts[i].steps(), outs[i],
+                                                  note))
+            if not active.any():
+                break
+            if step > start:  # the first step includes compilation
+                speed.add(dt, r0.tokens_per_step)
+            done = step + 1
+            evals = [k for k, i in enumerate(live)
+                     if active[k] and (done % eval_every[i] == 0 or done == total)]
+            vl = evaluate(params) if evals else None
+            for k, i in enumerate(live):
+                if not active[k]:
+                    continue
+                rec = {"step": done, "loss": float(loss[k]), "grad_norm": float(gnorm[k]),
+                       "lr": float(lrs[k, step]), "tokens": done * r0.tokens_per_step,
+                       "epoch": data[i].epoch_at(done, B), "tokens_per_s": speed.tokens_per_s,
+                       "mfu": speed.mfu()}
+                if k in evals:
+                    val_loss[k] = rec["val_loss"] = float(vl[k])
+                if done % tr[i].log_every == 0 or "val_loss" in rec or done > total - window:
+                    logs[i].write(rec)
+            save_now, stop_signal = triggers.poll()
+            saves = [k for k, i in enumerate(live) if active[k] and (
+                done % ckpt_every[i] == 0 or done == total or save_now)]
+            if saves:
+                finite = np.asarray(fused.members_finite((params, opt_state)))
+                for k in saves:
+                    i = live[k]
+                    if not finite[k]:  # the last guard before disk
+                        fail(k, resume.nonfinite_stop("non-finite parameters or optimizer "
+                                                      "state", done, ckpts[i].steps(), outs[i]))
+                        continue
+                    ckpts[i].save(done, fused.member(params, k), fused.member(opt_state, k))
+                triggers.saved()
+            bar.set_postfix(loss=f"{np.nanmean(np.where(active, loss, np.nan)):.3f}",
+                            tok_s=f"{speed.tokens_per_s * active.sum():,.0f}", refresh=False)
+            bar.update(1)
+            if stop_signal and done < total:
+                raise preempt.Preempted(stop_signal, done, ", ".join(map(str, outs)))
+    finally:
+        _close_all(triggers.uninstall, bar.close,
+                   *(logs[i].close for k, i in enumerate(live) if active[k]))
+    return speed, params, val_loss
+
+
+def _validation(r0, data):
+    """evaluate(params [M, ...]) -> [M] mean losses over the validation split, batched as a
+    solo run batches it (`cgpt.train.loop._validation`); the split is the same for every seed."""
+    eval_fn = fused.make_fused_eval(r0.cfg)
+    eval_bs = min(r0.micro_batch, data.num_val_sequences)
+    limit = r0.run.train.eval_batches
+
+    def evaluate(params) -> np.ndarray:
+        losses = []
+        for batch in data.val_batches(eval_bs, drop_last=True):
+            losses.append(np.asarray(eval_fn(params, jnp.asarray(batch)), np.float64))
+            if limit and len(losses) >= limit:
+                break
+        return sum(x * eval_bs for x in losses) / (len(losses) * eval_bs)
+
+    return evaluate
+
+
+def _close_all(*closers) -> None:
+    first = None
+    for close in closers:
+        try:
+            close()
+        except Exception as e:  # noqa: BLE001 - re-raised below
+            first = first or e
+    if first is not None:
+        raise first
