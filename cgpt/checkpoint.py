@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import shutil
 import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -49,7 +50,18 @@ def _set_aside(src: Path, aside: Path) -> None:
 
 
 def is_run_dir(path: Path) -> bool:
-    return (path / CONFIG_FILE).exists() and (path / CKPT_DIR).is_dir()
+    """A cgpt run (not a Hugging Face directory): by its config.yaml, checkpoints/ or log."""
+    return not (path / "config.json").exists() and bool(rundir.recognise(path))
+
+
+def nonfinite_tensor(params) -> str | None:
+    """The name ('h/attn/w_qkv') of the first parameter holding NaN or inf, or None."""
+    import numpy as np
+
+    for path, x in jax.tree_util.tree_flatten_with_path(params)[0]:
+        if not np.isfinite(np.asarray(x, np.float32)).all():
+            return "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
+    return None
 
 
 def _manager(run_dir: Path, keep: int | None = None, create: bool = True):
@@ -202,6 +214,7 @@ class Checkpointer:
                     params=ocp.args.StandardRestore(abstract_params),
                     opt_state=ocp.args.StandardRestore(abstract_opt_state)))
             except Exception as e:  # orbax/tensorstore raise many types for bad files
+                _mute_storage_aftermath(sys.unraisablehook)  # TensorStore's late "loop closed"
                 bad.append((step, e))
                 continue
             for b, e in bad:  # newer ones that failed: set aside so their steps can be rewritten
@@ -226,9 +239,19 @@ class Checkpointer:
 
 
 def read_run_config(run_dir: Path) -> dict:
-    f = run_dir / CONFIG_FILE
+    f = Path(run_dir) / CONFIG_FILE
+    if not f.exists():
+        found = rundir.recognise(run_dir)
+        raise LoadError(f"{f} is missing" + (f" (the directory holds a run: {', '.join(found)})"
+                                             if found else "")
+                        + "; restore the run's config.yaml, or pass a run directory")
     try:
-        cfg = yaml.safe_load(f.read_text())
+        cfg = yaml.safe_load(f.read_bytes().decode())
+    except IsADirectoryError:
+        raise LoadError(f"{f} is a directory; the run's config must be a YAML file") from None
+    except UnicodeDecodeError as e:
+        raise LoadError(f"{f}: not a text file (byte {e.start} is not UTF-8); restore the "
+                        "run's config.yaml") from None
     except (OSError, yaml.YAMLError) as e:
         raise LoadError(f"{f}: unreadable run config ({e})") from e
     if not isinstance(cfg, dict) or not isinstance(cfg.get("model"), dict):
@@ -248,17 +271,50 @@ def load_run(run_dir: Path, compute_dtype: str = "float32"):
     except (TypeError, ValueError) as e:
         raise LoadError(f"{run_dir / CONFIG_FILE}: key 'model': {e}") from e
     abstract = jax.eval_shape(lambda: init_params(cfg))
-    mngr = _manager(run_dir, create=False)  # reading only: never creates or deletes
-    steps = sorted(mngr.all_steps())
-    if not steps:
-        raise LoadError(f"{run_dir / CKPT_DIR}: no complete checkpoint yet; train longer or "
-                        "resume the run with --resume")
+    ckpts = run_dir / CKPT_DIR
+    if not ckpts.is_dir():
+        raise LoadError(f"{ckpts} " + ("is a file, not the run's checkpoint directory"
+                                       if ckpts.exists() else "is missing")
+                        + "; restore it (or train the run with --resume)")
+    tokenizer = load_checkpoint_tokenizer(run_dir)
+    for _ in range(5):  # a run that is training may replace its checkpoints meanwhile
+        try:
+            mngr = _manager(run_dir, create=False)  # reading only: never creates or deletes
+            steps = sorted(mngr.all_steps())
+        except FileNotFoundError:
+            time.sleep(0.2)
+            continue
+        if not steps:
+            raise LoadError(f"{ckpts}: no complete checkpoint yet; train longer or "
+                            "resume the run with --resume")
+        got = _restore_newest(mngr, steps, ocp.args.Composite(
+            params=ocp.args.StandardRestore(abstract)), ckpts)
+        if got is not None:
+            break
+    else:
+        raise LoadError(f"{ckpts}: its checkpoints kept changing while they were read (a run "
+                        "training into it saves and deletes them); retry, or load a copy")
+    step, out = got
+    if out is None:
+        raise LoadError(f"{ckpts}: every checkpoint ({', '.join(map(str, steps))}) is unreadable")
+    bad = nonfinite_tensor(out["params"])
+    if bad is not None:
+        raise LoadError(f"{ckpts / str(step)}: tensor {bad!r} holds NaN or inf values (the "
+                        "trainer never saves such a checkpoint, so the file is damaged); "
+                        "move that step's directory away to load the previous checkpoint")
+    return cfg, out["params"], tokenizer
+
+
+def _restore_newest(mngr, steps: list[int], args, ckpts: Path):
+    """(step, restored) of the newest readable checkpoint, (None, None) when none is, or None
+    when one vanished while it was read (a training run replaced it: list them again)."""
     for step in reversed(steps):
         try:
-            out = mngr.restore(step, args=ocp.args.Composite(
-                params=ocp.args.StandardRestore(abstract)))
-            return cfg, out["params"], load_checkpoint_tokenizer(run_dir)
-        except Exception as e:
-            warnings.warn(f"{run_dir / CKPT_DIR / str(step)}: unreadable checkpoint ({brief(e)}); "
-                          "trying the previous one", stacklevel=2)
-    raise LoadError(f"{run_dir / CKPT_DIR}: every checkpoint is unreadable")
+            return step, mngr.restore(step, args=args)
+        except Exception as e:  # noqa: BLE001 - a damaged or (mid-save) vanished checkpoint
+            _mute_storage_aftermath(sys.unraisablehook)  # TensorStore's late "loop closed"
+            if not (ckpts / str(step)).exists():
+                return None
+            warnings.warn(f"{ckpts / str(step)}: unreadable checkpoint ({brief(e)}); "
+                          "trying the previous one", stacklevel=3)
+    return None, None

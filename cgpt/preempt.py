@@ -15,6 +15,31 @@ import threading
 import time
 
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
+_pending = 0  # a signal that arrived before the loop's handlers (see `defer_early`)
+
+
+def _early(signum, frame) -> None:
+    global _pending
+    _pending = _pending or signum
+
+
+def defer_early() -> dict:
+    """Keep a scheduler's signal that arrives before the training loop (while JAX starts, the
+    data is prepared, the step compiles): its default action would end the process with no
+    checkpoint and no message. The loop acts on it after its first step, like on any other."""
+    global _pending
+    _pending = 0
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {s: signal.signal(s, _early) for s in SIGNALS}
+
+
+def restore(old: dict) -> None:
+    """Put back the handlers `defer_early` replaced (a caller that is not the process's end)."""
+    global _pending
+    for s, h in old.items():
+        signal.signal(s, h)
+    _pending = 0
 
 
 class Preempted(Exception):
@@ -43,8 +68,10 @@ class CheckpointTriggers:
         self.signum = self.signum or signum
 
     def install(self) -> "CheckpointTriggers":
+        global _pending
         if threading.current_thread() is threading.main_thread():  # handlers: main thread only
             self._old = {s: signal.signal(s, self._handle) for s in SIGNALS}
+        self.signum, _pending = self.signum or _pending, 0
         return self
 
     def uninstall(self) -> None:

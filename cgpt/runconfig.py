@@ -215,9 +215,14 @@ def load_yaml(path: str | Path, what: str = "config file",
     """A YAML mapping from `path`; every failure names the file (and `what` it should be)."""
     p = Path(path)
     try:
-        raw = yaml.safe_load(p.read_text())
+        raw = yaml.safe_load(p.read_bytes().decode())
     except FileNotFoundError:
         raise ValueError(f"{what} {p} not found") from None
+    except IsADirectoryError:
+        raise ValueError(f"{what} {p} is a directory; pass the YAML file in it") from None
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{p}: not a text file (byte {e.start} is not UTF-8); a {what} is "
+                         "YAML text") from None
     except yaml.YAMLError as e:
         raise ValueError(f"{p}: not valid YAML ({e})") from e
     if raw is None:

@@ -163,20 +163,6 @@ def _check_writable(out: Path) -> None:
                          "choose another --out") from e
 
 
-def _truncate_metrics(path: Path, last_step: int) -> None:
-    """Drop log lines past the restored checkpoint so the resumed log has no duplicates."""
-    if not path.exists():
-        return
-    keep = []
-    for line in path.read_text().splitlines():
-        try:
-            if json.loads(line).get("step", 0) <= last_step:
-                keep.append(line)
-        except json.JSONDecodeError:
-            break  # a torn last line from a kill mid-write
-    atomic_write_text(path, "".join(k + "\n" for k in keep))
-
-
 def _config_diff(a: dict, b: dict) -> list[str]:
     return [f"{s}.{k}" for s in ("model", "data", "train") for k in a[s]
             if a[s][k] != b[s].get(k)] + (["preset"] if a["preset"] != b["preset"] else [])
@@ -216,7 +202,7 @@ def _record_changes(out: Path, prior: dict | None, run: RunConfig, start: int) -
     """config_changes.json: the train.* values changed on a resume, with the step they took
     effect (a rewind moves later entries back to the step it resumed from)."""
     path = out / CHANGES_FILE
-    log = json.loads(path.read_text()) if path.exists() else []
+    log = rundir.read_changes(path)
     log = [{**c, "step": min(c["step"], start)} for c in log]
     new = run.to_dict()
     diff = [d for d in (_config_diff(prior, new) if prior is not None else [])
@@ -317,14 +303,15 @@ def _train(run: RunConfig, out: Path, resume: bool, progress: bool, strategy,
 
     wall0 = time.perf_counter()
     writer = distributed.is_writer()  # process 0 alone writes the run directory's files
-    fresh = not (out / checkpoint.CONFIG_FILE).exists()  # else a committed run: its files count
+    fresh = rundir.check_launch(out, resume)  # else a committed run: its files count
     prior = None if fresh or not resume else checkpoint.read_run_config(out)
     run = resolve_run(run, out, resume, allow_changes)
     if from_step is not None and not resume:
         raise TrainError("--from-step continues a run: use it with --resume")
     distributed.barrier("config-read")  # every process has read config.yaml before it is written
     if resume and (out / "summary.json").exists():  # finished already: nothing to redo
-        return json.loads((out / "summary.json").read_text())
+        return rundir.read_json(out / "summary.json", dict, "delete it and rerun with --resume "
+                                "to write it again from the last checkpoint and the log")
     cfg = run.model
     memory = (parse_bytes(run.train.device_memory, "train.device_memory")
               if run.train.device_memory else None)
@@ -387,7 +374,7 @@ def _train(run: RunConfig, out: Path, resume: bool, progress: bool, strategy,
         start = branch_from[1]
     changes = []
     if writer:
-        _truncate_metrics(out / "metrics.jsonl", start)
+        rundir.resume_log(out / "metrics.jsonl", start, plan.total_steps)
         changes = _record_changes(out, prior, run, start)
 
     total = plan.total_steps
@@ -428,7 +415,7 @@ def _train(run: RunConfig, out: Path, resume: bool, progress: bool, strategy,
     shape = (plan.accum, plan.micro_batch * plan.replicas, plan.seq_len + 1)  # a global batch
     rows = strategy.batch_rows(shape)  # the rows this process loads
     # train_loss averages the last `window` steps, each logged: a function of the log alone.
-    window = max(1, min(50, total // 20))
+    window = rundir.train_loss_window(total)
     val_loss, t_run, tokens_seen = math.nan, 0.0, 0
     bar = tqdm(total=total, initial=start, disable=not (progress and writer), unit="step",
                dynamic_ncols=True, desc=f"{cfg.name} {plan.tokens / 1e6:.3g}M tok")
@@ -482,10 +469,10 @@ def _train(run: RunConfig, out: Path, resume: bool, progress: bool, strategy,
         _close_all(triggers.uninstall, bar.close, metrics_f.close, lambda: _close_tb(tb), ckpt.close)
 
     # A run resumed at (or one step before) its end has no fresh numbers: take them from the log.
-    log = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    log = rundir.read_metrics(out / "metrics.jsonl")
     if math.isnan(val_loss):
         val_loss = evaluate()
-    train_loss = float(np.mean([r["loss"] for r in log if r["step"] > total - window]))
+    train_loss = rundir.train_loss(out / "metrics.jsonl", total)
     tps = tokens_seen / t_run if t_run else log[-1].get("tokens_per_s", math.nan)
     tokens = total * plan.tokens_per_step
     summary = {
