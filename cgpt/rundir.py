@@ -275,7 +275,9 @@ def check_launch(out: Path, resume: bool) -> bool:
     out = Path(out)
     check_kinds(out)
     found = recognise(out)
-    if (out / CONFIG_FILE).exists():
+    if (out / CONFIG_FILE).exists():  # a run to go on with: its log and changes must read
+        read_metrics(out / METRICS_FILE)
+        read_changes(out / "config_changes.json")
         return False
     if found:
         raise RunDirError(
