@@ -141,6 +141,30 @@ def _mute_storage_aftermath(hook) -> None:
             log.addFilter(_DropStorageAftermath())
 
 
+def _quiet_restore(restore):
+    """restore(), with the aftermath of a failure kept off the terminal: TensorStore delivers
+    late reads into the event loop Orbax closed (unraisable "Event loop is closed" errors) and
+    Orbax's threads log their tracebacks, during the call and after it. The caller reports the
+    failure in one line; on success anything held back is passed on."""
+    held, absl = _HoldErrors(), logging.getLogger("absl")
+    absl.addFilter(held)
+    unraisable, prev_hook = [], sys.unraisablehook
+    sys.unraisablehook = lambda u: unraisable.append(u) if (
+        _closed_loop(u) or _orbax_write(u)) else prev_hook(u)
+    try:
+        out = restore()
+    except BaseException:
+        _mute_storage_aftermath(prev_hook)
+        absl.removeFilter(held)
+        raise
+    sys.unraisablehook = prev_hook
+    absl.removeFilter(held)
+    held.release()
+    for u in unraisable:
+        prev_hook(u)
+    return out
+
+
 class Checkpointer:
     """Save/restore {params, opt_state, step} with the last `keep` checkpoints kept."""
 
@@ -210,11 +234,10 @@ class Checkpointer:
         bad = []
         for step in reversed(self.steps()):
             try:
-                out = self.mngr.restore(step, args=ocp.args.Composite(
+                out = _quiet_restore(lambda: self.mngr.restore(step, args=ocp.args.Composite(
                     params=ocp.args.StandardRestore(abstract_params),
-                    opt_state=ocp.args.StandardRestore(abstract_opt_state)))
+                    opt_state=ocp.args.StandardRestore(abstract_opt_state))))
             except Exception as e:  # orbax/tensorstore raise many types for bad files
-                _mute_storage_aftermath(sys.unraisablehook)  # TensorStore's late "loop closed"
                 bad.append((step, e))
                 continue
             for b, e in bad:  # newer ones that failed: set aside so their steps can be rewritten
@@ -310,9 +333,8 @@ def _restore_newest(mngr, steps: list[int], args, ckpts: Path):
     when one vanished while it was read (a training run replaced it: list them again)."""
     for step in reversed(steps):
         try:
-            return step, mngr.restore(step, args=args)
+            return step, _quiet_restore(lambda: mngr.restore(step, args=args))
         except Exception as e:  # noqa: BLE001 - a damaged or (mid-save) vanished checkpoint
-            _mute_storage_aftermath(sys.unraisablehook)  # TensorStore's late "loop closed"
             if not (ckpts / str(step)).exists():
                 return None
             warnings.warn(f"{ckpts / str(step)}: unreadable checkpoint ({brief(e)}); "

@@ -155,10 +155,12 @@ def test_a_garbage_summary_or_changes_file_is_named(base, corpus, tmp_path, caps
     assert cli_main(_flags(corpus, base[1], d, "--resume")) == 2
     err = capsys.readouterr().err
     assert "summary.json: not valid JSON" in err and "delete it" in err, err
-    (d / "summary.json").unlink()
+    d = _copy(base, tmp_path / "killed")
     (d / "config_changes.json").write_text('{"a": 1}')
+    before = _state(d)
     assert cli_main(_flags(corpus, base[1], d, "--resume")) == 2
     assert "config_changes.json: expected a JSON list" in capsys.readouterr().err
+    assert _state(d) == before  # refused before the log was cut back to the checkpoint
 
 
 # ---- 6, 7: checkpoints that are damaged or non-finite ----------------------------------------
