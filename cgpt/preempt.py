@@ -27,8 +27,6 @@ def defer_early() -> dict:
     """Keep a scheduler's signal that arrives before the training loop (while JAX starts, the
     data is prepared, the step compiles): its default action would end the process with no
     checkpoint and no message. The loop acts on it after its first step, like on any other."""
-    global _pending
-    _pending = 0
     if threading.current_thread() is not threading.main_thread():
         return {}
     return {s: signal.signal(s, _early) for s in SIGNALS}
