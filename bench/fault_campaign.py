@@ -42,7 +42,7 @@ NAMES = {"config_binary_resume": "config.yaml", "summary_garbage_resume": "summa
          "metrics_garbage_middle_resume": "line 4", "metrics_deleted_resume": "metrics.jsonl",
          "config_deleted_resume_same_flags": "config.yaml", "d_model_absurd": "d_model",
          "config_changes_garbage_resume": "config_changes.json",
-         "tokenizer_garbage_resume": "tokenizer.json"}
+         "tokenizer_garbage_resume": "tokenizer.json", "metrics_binary_resume": "metrics.jsonl"}
 
 
 # ---- running and classifying --------------------------------------------------------------

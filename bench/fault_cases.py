@@ -192,7 +192,7 @@ def _register_rundir_cases():
         ("config_deleted_fresh_launch", "error", _unlink("config.yaml"), (), True),
         ("config_and_checkpoints_deleted_fresh", "error",
          lambda d: (_unlink("config.yaml")(d), shutil.rmtree(d / "checkpoints")), (), True),
-        ("only_identity_json_fresh", "error",
+        ("only_identity_json_fresh", "ok",
          lambda d: ([shutil.rmtree(p) if p.is_dir() else p.unlink() for p in d.iterdir()],
                     (d / "identity.json").write_text("{}")), (), True),
         ("config_empty_resume", "error", _write("config.yaml", ""), (), False),

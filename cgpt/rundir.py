@@ -270,8 +270,9 @@ def check_launch(out: Path, resume: bool) -> bool:
     """Whether launching into `out` starts a fresh run; refuses what would lose results.
 
     A directory is a run by any of several files (`recognise`), not by config.yaml alone: if
-    config.yaml is gone, neither a fresh launch (it would cut metrics.jsonl and delete the old
-    checkpoints) nor --resume (the flags can no longer be checked) is safe."""
+    config.yaml is gone while results remain (checkpoints, log, summary), neither a fresh
+    launch (it would cut metrics.jsonl and delete the old checkpoints) nor --resume (the flags
+    can no longer be checked) is safe. A sweep's identity.json alone is a run not started yet."""
     out = Path(out)
     check_kinds(out)
     found = recognise(out)
@@ -279,6 +280,7 @@ def check_launch(out: Path, resume: bool) -> bool:
         read_metrics(out / METRICS_FILE)
         read_changes(out / "config_changes.json")
         return False
+    found = [f for f in found if f != "identity.json"]  # a sweep writes it before launch 1
     if found:
         raise RunDirError(
             f"{out} holds a run ({', '.join(found)}) but its {CONFIG_FILE} is missing, so "

@@ -85,10 +85,15 @@ def test_a_run_without_config_yaml_is_still_a_run(base, corpus, tmp_path, capsys
     assert not (d / "config.yaml").exists()
 
 
-def test_a_sweep_identity_alone_marks_a_run(tmp_path):
-    (tmp_path / "identity.json").write_text("{}")
+def test_what_marks_a_run(tmp_path):
+    (tmp_path / "identity.json").write_text("{}")  # a sweep's run before its first launch
     assert rundir.recognise(tmp_path) == ["identity.json"]
-    with pytest.raises(rundir.RunDirError, match="identity.json"):
+    assert rundir.check_launch(tmp_path, resume=False)
+    with pytest.raises(LoadError, match=r"config.yaml is missing \(the directory holds a run: "
+                                        r"identity.json\)"):
+        cgpt.load(tmp_path)
+    (tmp_path / "summary.json").write_text("{}")
+    with pytest.raises(rundir.RunDirError, match=r"holds a run \(summary.json\)"):
         rundir.check_launch(tmp_path, resume=False)
     empty = tmp_path / "empty"
     (empty / "checkpoints").mkdir(parents=True)
