@@ -173,10 +173,13 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     from cgpt import preempt
 
-    # a scheduler's signal before the loop is kept: the loop checkpoints after its first step
+    # a scheduler's signal before the loop: one line, not a silent death
     old = preempt.defer_early() if argv[:1] == ["train"] else {}
     try:
         return _main(argv)
+    except preempt.Preempted as e:  # before _main's own handler took over
+        print(f"cgpt train: {e}", file=sys.stderr)
+        return e.exit_code
     except KeyboardInterrupt:  # also while the modules load, before any handler
         print(f"cgpt {argv[0] if argv else ''}: interrupted; rerun with --resume to continue",
               file=sys.stderr)

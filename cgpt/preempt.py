@@ -15,18 +15,21 @@ import threading
 import time
 
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
-_pending = 0  # a signal that arrived before the loop's handlers (see `defer_early`)
+_loop_started = False  # once the loop's handlers were installed, late signals do not stop
 
 
 def _early(signum, frame) -> None:
-    global _pending
-    _pending = _pending or signum
+    if not _loop_started:
+        raise NotStarted(signum)
 
 
 def defer_early() -> dict:
-    """Keep a scheduler's signal that arrives before the training loop (while JAX starts, the
-    data is prepared, the step compiles): its default action would end the process with no
-    checkpoint and no message. The loop acts on it after its first step, like on any other."""
+    """Stop with one line, not the default action's silent death, on a scheduler's signal that
+    arrives before the training loop (while JAX starts, the data is prepared, the step
+    compiles): nothing is trained yet, so there is nothing to checkpoint. A launch stopped
+    before its config is written leaves nothing behind (`rundir.Launch`)."""
+    global _loop_started
+    _loop_started = False
     if threading.current_thread() is not threading.main_thread():
         return {}
     return {s: signal.signal(s, _early) for s in SIGNALS}
@@ -34,10 +37,8 @@ def defer_early() -> dict:
 
 def restore(old: dict) -> None:
     """Put back the handlers `defer_early` replaced (a caller that is not the process's end)."""
-    global _pending
     for s, h in old.items():
         signal.signal(s, h)
-    _pending = 0
 
 
 class Preempted(Exception):
@@ -53,6 +54,16 @@ class Preempted(Exception):
         return 128 + self.signum  # the shell's convention for "ended by this signal"
 
 
+class NotStarted(Preempted):
+    """A scheduler's signal before the first training step: stopped, nothing to checkpoint."""
+
+    def __init__(self, signum: int):
+        self.signum, self.step = signum, 0
+        Exception.__init__(self, f"stopped by {signal.Signals(signum).name} before the first "
+                           "training step; rerun the same command (with --resume once the run's "
+                           "config.yaml is written) to start again")
+
+
 class CheckpointTriggers:
     """Handlers for SIGTERM/SIGUSR1/SIGUSR2 plus a wall-clock timer; `poll` once per step."""
 
@@ -66,10 +77,10 @@ class CheckpointTriggers:
         self.signum = self.signum or signum
 
     def install(self) -> "CheckpointTriggers":
-        global _pending
+        global _loop_started
+        _loop_started = True
         if threading.current_thread() is threading.main_thread():  # handlers: main thread only
             self._old = {s: signal.signal(s, self._handle) for s in SIGNALS}
-        self.signum, _pending = self.signum or _pending, 0
         return self
 
     def uninstall(self) -> None:

@@ -251,19 +251,26 @@ def test_a_failed_branch_leaves_nothing_that_blocks_the_next_launch(base, corpus
 
 
 # ---- 9: a scheduler's signal before the training loop ---------------------------------------
-def test_a_signal_before_the_loop_is_kept_not_fatal():
+def test_a_signal_before_the_loop_stops_with_one_line():
     old = preempt.defer_early()
     try:
-        os.kill(os.getpid(), signal.SIGUSR1)  # default action before the fix: the process ends
-        t = preempt.CheckpointTriggers().install()
+        with pytest.raises(preempt.NotStarted, match="stopped by SIGUSR1 before the first "
+                                                     "training step") as e:
+            os.kill(os.getpid(), signal.SIGUSR1)  # before the fix: the process just died
+            for _ in range(1000):  # the handler runs between bytecodes
+                pass
+        assert e.value.exit_code == 128 + signal.SIGUSR1
+        t = preempt.CheckpointTriggers().install()  # in the loop: checkpoint, then stop
+        os.kill(os.getpid(), signal.SIGUSR1)
         assert t.poll() == (True, signal.SIGUSR1)
         t.uninstall()
+        os.kill(os.getpid(), signal.SIGUSR1)  # after the loop (the summary): ignored
     finally:
         preempt.restore(old)
     assert signal.getsignal(signal.SIGUSR1) == old[signal.SIGUSR1]
 
 
-def test_usr1_during_startup_checkpoints_after_the_first_step(base, corpus, tmp_path):
+def test_usr1_during_startup_is_one_line_and_leaves_nothing(base, corpus, tmp_path):
     out = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-m", "cgpt", *_flags(corpus, base[1], out)],
                             cwd=REPO, stderr=subprocess.PIPE, text=True,
@@ -275,9 +282,10 @@ def test_usr1_during_startup_checkpoints_after_the_first_step(base, corpus, tmp_
             proc.send_signal(signal.SIGUSR1)
             break
     err += proc.stderr.read()
-    assert proc.wait(timeout=300) == 128 + signal.SIGUSR1, err
-    assert "stopped by SIGUSR1 after checkpointing step" in err and "Traceback" not in err
+    assert proc.wait(timeout=300) == 128 + signal.SIGUSR1, err  # before the fix: -10, silent
+    assert err.rstrip().splitlines()[-1].startswith("cgpt train: stopped by SIGUSR1 before the "
+                                                    "first training step"), err
+    assert "Traceback" not in err
     assert cli_main(_flags(corpus, base[1], out, "--resume")) == 0
-    assert json.loads((out / "summary.json").read_text())["resumed_from_step"] >= 1
     assert [r["step"] for r in rundir.read_metrics(out / "metrics.jsonl")] == \
         list(range(1, STEPS + 1))
