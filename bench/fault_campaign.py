@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import signal
 import subprocess
 import sys
 import sysconfig
@@ -57,9 +58,11 @@ def _clean_line(res) -> bool:
         ": error:" in lines[-1] or "stopped by" in lines[-1] or "interrupted" in lines[-1])
 
 
-def classify(expect: str, results: list, check: str | None) -> tuple[str, str]:
+def classify(expect: str, results: list, check: str | None, sent: int = 0) -> tuple[str, str]:
     if check:
         return "LOST", check
+    if sent == signal.SIGTERM and results[0].returncode == -sent and not _noise(results[0].stderr):
+        return "error", "ended by SIGTERM before the loop (its default action; nothing trained)"
     for r in results:
         if _noise(r.stderr) or r.returncode < 0 or (r.returncode not in (0,) and not _clean_line(r)):
             tail = (r.stderr.strip().splitlines() or [f"rc={r.returncode}"])[-1]
@@ -123,7 +126,7 @@ def run_case(ctx: Ctx, c: Case) -> tuple[str, str, str]:
         if text not in results[-1].stderr:
             check = f"message does not name {text!r}"
             return c.name, "MISLEADING", check
-    return (c.name, *classify(c.expect, results, check))
+    return (c.name, *classify(c.expect, results, check, spec.get("signal", (0, 0))[0]))
 
 
 def setup(ctx: Ctx) -> None:

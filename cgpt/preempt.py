@@ -27,12 +27,14 @@ def defer_early() -> dict:
     """Stop with one line, not the default action's silent death, on a scheduler's signal that
     arrives before the training loop (while JAX starts, the data is prepared, the step
     compiles): nothing is trained yet, so there is nothing to checkpoint. A launch stopped
-    before its config is written leaves nothing behind (`rundir.Launch`)."""
+    before its config is written leaves nothing behind (`rundir.Launch`). SIGTERM keeps its
+    default action there (an immediate end, also inside a long compile: a sweep's orphaned
+    train must end at once), which loses nothing either."""
     global _loop_started
     _loop_started = False
     if threading.current_thread() is not threading.main_thread():
         return {}
-    return {s: signal.signal(s, _early) for s in SIGNALS}
+    return {s: signal.signal(s, _early) for s in (signal.SIGUSR1, signal.SIGUSR2)}
 
 
 def restore(old: dict) -> None:
