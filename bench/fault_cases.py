@@ -332,7 +332,7 @@ def load_while_training(ctx):
             + [_gen(d)] * 3, "stagger": 25.0}
 
 
-@case("ok", "concurrent")
+@case("either", "concurrent")  # the branch is refused; the launch after it must complete
 def failed_branch_then_launch(ctx):
     d = ctx.fresh("out")
     return {"sequence": [ctx.train(d, "--branch-from", f"{ctx.base}@15"), ctx.train(d)],
