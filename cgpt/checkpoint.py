@@ -141,6 +141,14 @@ def _mute_storage_aftermath(hook) -> None:
             log.addFilter(_DropStorageAftermath())
 
 
+class _DropUnretrieved(logging.Filter):
+    """After a failed restore: asyncio's "exception was never retrieved" records of its reads
+    (cgpt itself runs no event loop, so there are no others)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "never retrieved" not in record.getMessage()
+
+
 def _quiet_restore(restore):
     """restore(), with the aftermath of a failure kept off the terminal: TensorStore delivers
     late reads into the event loop Orbax closed (unraisable "Event loop is closed" errors) and
@@ -156,6 +164,9 @@ def _quiet_restore(restore):
     except BaseException:
         _mute_storage_aftermath(prev_hook)
         absl.removeFilter(held)
+        aio = logging.getLogger("asyncio")  # the failed reads' futures, logged when collected
+        if not any(isinstance(f, _DropUnretrieved) for f in aio.filters):
+            aio.addFilter(_DropUnretrieved())
         raise
     sys.unraisablehook = prev_hook
     absl.removeFilter(held)
