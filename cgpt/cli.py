@@ -91,10 +91,11 @@ def cmd_train(args) -> int:
     out = Path(args.out or f"runs/{run.model.name}")
     branch_from = None
     if args.branch_from:
-        from cgpt.train.branch import branch_run, parse_spec
+        from cgpt.train.branch import branch_run, parse_spec, precheck
 
         branch_from = parse_spec(args.branch_from)
         run = branch_run(branch_from[0], run)
+        precheck(branch_from, run)  # before the launch writes anything into --out
     summary = train(run, out, resume=args.resume, progress=not args.no_progress,
                     allow_changes=args.allow_train_changes, from_step=args.from_step,
                     branch_from=branch_from)
@@ -143,10 +144,14 @@ def cmd_eval(args) -> int:
     from cgpt.data.batches import load_data
     from cgpt.config.data import DataConfig
 
+    for flag, v, low in (("--seq-len", args.seq_len, 2), ("--sequences", args.sequences, 1),
+                         ("--batch-size", args.batch_size, 1)):
+        if v is not None and v < low:
+            raise ValueError(f"{flag} {v}: must be at least {low}")
     lm = cgpt.load(args.source, dtype=args.dtype)
     if lm.tokenizer is None:
         raise ValueError(f"{args.source}: no tokenizer files, so text cannot be evaluated")
-    seq_len = args.seq_len or lm.config.n_ctx
+    seq_len = lm.config.n_ctx if args.seq_len is None else args.seq_len
     if seq_len > lm.config.n_ctx:
         raise ValueError(f"--seq-len {seq_len} exceeds the model's context n_ctx="
                          f"{lm.config.n_ctx}")
@@ -158,12 +163,33 @@ def cmd_eval(args) -> int:
         for batch in data.val_batches(args.batch_size):  # every held-out sequence, weighted
             total += lm.loss(batch) * len(batch)
             n += len(batch)
-    print(json.dumps({"source": str(args.source), "data": args.data, "seq_len": seq_len,
-                      "sequences": n, "val_loss": total / n}))
+    from cgpt.train.rundir import json_line  # strict JSON: a non-finite loss is null, and named
+
+    print(json_line({"source": str(args.source), "data": args.data, "seq_len": seq_len,
+                     "sequences": n, "val_loss": total / n}))
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    from cgpt.train import preempt
+
+    # a scheduler's signal before the loop: one line, not a silent death
+    old = preempt.defer_early() if argv[:1] == ["train"] else {}
+    try:
+        return _main(argv)
+    except preempt.Preempted as e:  # before _main's own handler took over
+        print(f"cgpt train: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:  # also while the modules load, before any handler
+        print(f"cgpt {argv[0] if argv else ''}: interrupted; rerun with --resume to continue",
+              file=sys.stderr)
+        return 130
+    finally:
+        preempt.restore(old)
+
+
+def _main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="cgpt", description="Cerebras-GPT scaling-law studies")
     sub = ap.add_subparsers(dest="command", required=True)
     _add_train(sub)
@@ -201,7 +227,6 @@ def main(argv: list[str] | None = None) -> int:
     plan.register(sub)
     prepare.register(sub)  # `cgpt data prepare`
     coordcheck.register(sub)
-    argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["train"]:  # section.key=value overrides may sit between flags, as in MaxText
         is_override = [bool(_OVERRIDE.match(a)) for a in argv]
         argv = [a for a, o in zip(argv, is_override) if not o] + \

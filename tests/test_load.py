@@ -361,3 +361,65 @@ def test_hub_id_offline_uncached_and_cached(small, tmp_path, monkeypatch):
     (snap.parents[1] / "refs" / "main").write_text("abc123")
     lm = cgpt.load("cerebras/tiny-gpt")
     np.testing.assert_allclose(lm.logits(small[2]), _ref_logits(small[0], small[2]), atol=1e-4)
+
+
+# ---- #23: every file an index names lies inside it; weights are finite ----------------
+@pytest.mark.parametrize("name,match", [
+    ("../other/model.safetensors", "lies outside"),
+    ("/etc/passwd", "lies outside"),
+    ("sub/../../x.safetensors", "lies outside"),
+    (7, "not a file name"),
+])
+def test_shard_index_names_only_files_inside_it(small, tmp_path, name, match):
+    other = _copy(small, tmp_path / "other")  # a whole other model, one directory up
+    d = _copy(small, tmp_path / "mine", "st_sharded")
+    index = d / "model.safetensors.index.json"
+    wmap = json.loads(index.read_text())["weight_map"]
+    wmap[next(iter(wmap))] = name if name != "../other/model.safetensors" else \
+        os.path.relpath(other / "model.safetensors", d)
+    index.write_text(json.dumps({"weight_map": wmap}))
+    with pytest.raises(LoadError, match=match):
+        cgpt.load(d)
+    index.write_text(json.dumps({"weight_map": [1, 2]}))
+    with pytest.raises(LoadError, match="weight_map"):
+        cgpt.load(d)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("-inf")])
+def test_nonfinite_weights_are_refused_naming_the_tensor(small, tmp_path, value):
+    d = _copy(small, tmp_path)
+    sd = load_file(d / "model.safetensors")
+    sd["transformer.h.1.attn.c_proj.weight"][3, 4] = value
+    save_file(sd, str(d / "model.safetensors"))
+    with pytest.raises(LoadError, match=r"model.safetensors: tensor "
+                                        r"'transformer.h.1.attn.c_proj.weight' holds 1 NaN or inf"):
+        cgpt.load(d)
+
+
+@pytest.mark.parametrize("content", ["dir", b"\xff\xfe\x00binary", "[1, 2]"])
+def test_config_json_of_the_wrong_kind(small, tmp_path, content):
+    d = _copy(small, tmp_path)
+    (d / "config.json").unlink()
+    if content == "dir":
+        (d / "config.json").mkdir()
+    elif isinstance(content, bytes):
+        (d / "config.json").write_bytes(content)
+    else:
+        (d / "config.json").write_text(content)
+    with pytest.raises(LoadError, match="config.json"):
+        cgpt.load(d)
+
+
+def test_sampling_flags_must_be_finite(small):
+    lm = cgpt.load(small[1]["st"])
+    for t in (float("nan"), float("inf"), -1.0):
+        with pytest.raises(ValueError, match="temperature must be a finite number"):
+            lm.generate([1, 2], 2, temperature=t)
+
+
+@pytest.mark.parametrize("flag,value", [("--seq-len", "0"), ("--seq-len", "1"),
+                                        ("--sequences", "0"), ("--batch-size", "0")])
+def test_eval_flags_below_their_minimum(small, flag, value, capsys):
+    from cgpt.cli import main
+    assert main(["eval", str(small[1]["st"]), flag, value]) == 2
+    assert f"error: {flag} {value}: must be at least" in capsys.readouterr().err

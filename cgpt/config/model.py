@@ -28,6 +28,8 @@ class ParamSpec(NamedTuple):
     fill: float = 0.0
 
 
+MAX_DIM = 2**31 - 1  # the largest size of one dimension of a model array
+
 @dataclass(frozen=True)
 class ModelConfig:
     """A GPT-3-style pre-LN decoder (Cerebras-GPT).
@@ -70,6 +72,9 @@ class ModelConfig:
             v = getattr(self, f)
             if not isinstance(v, int) or v <= 0:
                 raise ValueError(f"ModelConfig.{f} must be a positive int, got {v!r}")
+            if v > MAX_DIM:  # JAX and XLA index arrays with int64 (shapes) and int32 (ids)
+                raise ValueError(f"ModelConfig.{f}={v} is beyond any array dimension (at most "
+                                 f"{MAX_DIM:,}); did you mean a smaller value?")
         if self.d_head is None:
             if self.d_model % self.n_head:
                 raise ValueError(
@@ -82,8 +87,9 @@ class ModelConfig:
                 f"d_model={self.d_model}")
         if self.d_ffn is None:
             object.__setattr__(self, "d_ffn", 4 * self.d_model)
-        if self.d_ffn <= 0:
-            raise ValueError(f"ModelConfig.d_ffn must be positive, got {self.d_ffn}")
+        if not 0 < self.d_ffn <= MAX_DIM or not 0 < self.d_head <= MAX_DIM:
+            raise ValueError(f"ModelConfig.d_ffn and d_head must be in [1, {MAX_DIM:,}], got "
+                             f"{self.d_ffn} and {self.d_head}")
         if self.compute_dtype not in COMPUTE_DTYPES:
             raise ValueError(
                 f"ModelConfig.compute_dtype={self.compute_dtype!r}; use one of {COMPUTE_DTYPES}")

@@ -7,6 +7,7 @@ exactly what `transformers.GPT2LMHeadModel` computes (tested to 1e-4 in f32).
 from __future__ import annotations
 
 import functools
+import math
 import re
 from pathlib import Path
 from typing import Sequence
@@ -169,8 +170,9 @@ class LM:
     def _check_sampling(self, max_new_tokens, temperature, top_k, top_p) -> None:
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        if temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {temperature}")
+        if not (math.isfinite(temperature) and temperature >= 0):
+            raise ValueError(f"temperature must be a finite number >= 0 (0: greedy), got "
+                             f"{temperature}")
         if top_k is not None and not 1 <= top_k <= self.config.vocab_size:
             raise ValueError(f"top_k must be in [1, {self.config.vocab_size}], got {top_k}")
         if top_p is not None and not 0 < top_p <= 1:

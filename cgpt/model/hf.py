@@ -149,16 +149,32 @@ def _weight_files(d: Path) -> list[Path]:
             continue
         if name.endswith(".index.json"):
             try:
-                wmap = json.loads(f.read_text())["weight_map"]
-            except (json.JSONDecodeError, KeyError, TypeError) as e:
+                wmap = json.loads(f.read_bytes().decode())["weight_map"]
+            except (ValueError, KeyError, TypeError, OSError) as e:
                 raise LoadError(f"{f}: not a valid shard index (needs a 'weight_map'): {e}") from e
-            shards = [d / s for s in sorted(set(wmap.values()))]
+            if not isinstance(wmap, dict) or not wmap:
+                raise LoadError(f"{f}: 'weight_map' must map tensor names to shard file names")
+            shards = [_shard(f, d, s) for s in sorted(set(map(str, wmap.values())))]
+            for k, s in wmap.items():
+                if not isinstance(s, str):
+                    raise LoadError(f"{f}: 'weight_map' entry {k!r} is {s!r}, not a file name")
             for s in shards:
-                if not s.exists():
+                if not s.is_file():
                     raise LoadError(f"{f}: lists shard {s.name!r}, which is missing from {d}")
             return shards
         return [f]
     raise LoadError(f"{d}: no weights found; expected one of {', '.join(WEIGHT_FILES)}")
+
+
+def _shard(index: Path, d: Path, name: str) -> Path:
+    """A shard named by an index: a relative path that stays inside the checkpoint directory
+    (never '../other-model/...' or '/etc/passwd'). Checked on the name, not the resolved path:
+    a hub cache's shards are symlinks into its blob store, which is fine."""
+    norm = os.path.normpath(name)
+    if os.path.isabs(name) or norm == ".." or norm.startswith(".." + os.sep) or norm == ".":
+        raise LoadError(f"{index}: shard {name!r} lies outside {d}; an index may only name "
+                        "files inside its own directory")
+    return d / norm
 
 
 def read_state_dict(d: Path) -> tuple[dict[str, np.ndarray], dict[str, Path]]:
@@ -206,7 +222,12 @@ def params_from_state_dict(sd: dict[str, np.ndarray], origin: dict[str, Path],
         if not np.issubdtype(arr.dtype, np.floating) and arr.dtype.name != "bfloat16":
             raise LoadError(f"{origin.get(key, where)}: key {key!r} has dtype {arr.dtype}, "
                             "expected a floating-point tensor")
-        return np.asarray(arr, dtype=np.float32)
+        arr = np.asarray(arr, dtype=np.float32)
+        if not np.isfinite(arr).all():
+            raise LoadError(f"{origin.get(key, where)}: tensor {key!r} holds "
+                            f"{int((~np.isfinite(arr)).sum())} NaN or inf value(s); the file is "
+                            "damaged: re-download or re-export it")
+        return arr
 
     def put(tree, path, val):
         for p in path[:-1]:
@@ -338,9 +359,14 @@ def load_hf_dir(d: Path, compute_dtype: str = "float32") -> tuple[ModelConfig, d
         raise LoadError(f"{d}: not a checkpoint (no config.json); expected a Hugging Face GPT-2 "
                         "directory, a hub id such as 'cerebras/Cerebras-GPT-111M', or a cgpt run")
     try:
-        raw = json.loads(cfg_file.read_text())
-    except json.JSONDecodeError as e:
+        raw = json.loads(cfg_file.read_bytes().decode())
+    except IsADirectoryError:
+        raise LoadError(f"{cfg_file} is a directory; a checkpoint's config.json is a file") from None
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
         raise LoadError(f"{cfg_file}: not valid JSON ({e})") from e
+    if not isinstance(raw, dict):
+        raise LoadError(f"{cfg_file}: expected a JSON object (a GPT-2 config), got "
+                        f"{type(raw).__name__}")
     cfg = config_from_hf(raw, cfg_file, compute_dtype)
     sd, origin = read_state_dict(d)
     if cfg.mup:

@@ -15,7 +15,7 @@ import re
 from dataclasses import replace
 from pathlib import Path
 
-from cgpt.train import checkpoint
+from cgpt.train import checkpoint, rundir
 from cgpt.fileio import atomic_write_text
 from cgpt.config.run import RunConfig, from_dict
 from cgpt.train.resolve import resolve
@@ -76,6 +76,25 @@ def branch_run(parent: Path, run: RunConfig) -> RunConfig:
     return run
 
 
+def precheck(branch_from: tuple[Path, int], run: RunConfig) -> None:
+    """Everything `begin` checks that needs no JAX, before the launch writes a file: a branch
+    that cannot be made leaves nothing in its --out that blocks the next launch."""
+    from cgpt.train.resolve import resolve
+
+    parent, step = branch_from
+    parent_run = parent_config(parent)
+    check_branch(parent_run, resolve(parent_run).recipe, run, resolve(run).recipe, step,
+                 parent)
+    ckpts = parent / checkpoint.CKPT_DIR
+    steps = sorted(int(p.name) for p in ckpts.iterdir() if p.name.isdigit()) \
+        if ckpts.is_dir() else []
+    if step not in steps:
+        raise BranchError(f"--branch-from {parent}@{step}: no checkpoint at step {step} in "
+                          f"{ckpts} (have {steps}); the parent must keep it (train.ckpt_every, "
+                          "train.keep_checkpoints)")
+    rundir.read_metrics(parent / "metrics.jsonl", step)  # a damaged log fails here, not later
+
+
 def restore(parent: Path, step: int, abstract_params, abstract_opt_state):
     """(params, opt_state) of the parent's checkpoint at `step`."""
     import orbax.checkpoint as ocp
@@ -97,15 +116,7 @@ def restore(parent: Path, step: int, abstract_params, abstract_opt_state):
 
 def start_log(parent: Path, out: Path, step: int) -> None:
     """The branch's metrics.jsonl begins with the parent's lines up to `step`; branch.json."""
-    lines = []
-    log = parent / "metrics.jsonl"
-    if log.exists():
-        for line in log.read_text().splitlines():
-            try:
-                if json.loads(line).get("step", 0) <= step:
-                    lines.append(line)
-            except json.JSONDecodeError:
-                break
+    lines = [line for line, _ in rundir.read_metrics(parent / "metrics.jsonl", step, raw=True)]
     atomic_write_text(out / "metrics.jsonl", "".join(x + "\n" for x in lines))
     atomic_write_text(out / BRANCH_FILE, json.dumps({"parent": str(parent), "step": step}))
 

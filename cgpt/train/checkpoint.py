@@ -54,7 +54,18 @@ def _set_aside(src: Path, aside: Path) -> None:
 
 
 def is_run_dir(path: Path) -> bool:
-    return (path / CONFIG_FILE).exists() and (path / CKPT_DIR).is_dir()
+    """A cgpt run (not a Hugging Face directory): by its config.yaml, checkpoints/ or log."""
+    return not (path / "config.json").exists() and bool(rundir.recognise(path))
+
+
+def nonfinite_tensor(params) -> str | None:
+    """The name ('h/attn/w_qkv') of the first parameter holding NaN or inf, or None."""
+    import numpy as np
+
+    for path, x in jax.tree_util.tree_flatten_with_path(params)[0]:
+        if not np.isfinite(np.asarray(x, np.float32)).all():
+            return "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
+    return None
 
 
 def _manager(run_dir: Path, keep: int | None = None, create: bool = True, on_written=None):
@@ -137,21 +148,28 @@ def _mute_storage_aftermath(hook) -> None:
             log.addFilter(_DropStorageAftermath())
 
 
+class CheckpointsChanged(Exception):
+    """A checkpoint vanished while it was read: a run training into the directory replaced it."""
+
+
 def restore_newest(mngr, run_dir: Path, items: dict, fix: str,
                    aside: Path | None = None) -> tuple[int, dict, list[int]] | None:
     """(step, {item: tree}, bad steps) from the newest checkpoint that restores every item
     ({name: abstract tree}); None when there is none. Each newer one that fails is warned
     about and, with `aside`, moved there (process 0 moves; the caller syncs and reloads).
     When every checkpoint fails: a LoadError naming `fix`, and nothing is changed (a run
-    whose checkpoints are all unreadable is never silently restarted)."""
+    whose checkpoints are all unreadable is never silently restarted). CheckpointsChanged
+    when one vanished while it was read (list them again)."""
     import orbax.checkpoint as ocp
 
     bad = []
     for step in sorted(mngr.all_steps(), reverse=True):
         try:
-            out = mngr.restore(step, args=ocp.args.Composite(
-                **{k: ocp.args.StandardRestore(v) for k, v in items.items()}))
+            out = _quiet_restore(lambda: mngr.restore(step, args=ocp.args.Composite(
+                **{k: ocp.args.StandardRestore(v) for k, v in items.items()})))
         except Exception as e:  # orbax/tensorstore raise many types for bad files
+            if not (run_dir / CKPT_DIR / str(step)).exists():
+                raise CheckpointsChanged(step) from None
             bad.append((step, e))
             continue
         for b, e in bad:
@@ -169,6 +187,39 @@ def restore_newest(mngr, run_dir: Path, items: dict, fix: str,
             f"be restored (newest error: {brief(bad[0][1])}); nothing was changed. Fix the "
             f"cause, or {fix}")
     return None
+class _DropUnretrieved(logging.Filter):
+    """After a failed restore: asyncio's "exception was never retrieved" records of its reads
+    (cgpt itself runs no event loop, so there are no others)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "never retrieved" not in record.getMessage()
+
+
+def _quiet_restore(restore):
+    """restore(), with the aftermath of a failure kept off the terminal: TensorStore delivers
+    late reads into the event loop Orbax closed (unraisable "Event loop is closed" errors) and
+    Orbax's threads log their tracebacks, during the call and after it. The caller reports the
+    failure in one line; on success anything held back is passed on."""
+    held, absl = _HoldErrors(), logging.getLogger("absl")
+    absl.addFilter(held)
+    unraisable, prev_hook = [], sys.unraisablehook
+    sys.unraisablehook = lambda u: unraisable.append(u) if (
+        _closed_loop(u) or _orbax_write(u)) else prev_hook(u)
+    try:
+        out = restore()
+    except BaseException:
+        _mute_storage_aftermath(prev_hook)
+        absl.removeFilter(held)
+        aio = logging.getLogger("asyncio")  # the failed reads' futures, logged when collected
+        if not any(isinstance(f, _DropUnretrieved) for f in aio.filters):
+            aio.addFilter(_DropUnretrieved())
+        raise
+    sys.unraisablehook = prev_hook
+    absl.removeFilter(held)
+    held.release()
+    for u in unraisable:
+        prev_hook(u)
+    return out
 
 
 class Checkpointer:
@@ -315,9 +366,19 @@ class Checkpointer:
 
 
 def read_run_config(run_dir: Path) -> dict:
-    f = run_dir / CONFIG_FILE
+    f = Path(run_dir) / CONFIG_FILE
+    if not f.exists():
+        found = rundir.recognise(run_dir)
+        raise LoadError(f"{f} is missing" + (f" (the directory holds a run: {', '.join(found)})"
+                                             if found else "")
+                        + "; restore the run's config.yaml, or pass a run directory")
     try:
-        cfg = yaml.safe_load(f.read_text())
+        cfg = yaml.safe_load(f.read_bytes().decode())
+    except IsADirectoryError:
+        raise LoadError(f"{f} is a directory; the run's config must be a YAML file") from None
+    except UnicodeDecodeError as e:
+        raise LoadError(f"{f}: not a text file (byte {e.start} is not UTF-8); restore the "
+                        "run's config.yaml") from None
     except (OSError, yaml.YAMLError) as e:
         raise LoadError(f"{f}: unreadable run config ({e})") from e
     if not isinstance(cfg, dict) or not isinstance(cfg.get("model"), dict):
@@ -336,9 +397,29 @@ def load_run(run_dir: Path, compute_dtype: str = "float32"):
     except (TypeError, ValueError) as e:
         raise LoadError(f"{run_dir / CONFIG_FILE}: key 'model': {e}") from e
     abstract = jax.eval_shape(lambda: init_params(cfg))
-    mngr = _manager(run_dir, create=False)  # reading only: never creates or deletes
-    found = restore_newest(mngr, run_dir, {"params": abstract}, "load another run")
+    ckpts = run_dir / CKPT_DIR
+    if not ckpts.is_dir():
+        raise LoadError(f"{ckpts} " + ("is a file, not the run's checkpoint directory"
+                                       if ckpts.exists() else "is missing")
+                        + "; restore it (or train the run with --resume)")
+    tokenizer = load_checkpoint_tokenizer(run_dir)
+    for _ in range(5):  # a run that is training may replace its checkpoints meanwhile
+        try:
+            mngr = _manager(run_dir, create=False)  # reading only: never creates or deletes
+            found = restore_newest(mngr, run_dir, {"params": abstract}, "load another run")
+            break
+        except (FileNotFoundError, CheckpointsChanged):
+            time.sleep(0.2)
+    else:
+        raise LoadError(f"{ckpts}: its checkpoints kept changing while they were read (a run "
+                        "training into it saves and deletes them); retry, or load a copy")
     if found is None:
-        raise LoadError(f"{run_dir / CKPT_DIR}: no complete checkpoint yet; train longer or "
+        raise LoadError(f"{ckpts}: no complete checkpoint yet; train longer or "
                         "resume the run with --resume")
-    return cfg, found[1]["params"], load_checkpoint_tokenizer(run_dir)
+    step, out, _ = found
+    bad = nonfinite_tensor(out["params"])
+    if bad is not None:
+        raise LoadError(f"{ckpts / str(step)}: tensor {bad!r} holds NaN or inf values (the "
+                        "trainer never saves such a checkpoint, so the file is damaged); "
+                        "move that step's directory away to load the previous checkpoint")
+    return cfg, out["params"], tokenizer

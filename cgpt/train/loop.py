@@ -62,7 +62,7 @@ def _train(run: RunConfig, out: Path, resuming: bool, progress: bool, launch: ru
     # ---- set up: the resolved run, its compiled step, data, state --------------------------
     wall0 = time.perf_counter()
     writer = distributed.is_writer()  # process 0 alone writes the run directory's files
-    fresh = not (out / checkpoint.CONFIG_FILE).exists()  # else a committed run: its files count
+    fresh = rundir.check_launch(out, resuming)  # else a committed run: its files count
     prior = None if fresh or not resuming else checkpoint.read_run_config(out)
     if from_step is not None and not resuming:
         raise TrainError("--from-step continues a run: use it with --resume")
@@ -103,7 +103,7 @@ def _train(run: RunConfig, out: Path, resuming: bool, progress: bool, launch: ru
         branch_from=branch_from)
     changes = []
     if writer:
-        metrics.truncate(out / metrics.METRICS_FILE, start)
+        rundir.resume_log(out / rundir.METRICS_FILE, start, res.total_steps)
         changes = resume.record_changes(out, prior, saved, start)
     evaluate = _validation(res, strategy, data)
 
@@ -111,7 +111,7 @@ def _train(run: RunConfig, out: Path, resuming: bool, progress: bool, launch: ru
     t, total = res.run.train, res.total_steps
     eval_every = t.eval_every or max(1, total // 10)
     ckpt_every = t.ckpt_every or max(1, total // 10)
-    window = summary.loss_window(total)  # the last steps are all logged: train_loss reads them
+    window = rundir.train_loss_window(total)  # the last steps, all logged: train_loss
     speed = Throughput(flops.train_flops_per_token(res.cfg, res.seq_len), res.cfg.compute_dtype,
                        res.num_devices)
     shape = (res.accum, res.micro_batch * res.replicas, res.seq_len + 1)  # a global batch
@@ -165,7 +165,7 @@ def _train(run: RunConfig, out: Path, resuming: bool, progress: bool, launch: ru
     if math.isnan(val_loss):  # resumed at (or one step before) its end: no fresh evaluation
         val_loss = evaluate(params)
     result = summary.build(
-        res, metrics.read(out / metrics.METRICS_FILE), val_loss, speed,
+        res, out, val_loss, speed,
         wall_time_s=time.perf_counter() - wall0, start=start, data=data,
         placement={**strategy.describe(), **fitted.describe(), **distributed.job_layout()},
         changes=changes)

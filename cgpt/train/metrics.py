@@ -1,39 +1,17 @@
-"""The run's log: `metrics.jsonl` (strict JSON, one object per logged step) and the same scalars
+"""The run's log as it is written: `metrics.jsonl` (strict JSON, one object per logged step) and the same scalars
 as TensorBoard events. Process 0 writes both; the others get a log that writes nothing."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from cgpt.fileio import atomic_write_text
-from cgpt.train.rundir import json_line
-
-METRICS_FILE = "metrics.jsonl"
+from cgpt.train.rundir import METRICS_FILE, json_line
 TB_SCALARS = ("loss", "val_loss", "grad_norm", "lr", "tokens_per_s", "mfu")
-
-
-def truncate(path: Path, last_step: int) -> None:
-    """Drop log lines past the restored checkpoint so the resumed log has no duplicates."""
-    if not path.exists():
-        return
-    keep = []
-    for line in path.read_text().splitlines():
-        try:
-            if json.loads(line).get("step", 0) <= last_step:
-                keep.append(line)
-        except json.JSONDecodeError:
-            break  # a torn last line from a kill mid-write
-    atomic_write_text(path, "".join(k + "\n" for k in keep))
-
-
-def read(path: Path) -> list[dict]:
-    """Every record of a run's `metrics.jsonl`."""
-    return [json.loads(x) for x in Path(path).read_text().splitlines()]
 
 
 class MetricsLog:
     """Appends records to `metrics.jsonl` and TensorBoard; `write=False` (not process 0) drops
-    them. TensorBoard purges events past `start` on a resume, as the JSON log is cut back."""
+    them. TensorBoard purges events past `start` on a resume, as the JSON log is cut back
+    (`cgpt.train.rundir.resume_log`, which also reads the log strictly)."""
 
     def __init__(self, out: Path, start: int, write: bool = True):
         self.file = self.tb = None

@@ -15,6 +15,32 @@ import threading
 import time
 
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
+_loop_started = False  # once the loop's handlers were installed, late signals do not stop
+
+
+def _early(signum, frame) -> None:
+    if not _loop_started:
+        raise NotStarted(signum)
+
+
+def defer_early() -> dict:
+    """Stop with one line, not the default action's silent death, on a scheduler's signal that
+    arrives before the training loop (while JAX starts, the data is prepared, the step
+    compiles): nothing is trained yet, so there is nothing to checkpoint. A launch stopped
+    before its config is written leaves nothing behind (`rundir.Launch`). SIGTERM keeps its
+    default action there (an immediate end, also inside a long compile: a sweep's orphaned
+    train must end at once), which loses nothing either."""
+    global _loop_started
+    _loop_started = False
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {s: signal.signal(s, _early) for s in (signal.SIGUSR1, signal.SIGUSR2)}
+
+
+def restore(old: dict) -> None:
+    """Put back the handlers `defer_early` replaced (a caller that is not the process's end)."""
+    for s, h in old.items():
+        signal.signal(s, h)
 
 
 class Preempted(Exception):
@@ -30,6 +56,16 @@ class Preempted(Exception):
         return 128 + self.signum  # the shell's convention for "ended by this signal"
 
 
+class NotStarted(Preempted):
+    """A scheduler's signal before the first training step: stopped, nothing to checkpoint."""
+
+    def __init__(self, signum: int):
+        self.signum, self.step = signum, 0
+        Exception.__init__(self, f"stopped by {signal.Signals(signum).name} before the first "
+                           "training step; rerun the same command (with --resume once the run's "
+                           "config.yaml is written) to start again")
+
+
 class CheckpointTriggers:
     """Handlers for SIGTERM/SIGUSR1/SIGUSR2 plus a wall-clock timer; `poll` once per step."""
 
@@ -43,6 +79,8 @@ class CheckpointTriggers:
         self.signum = self.signum or signum
 
     def install(self) -> "CheckpointTriggers":
+        global _loop_started
+        _loop_started = True
         if threading.current_thread() is threading.main_thread():  # handlers: main thread only
             self._old = {s: signal.signal(s, self._handle) for s in SIGNALS}
         return self

@@ -16,7 +16,7 @@ from cgpt.config import backend
 from cgpt.config.run import PLACEMENT_KEYS, RunConfig, from_dict
 from cgpt.errors import TrainError
 from cgpt.fileio import atomic_write_text
-from cgpt.train import checkpoint
+from cgpt.train import checkpoint, rundir
 
 # train.* keys `--resume --allow-train-changes` may change: the optimizer's hyperparameters and
 # the logging cadence. The others fix what the checkpoint means (budget, batch, data order).
@@ -67,7 +67,7 @@ def record_changes(out: Path, prior: dict | None, run: RunConfig, start: int) ->
     """config_changes.json: the train.* values changed on a resume, with the step they took
     effect (a rewind moves later entries back to the step it resumed from)."""
     path = out / CHANGES_FILE
-    log = json.loads(path.read_text()) if path.exists() else []
+    log = rundir.read_changes(path)
     log = [{**c, "step": min(c["step"], start)} for c in log]
     new = run.to_dict()
     diff = [d for d in (config_diff(prior, new) if prior is not None else [])

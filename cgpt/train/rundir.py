@@ -17,6 +17,8 @@ import re
 import socket
 from pathlib import Path
 
+import numpy as np
+
 LOCK_FILE = ".lock"
 CKPT_DIR = "checkpoints"  # = cgpt.train.checkpoint.CKPT_DIR (kept import-free: no jax here)
 # errno values that mean "the storage refused the write", not "the program is wrong".
@@ -132,6 +134,7 @@ class Launch:
     def __enter__(self) -> "Launch":
         try:
             if self._locking:
+                check_kinds(self.out)
                 self.lock.acquire()
         except BaseException:
             self._clean(lock_too=False)
@@ -218,3 +221,193 @@ def json_line(rec: dict, default=None) -> str:
     if bad:
         rec = {**{k: (None if k in bad else v) for k, v in rec.items()}, "nonfinite": bad}
     return json.dumps(rec, allow_nan=False, default=default)
+
+
+# ---- what a run directory holds ---------------------------------------------------------
+CONFIG_FILE = "config.yaml"  # = cgpt.train.checkpoint.CONFIG_FILE
+METRICS_FILE = "metrics.jsonl"
+# what each name in a run directory must be: "file" or "dir"
+KINDS = {CONFIG_FILE: "file", METRICS_FILE: "file", "summary.json": "file", "tokenizer.json": "file",
+         "config_changes.json": "file", "identity.json": "file", "branch.json": "file",
+         LOCK_FILE: "file", CKPT_DIR: "dir", "events": "dir", "discarded_checkpoints": "dir",
+         "corrupt_checkpoints": "dir"}
+
+
+def recognise(out: str | os.PathLike) -> list[str]:
+    """What makes `out` hold a run, beyond an empty folder: its config.yaml, a sweep's
+    identity.json, a non-empty checkpoints/, a non-empty metrics.jsonl or a summary.json."""
+    out = Path(out)
+    found = []
+    for name in (CONFIG_FILE, "identity.json", "summary.json"):
+        if (out / name).exists():
+            found.append(name)
+    c = out / CKPT_DIR
+    if c.exists() and not (c.is_dir() and not any(c.iterdir())):
+        found.append(CKPT_DIR + "/")
+    m = out / METRICS_FILE
+    if m.exists() and not (m.is_file() and m.stat().st_size == 0):
+        found.append(METRICS_FILE)
+    return found
+
+
+def check_kinds(out: Path) -> None:
+    """Every name cgpt keeps in a run directory is of the kind it writes (a file where a file
+    goes, a directory where one goes); otherwise one error naming the path and the fix."""
+    for name, kind in KINDS.items():
+        p = Path(out) / name
+        if p.exists() or p.is_symlink():
+            is_dir = p.is_dir()
+            if not p.exists():  # a dangling symlink
+                raise RunDirError(f"{p} is a broken symbolic link; remove it (cgpt keeps a "
+                                  f"{'directory' if kind == 'dir' else 'file'} there)")
+            if is_dir != (kind == "dir"):
+                raise RunDirError(
+                    f"{p} is a {'directory' if is_dir else 'file'}, but cgpt keeps a "
+                    f"{'directory' if kind == 'dir' else 'file'} there; move it away (or choose "
+                    "another --out)")
+
+
+def check_launch(out: Path, resume: bool) -> bool:
+    """Whether launching into `out` starts a fresh run; refuses what would lose results.
+
+    A directory is a run by any of several files (`recognise`), not by config.yaml alone: if
+    config.yaml is gone while results remain (checkpoints, log, summary), neither a fresh
+    launch (it would cut metrics.jsonl and delete the old checkpoints) nor --resume (the flags
+    can no longer be checked) is safe. A sweep's identity.json alone is a run not started yet."""
+    out = Path(out)
+    check_kinds(out)
+    found = recognise(out)
+    if (out / CONFIG_FILE).exists():  # a run to go on with: its log and changes must read
+        read_metrics(out / METRICS_FILE)
+        read_changes(out / "config_changes.json")
+        return False
+    found = [f for f in found if f != "identity.json"]  # a sweep writes it before launch 1
+    if found:
+        raise RunDirError(
+            f"{out} holds a run ({', '.join(found)}) but its {CONFIG_FILE} is missing, so "
+            + ("--resume cannot check the flags against the run's" if resume else
+               "a fresh launch would overwrite its log and checkpoints")
+            + f"; restore {out / CONFIG_FILE} (a copy of the run's config) and rerun with "
+            "--resume, or choose a new --out")
+    return True
+
+
+# ---- the log ----------------------------------------------------------------------------
+def _bad_constant(c: str):
+    raise ValueError(f"{c} is not JSON (cgpt writes null for non-finite numbers)")
+
+
+def read_metrics(path: str | os.PathLike, upto_step: int | None = None,
+                 raw: bool = False) -> list:
+    """The records of metrics.jsonl (with step <= `upto_step`), checked line by line.
+
+    Only a torn last line (no newline: a kill mid-write) is dropped; any other line that is not
+    a JSON object with an increasing integer `step` is an error naming the file and line, never
+    a silent cut. `raw`: (line text, record) pairs. A missing file reads as no records."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    try:
+        text = path.read_bytes().decode()
+    except IsADirectoryError:
+        raise RunDirError(f"{path} is a directory, but cgpt keeps the run's log there; move it "
+                          "away") from None
+    except UnicodeDecodeError as e:
+        raise RunDirError(f"{path}: not UTF-8 text (byte {e.start}); restore the file, or cut "
+                          "it back to its last good line") from None
+    lines = text.split("\n")
+    torn = lines.pop()  # "" when the file ends with a newline
+    out, last = [], 0
+    for i, line in enumerate(lines, 1):
+        where = f"{path}, line {i}"
+        try:
+            rec = json.loads(line, parse_constant=_bad_constant)
+        except ValueError as e:
+            raise RunDirError(f"{where}: not a JSON object ({e}); fix or delete that line "
+                              "(every line is one logged step), then rerun") from None
+        if not isinstance(rec, dict):
+            raise RunDirError(f"{where}: expected a JSON object, got {type(rec).__name__}; "
+                              "fix or delete that line, then rerun")
+        step = rec.get("step")
+        if type(step) is not int or step <= last:
+            raise RunDirError(f"{where}: 'step' must be an integer above the previous line's "
+                              f"{last}, got {step!r}; fix or delete that line, then rerun")
+        last = step
+        if upto_step is None or step <= upto_step:
+            out.append((line, rec) if raw else rec)
+    del torn  # a kill mid-write: the step is redone on --resume
+    return out
+
+
+def train_loss_window(total_steps: int) -> int:
+    """The summary's train_loss averages the last this-many steps (each of them logged)."""
+    return max(1, min(50, total_steps // 20))
+
+
+def resume_log(path: str | os.PathLike, start: int, total_steps: int) -> None:
+    """Cut metrics.jsonl back to step `start` (the restored checkpoint), refusing a log that
+    could not give the summary's train_loss, rather than averaging the wrong steps."""
+    path = Path(path)
+    rows = read_metrics(path, start, raw=True)
+    first = total_steps - train_loss_window(total_steps) + 1  # the window: steps first..total
+    if start > 0 and not path.exists():
+        fix = (f"or, to continue without the curve of steps 1-{start}, create an empty one "
+               f"(touch {path}) and rerun" if start < first else
+               "or start over in a new --out (the summary's train_loss needs those steps)")
+        raise RunDirError(f"{path} is missing, but the run resumes from checkpoint {start}: the "
+                          f"log of steps 1-{start} would be lost; restore the file, {fix}")
+    need = set(range(first, start + 1))
+    missing = sorted(need - {rec["step"] for _, rec in rows})
+    if missing:
+        raise RunDirError(
+            f"{path} lacks step(s) {_ranges(missing)}, which the summary's train_loss (the mean "
+            f"loss of steps {first}-{total_steps}) needs, and the run resumes after them (from "
+            f"checkpoint {start}); restore the file, or resume from an earlier checkpoint with "
+            "--from-step, or start over in a new --out")
+    from cgpt.fileio import atomic_write_text
+    if path.exists():
+        atomic_write_text(path, "".join(line + "\n" for line, _ in rows))
+
+
+def train_loss(path: str | os.PathLike, total_steps: int) -> float:
+    """The summary's train_loss: the mean logged loss of the last `train_loss_window` steps."""
+    first = total_steps - train_loss_window(total_steps) + 1
+    got = {r["step"]: r.get("loss") for r in read_metrics(path) if r["step"] >= first}
+    missing = [s for s in range(first, total_steps + 1) if not isinstance(got.get(s), (int, float))]
+    if missing:
+        raise RunDirError(f"{path}: no logged loss for step(s) {_ranges(missing)}, which the "
+                          f"summary's train_loss (the mean of steps {first}-{total_steps}) needs")
+    return float(np.mean([got[s] for s in range(first, total_steps + 1)]))
+
+
+def _ranges(steps: list[int]) -> str:
+    shown = ", ".join(map(str, steps[:5]))
+    return shown + (f", ... ({len(steps)} in all)" if len(steps) > 5 else "")
+
+
+def read_json(path: str | os.PathLike, kind: type, fix: str):
+    """A JSON file of the run directory, which must hold a `kind` (dict or list)."""
+    path = Path(path)
+    try:
+        got = json.loads(path.read_bytes().decode(), parse_constant=_bad_constant)
+    except IsADirectoryError:
+        raise RunDirError(f"{path} is a directory; move it away") from None
+    except ValueError as e:  # JSONDecodeError and UnicodeDecodeError
+        raise RunDirError(f"{path}: not valid JSON ({e}); {fix}") from None
+    if not isinstance(got, kind):
+        raise RunDirError(f"{path}: expected a JSON {'object' if kind is dict else 'list'}, "
+                          f"got {type(got).__name__}; {fix}")
+    return got
+
+
+def read_changes(path: str | os.PathLike) -> list[dict]:
+    """config_changes.json: a list of {"step": int, "train.<key>": [old, new], ...}."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    fix = "restore it, or delete it (it only records train.* values changed on a resume)"
+    log = read_json(path, list, fix)
+    for i, c in enumerate(log):
+        if not (isinstance(c, dict) and type(c.get("step")) is int):
+            raise RunDirError(f"{path}: entry {i} is not an object with an integer 'step'; {fix}")
+    return log

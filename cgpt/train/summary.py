@@ -7,35 +7,32 @@ import json
 import math
 from pathlib import Path
 
-import numpy as np
-
 from cgpt.config import flops
 from cgpt.fileio import atomic_write_text
 from cgpt.train.mfu import Throughput
-from cgpt.train.rundir import json_line
+from cgpt.train.rundir import METRICS_FILE, json_line, read_json, read_metrics
+from cgpt.train.rundir import train_loss as rundir_train_loss
 
 SUMMARY_FILE = "summary.json"
 
 
 def read(out: Path) -> dict:
-    return json.loads((Path(out) / SUMMARY_FILE).read_text())
+    """A finished run's summary (a damaged one is an error that says how to rewrite it)."""
+    return read_json(Path(out) / SUMMARY_FILE, dict, "delete it and rerun with --resume to write "
+                     "it again from the last checkpoint and the log")
 
 
 def write(out: Path, summary: dict) -> None:
     atomic_write_text(Path(out) / SUMMARY_FILE, json.dumps(summary, indent=2))
 
 
-def loss_window(total_steps: int) -> int:
-    """train_loss averages the last `window` steps, each of which the loop logs."""
-    return max(1, min(50, total_steps // 20))
-
-
-def build(res, log: list[dict], val_loss: float, speed: Throughput, *, wall_time_s: float,
+def build(res, out: Path, val_loss: float, speed: Throughput, *, wall_time_s: float,
           start: int, data, placement: dict, changes: list[dict]) -> dict:
-    """The summary of the run `res` (a fitted `cgpt.train.resolve.Resolved`) from its log."""
+    """The summary of the run `res` (a fitted `cgpt.train.resolve.Resolved`) in `out`, from
+    its log: train_loss is the mean logged loss of the last `train_loss_window` steps."""
     cfg, total = res.cfg, res.total_steps
-    window = loss_window(total)
-    train_loss = float(np.mean([r["loss"] for r in log if r["step"] > total - window]))
+    log = read_metrics(out / METRICS_FILE)
+    train_loss = rundir_train_loss(out / METRICS_FILE, total)
     # a launch that trained no timed step (resumed at its end) reports the log's last speed
     tps = speed.tokens_per_s if speed.seconds else log[-1].get("tokens_per_s", math.nan)
     tokens = res.tokens_trained
