@@ -79,7 +79,6 @@ def branch_run(parent: Path, run: RunConfig) -> RunConfig:
 def precheck(branch_from: tuple[Path, int], run: RunConfig) -> None:
     """Everything `begin` checks that needs no JAX, before the launch writes a file: a branch
     that cannot be made leaves nothing in its --out that blocks the next launch."""
-    from cgpt.train.resolve import resolve
 
     parent, step = branch_from
     parent_run = parent_config(parent)

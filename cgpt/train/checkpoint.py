@@ -22,7 +22,7 @@ import jax
 import yaml
 
 from cgpt.sharding import distributed
-from cgpt.train import rundir
+from cgpt.train import orbax_quiet as quiet, rundir
 from cgpt.config.model import ModelConfig
 from cgpt.errors import LoadError
 
@@ -79,75 +79,6 @@ def _manager(run_dir: Path, keep: int | None = None, create: bool = True, on_wri
     return ocp.CheckpointManager((run_dir / CKPT_DIR).absolute(), options=opts)
 
 
-class _HoldErrors(logging.Filter):
-    """Holds back error records (Orbax logs a traceback per failed writer thread) until
-    `release()` re-emits them; records of a failure that is raised anyway are dropped."""
-
-    def __init__(self):
-        super().__init__()
-        self.records: list[logging.LogRecord] = []
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno >= logging.ERROR:
-            self.records.append(record)
-            return False
-        return True
-
-    def release(self) -> None:
-        records, self.records = self.records, []
-        for r in records:
-            logging.getLogger(r.name).handle(r)
-
-
-class _DropStorageAftermath(logging.Filter):
-    """Drops the log records of a save the storage refused: Orbax's writer threads log their
-    tracebacks as they end (`absl`), and asyncio logs the unretrieved ENOSPC futures of
-    TensorStore's pending writes when they are garbage-collected (often at exit)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.name == "absl":
-            return not (record.levelno >= logging.ERROR and "orbax" in record.pathname)
-        exc = record.exc_info[1] if record.exc_info else None
-        text = record.getMessage()
-        return not ("never retrieved" in text and (
-            (exc is not None and rundir.storage_oserror(exc) is not None)
-            or rundir.storage_oserror(RuntimeError(text)) is not None))
-
-
-def _closed_loop(u) -> bool:
-    return isinstance(u.exc_value, RuntimeError) and str(u.exc_value) == "Event loop is closed"
-
-
-def _orbax_write(u) -> bool:
-    """An Orbax write coroutine finalized unfinished (at interpreter exit, after a failed save)."""
-    code = getattr(u.object, "cr_code", None)
-    return code is not None and "orbax" in code.co_filename
-
-
-def _mute_storage_aftermath(hook) -> None:
-    """After a save the storage refused, silence its aftermath for the rest of the process.
-
-    The run is ending with one error line; what would follow it is noise with no new facts:
-    Orbax's threads log a traceback each as they end, TensorStore's C++ threads deliver the
-    remaining writes' results into the event loop Orbax already closed (each an unraisable
-    "Event loop is closed" traceback), asyncio logs their unretrieved ENOSPC futures, and the
-    write coroutines still pending are finalized at exit (each an unraisable ImportError).
-    All arrive asynchronously, up to interpreter exit, so the hooks stay for the process's
-    life; they drop nothing else. `hook`: the unraisable hook to pass everything else to."""
-    if getattr(hook, "_cgpt_storage", False):
-        sys.unraisablehook = hook
-    else:
-        def quiet(u):
-            if not (_closed_loop(u) or _orbax_write(u)):
-                hook(u)
-        quiet._cgpt_storage = True
-        sys.unraisablehook = quiet
-    for name in ("absl", "asyncio"):
-        log = logging.getLogger(name)
-        if not any(isinstance(f, _DropStorageAftermath) for f in log.filters):
-            log.addFilter(_DropStorageAftermath())
-
-
 class CheckpointsChanged(Exception):
     """A checkpoint vanished while it was read: a run training into the directory replaced it."""
 
@@ -165,7 +96,7 @@ def restore_newest(mngr, run_dir: Path, items: dict, fix: str,
     bad = []
     for step in sorted(mngr.all_steps(), reverse=True):
         try:
-            out = _quiet_restore(lambda: mngr.restore(step, args=ocp.args.Composite(
+            out = quiet.quiet_restore(lambda: mngr.restore(step, args=ocp.args.Composite(
                 **{k: ocp.args.StandardRestore(v) for k, v in items.items()})))
         except Exception as e:  # orbax/tensorstore raise many types for bad files
             if not (run_dir / CKPT_DIR / str(step)).exists():
@@ -187,41 +118,6 @@ def restore_newest(mngr, run_dir: Path, items: dict, fix: str,
             f"be restored (newest error: {brief(bad[0][1])}); nothing was changed. Fix the "
             f"cause, or {fix}")
     return None
-class _DropUnretrieved(logging.Filter):
-    """After a failed restore: asyncio's "exception was never retrieved" records of its reads
-    (cgpt itself runs no event loop, so there are no others)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "never retrieved" not in record.getMessage()
-
-
-def _quiet_restore(restore):
-    """restore(), with the aftermath of a failure kept off the terminal: TensorStore delivers
-    late reads into the event loop Orbax closed (unraisable "Event loop is closed" errors) and
-    Orbax's threads log their tracebacks, during the call and after it. The caller reports the
-    failure in one line; on success anything held back is passed on."""
-    held, absl = _HoldErrors(), logging.getLogger("absl")
-    absl.addFilter(held)
-    unraisable, prev_hook = [], sys.unraisablehook
-    sys.unraisablehook = lambda u: unraisable.append(u) if (
-        _closed_loop(u) or _orbax_write(u)) else prev_hook(u)
-    try:
-        out = restore()
-    except BaseException:
-        _mute_storage_aftermath(prev_hook)
-        absl.removeFilter(held)
-        aio = logging.getLogger("asyncio")  # the failed reads' futures, logged when collected
-        if not any(isinstance(f, _DropUnretrieved) for f in aio.filters):
-            aio.addFilter(_DropUnretrieved())
-        raise
-    sys.unraisablehook = prev_hook
-    absl.removeFilter(held)
-    held.release()
-    for u in unraisable:
-        prev_hook(u)
-    return out
-
-
 class Checkpointer:
     """Save/restore {params, opt_state, step} with the last `keep` checkpoints kept.
 
@@ -303,9 +199,9 @@ class Checkpointer:
         # Orbax logs a traceback per failed writer thread, and TensorStore reports writes that
         # end after Orbax closed its event loop as unraisable "Event loop is closed" errors,
         # at any time until the save is waited for: held back until then
-        held, unraisable, prev_hook = _HoldErrors(), [], sys.unraisablehook
+        held, unraisable, prev_hook = quiet.HoldErrors(), [], sys.unraisablehook
         logging.getLogger("absl").addFilter(held)
-        sys.unraisablehook = lambda u: unraisable.append(u) if _closed_loop(u) else prev_hook(u)
+        sys.unraisablehook = lambda u: unraisable.append(u) if quiet.closed_loop(u) else prev_hook(u)
         self._holds = (held, unraisable, prev_hook)
 
     def _release(self, step: int, error: BaseException | None) -> None:
@@ -325,7 +221,7 @@ class Checkpointer:
             if error is not None:
                 raise error
             return
-        _mute_storage_aftermath(prev_hook)  # replaces the hold above in one assignment
+        quiet.mute_storage_aftermath(prev_hook)  # replaces the hold above in one assignment
         absl.removeFilter(held)  # its records are of the failure raised here: dropped
         raise OSError(cause.errno, cause.strerror, str(self.run_dir / CKPT_DIR / str(step))
                       ) from error
