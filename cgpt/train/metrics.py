@@ -1,5 +1,6 @@
-"""The run's log as it is written: `metrics.jsonl` (strict JSON, one object per logged step) and the same scalars
-as TensorBoard events. Process 0 writes both; the others get a log that writes nothing."""
+"""The run's log as it is written: `metrics.jsonl` (strict JSON, one object per logged
+step) and the same scalars as TensorBoard events. Process 0 writes both; the others get a log
+that writes nothing."""
 from __future__ import annotations
 
 from pathlib import Path

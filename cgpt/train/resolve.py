@@ -149,6 +149,7 @@ def resolve(run: RunConfig, devices: int | Sequence | None = None, *, platform: 
     _check_split(recipe.batch_size, 1, replicas)
     micro = t.micro_batch or recipe.batch_size // replicas
     _check_split(recipe.batch_size, micro, replicas)
-    return Resolved(run=run, platform=platform, num_devices=math.prod(mesh.values()), mode=mode, mesh=mesh,
+    return Resolved(run=run, platform=platform, num_devices=math.prod(mesh.values()),
+                    mode=mode, mesh=mesh,
                     mesh_reason=mesh_reason, auto_reason=auto_reason, replica_axes=axes,
                     tokens=tokens, recipe=recipe, micro_batch=micro)
