@@ -93,7 +93,7 @@ def test_one_step_matches_single_device(reference, mode, spec, mesh):
             specs, is_leaf=lambda x: isinstance(x, P))):
         assert leaf.sharding.is_equivalent_to(NamedSharding(strategy.mesh, spec_), leaf.ndim)
     if strategy.mode == "layer_pipelined":
-        M = strategy._micro(ROWS)
+        M = strategy.micro_batches_for(ROWS)
         assert strategy.bubble_fraction == pytest.approx((mesh["stage"] - 1)
                                                          / (M + mesh["stage"] - 1))
     STATES[(mode, spec)] = (strategy, params, opt_state)

@@ -319,7 +319,7 @@ def test_submitit_local_executor(tmp_path):
     s = sw.load_sweep(spec, ["slurm.timeout_min=30"])
     assert sw.slurm_params(s.slurm, None, 1, s.name) == {
         "slurm_partition": "gpu", "gpus_per_node": 1, "timeout_min": 30,
-        "slurm_array_parallelism": 4, "name": "cgpt-sub"}
+        "slurm_array_parallelism": 4, "name": "cgpt-sub", "tasks_per_node": 1}
     out = tmp_path / "out"
     assert sw.launch(s, out, executor="submitit-local", poll_s=0.5, report=False) == 0
     rid = "tiny-17k_d20k_s5"

@@ -15,6 +15,7 @@ import re
 from dataclasses import replace
 from pathlib import Path
 
+from cgpt.config import backend
 from cgpt.train import checkpoint, rundir
 from cgpt.fileio import atomic_write_text
 from cgpt.config.run import RunConfig, from_dict
@@ -82,6 +83,8 @@ def precheck(branch_from: tuple[Path, int], run: RunConfig) -> None:
 
     parent, step = branch_from
     parent_run = parent_config(parent)
+    # an "auto" compute dtype is the parent's, as `train` resolves it (cgpt.train.resume)
+    run = replace(run, model=backend.resolve(run.model, saved=parent_run.model))
     check_branch(parent_run, resolve(parent_run).recipe, run, resolve(run).recipe, step,
                  parent)
     ckpts = parent / checkpoint.CKPT_DIR

@@ -185,9 +185,13 @@ class Checkpointer:
         self.last_save_s = (self._written_at or time.monotonic()) - t0
         if not distributed.is_writer():
             return
-        print(f"checkpoint {step}: saved in {self.last_save_s:.1f} s (training paused "
-              f"{blocking:.1f} s of it)", file=sys.stderr, flush=True)
         grace = float(os.environ.get("CGPT_SAVE_GRACE_S") or 0)  # set by the SLURM executor
+        line = (f"checkpoint {step}: saved in {self.last_save_s:.1f} s (training paused "
+                f"{blocking:.1f} s of it)")
+        if grace:  # under a scheduler the save time sizes the requeue grace: in the job's log
+            print(line, file=sys.stderr, flush=True)
+        else:
+            log.info(line)
         if grace and self.last_save_s > grace and not self._warned:
             self._warned = True
             print(f"warning: checkpoint {step} took {self.last_save_s:.0f} s to save, more than "

@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from cgpt.config.units import fmt_bytes
 from cgpt.config import flops
 from cgpt.config.run import RunConfig, parse_bytes
 from cgpt.errors import TrainError
@@ -97,7 +98,7 @@ def _train_fused(runs: list[RunConfig], outs: list[Path], resuming: bool, progre
     cfg, total, M = r0.cfg, r0.total_steps, len(live)
     step_fn, bytes_ = _compile(r0, M, memory[live[0]])
     print(f"{cfg.name}: {M} runs fused into one program, micro-batch {r0.micro_batch} x "
-          f"{r0.accum} accumulation step(s): {fit.gb(bytes_['total'])} on one device",
+          f"{r0.accum} accumulation step(s): {fmt_bytes(bytes_['total'])} on one device",
           file=sys.stderr, flush=True)
     data = {}
     for i in live:
@@ -115,7 +116,7 @@ def _train_fused(runs: list[RunConfig], outs: list[Path], resuming: bool, progre
         start, params, opt_state = _start(res, ckpts, outs, live, resuming)
         changes = {}
         for i in live:
-            metrics.truncate(outs[i] / metrics.METRICS_FILE, start)
+            rundir.resume_log(outs[i] / rundir.METRICS_FILE, start, res[i].total_steps)
             changes[i] = resume.record_changes(outs[i], priors[i], saved[i], start)
         evaluate = _validation(r0, data[live[0]])
         trained = _loop(res, data, ckpts, outs, live, start, params, opt_state, step_fn,
@@ -133,7 +134,7 @@ def _train_fused(runs: list[RunConfig], outs: list[Path], resuming: bool, progre
         if math.isnan(val_loss[k]):  # resumed at its end: no fresh evaluation
             val_loss[k] = float(evaluate(params)[k])
         results[i] = summary.build(
-            res[i], metrics.read(outs[i] / metrics.METRICS_FILE), val_loss[k], speed,
+            res[i], outs[i], val_loss[k], speed,
             wall_time_s=time.perf_counter() - wall0, start=start, data=data[i],
             placement=placement, changes=changes[i])
         summary.write(outs[i], results[i])
@@ -155,8 +156,8 @@ def _compile(r0, members: int, memory: int):
         jax.ShapeDtypeStruct((members,), jnp.bool_)).compile()
     b = fit.step_bytes(compiled)
     if b["total"] > fit.usable_memory(memory):
-        raise TrainError(f"{members} fused runs of {cfg.name} need {fit.gb(b['total'])} on one "
-                         f"device but {fit.gb(fit.usable_memory(memory))} are usable; fuse "
+        raise TrainError(f"{members} fused runs of {cfg.name} need {fmt_bytes(b['total'])} on one "
+                         f"device but {fmt_bytes(fit.usable_memory(memory))} are usable; fuse "
                          "fewer runs per group (or set train.micro_batch smaller)")
     return compiled, b
 
@@ -197,7 +198,7 @@ def _loop(res, data, ckpts, outs, live, start, params, opt_state, step_fn, evalu
     tr = {i: res[i].run.train for i in live}
     eval_every = {i: tr[i].eval_every or max(1, total // 10) for i in live}
     ckpt_every = {i: tr[i].ckpt_every or max(1, total // 10) for i in live}
-    window = summary.loss_window(total)
+    window = rundir.train_loss_window(total)
     speed = Throughput(flops.train_flops_per_token(r0.cfg, T), r0.cfg.compute_dtype, 1)
     logs = {i: metrics.MetricsLog(outs[i], start) for i in live}
     active = np.ones(len(live), bool)
