@@ -12,7 +12,7 @@ from cgpt.config.data import DataConfig
 from cgpt.config.model import get_config
 from cgpt.config.run import RunConfig, TrainConfig
 from cgpt.errors import TrainError
-from cgpt.train import checkpoint, metrics
+from cgpt.train import checkpoint, rundir
 from cgpt.train.fused_loop import FAILED_FILE, train_fused
 from cgpt.train.loop import train
 
@@ -58,7 +58,8 @@ def _assert_close_params(a, b, tol=1e-6):
 
 def _assert_same_run(fused_dir, solo_dir, tol=1e-6):
     """Every logged loss, val loss and LR, the final params and the summary's losses agree."""
-    a, b = metrics.read(fused_dir / "metrics.jsonl"), metrics.read(solo_dir / "metrics.jsonl")
+    a = rundir.read_metrics(fused_dir / "metrics.jsonl")
+    b = rundir.read_metrics(solo_dir / "metrics.jsonl")
     assert [r["step"] for r in a] == [r["step"] for r in b]
     for x, y in zip(a, b):
         assert abs(x["loss"] - y["loss"]) <= tol, (x, y)
@@ -115,7 +116,7 @@ def test_nonfinite_member_stops_alone(corpus, cache, tmp_path):
     failed = json.loads((outs[1] / FAILED_FILE).read_text())
     assert failed["error"] == msg
     assert not (outs[1] / "summary.json").exists()
-    log = metrics.read(outs[1] / "metrics.jsonl")
+    log = rundir.read_metrics(outs[1] / "metrics.jsonl")
     stopped = int(msg.split(" at step ")[1].split()[0].rstrip(";"))
     assert log[-1]["step"] == stopped - 1 and all(math.isfinite(r["loss"]) for r in log)
     kept = sorted(int(p.name) for p in (outs[1] / "checkpoints").iterdir())
@@ -133,7 +134,7 @@ def test_killed_group_resumes_bit_identically(corpus, cache, tmp_path, monkeypat
     runs = [_run(corpus, cache, seed=0, ckpt_every=4), _run(corpus, cache, seed=1, ckpt_every=6)]
     timing = ("tokens_per_s", "mfu")
     logged = lambda d: [{k: v for k, v in r.items() if k not in timing}  # noqa: E731
-                        for r in metrics.read(d / "metrics.jsonl")]
+                        for r in rundir.read_metrics(d / "metrics.jsonl")]
     ref = [tmp_path / "ref0", tmp_path / "ref1"]
     train_fused(runs, ref, progress=False)
 
@@ -178,7 +179,7 @@ def test_one_member_resumes_alone(corpus, cache, tmp_path, monkeypatch):
     s = train(runs[1], outs[1], resume=True, progress=False)
     assert s["resumed_from_step"] == 10
     train(runs[1], tmp_path / "solo", progress=False)
-    a, b = metrics.read(outs[1] / "metrics.jsonl"), metrics.read(tmp_path / "solo/metrics.jsonl")
+    a, b = rundir.read_metrics(outs[1] / "metrics.jsonl"), rundir.read_metrics(tmp_path / "solo/metrics.jsonl")
     assert [r["step"] for r in a] == [r["step"] for r in b]
     assert max(abs(x["loss"] - y["loss"]) for x, y in zip(a, b)) <= 1e-6
     _assert_close_params(_params(outs[1]), _params(tmp_path / "solo"))

@@ -54,7 +54,9 @@ def check_branch(parent_run: RunConfig, parent_recipe, run: RunConfig, recipe, s
             for k in ("peak_lr", "warmup_steps", "batch_size", "schedule", "adam_eps",
                       "weight_decay", "clip_norm", "b1", "b2")}
     diff = [f"{k} ({a} vs {b})" for k, (a, b) in same.items() if a != b]
-    if parent_run.model != run.model or parent_run.data != run.data:
+    # remat is how a step runs (the fit may choose it), not what is trained
+    same_model = parent_run.model.replace(remat=run.model.remat) == run.model
+    if not same_model or parent_run.data != run.data:
         diff.append("the model or data section")
     if diff:
         raise BranchError(f"--branch-from: the branch differs from {parent} in {', '.join(diff)}; "

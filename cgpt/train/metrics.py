@@ -21,6 +21,7 @@ class MetricsLog:
 
             self.file = open(out / METRICS_FILE, "a")
             self.tb = SummaryWriter(str(out / "events"), purge_step=start + 1 if start else None)
+            _quiet_tb_thread()
 
     def write(self, rec: dict) -> None:
         if self.file is None:
@@ -53,3 +54,27 @@ def _close_tb(tb) -> None:
                 pass
             ew._closed = True
         raise
+
+
+def _quiet_tb_thread() -> None:
+    """tensorboardX writes events from its own thread: a full disk there would print a thread
+    traceback beside the run's one error line (the checkpoint or metrics.jsonl write on the
+    same storage reports it), so storage errors of that thread are dropped."""
+    import threading
+
+    from cgpt.train.rundir import storage_oserror
+
+    prev = threading.excepthook
+    if getattr(prev, "_cgpt_tb", False):
+        return
+
+    def hook(args):
+        tb = args.exc_traceback
+        while tb is not None and tb.tb_next is not None:
+            tb = tb.tb_next
+        in_tb = tb is not None and "tensorboardX" in tb.tb_frame.f_code.co_filename
+        if not (in_tb and storage_oserror(args.exc_value) is not None):
+            prev(args)
+
+    hook._cgpt_tb = True
+    threading.excepthook = hook

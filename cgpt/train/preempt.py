@@ -37,6 +37,13 @@ def defer_early() -> dict:
     return {s: signal.signal(s, _early) for s in (signal.SIGUSR1, signal.SIGUSR2)}
 
 
+def ignore_late() -> None:
+    """Ignore SIGUSR1/SIGUSR2 from here on: the run has checkpointed (or finished) and exits."""
+    if threading.current_thread() is threading.main_thread():
+        for s in (signal.SIGUSR1, signal.SIGUSR2):
+            signal.signal(s, signal.SIG_IGN)
+
+
 def restore(old: dict) -> None:
     """Put back the handlers `defer_early` replaced (a caller that is not the process's end)."""
     for s, h in old.items():
