@@ -122,7 +122,7 @@ def _train_fused(runs: list[RunConfig], outs: list[Path], resuming: bool, progre
         trained = _loop(res, data, ckpts, outs, live, start, params, opt_state, step_fn,
                         evaluate, progress, tqdm, results)
     finally:
-        _close_all(*(c.close for c in ckpts.values()))
+        rundir.close_all(*(c.close for c in ckpts.values()))
 
     # ---- the summaries ----------------------------------------------------------------------
     speed, params, val_loss = trained
@@ -273,7 +273,7 @@ def _loop(res, data, ckpts, outs, live, start, params, opt_state, step_fn, evalu
             if stop_signal and done < total:
                 raise preempt.Preempted(stop_signal, done, ", ".join(map(str, outs)))
     finally:
-        _close_all(triggers.uninstall, bar.close,
+        rundir.close_all(triggers.uninstall, bar.close,
                    *(logs[i].close for k, i in enumerate(live) if active[k]))
     return speed, params, val_loss
 
@@ -294,14 +294,3 @@ def _validation(r0, data):
         return sum(x * eval_bs for x in losses) / (len(losses) * eval_bs)
 
     return evaluate
-
-
-def _close_all(*closers) -> None:
-    first = None
-    for close in closers:
-        try:
-            close()
-        except Exception as e:  # noqa: BLE001 - re-raised below
-            first = first or e
-    if first is not None:
-        raise first

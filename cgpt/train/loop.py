@@ -159,7 +159,7 @@ def _train(run: RunConfig, out: Path, resuming: bool, progress: bool, launch: ru
             if stop_signal and done < total:
                 raise preempt.Preempted(stop_signal, done, out)
     finally:  # every closer runs even when a full disk fails several; the first error wins
-        _close_all(triggers.uninstall, bar.close, log.close, ckpt.close)
+        rundir.close_all(triggers.uninstall, bar.close, log.close, ckpt.close)
 
     # ---- the summary -------------------------------------------------------------------------
     if math.isnan(val_loss):  # resumed at (or one step before) its end: no fresh evaluation
@@ -196,14 +196,3 @@ def _validation(res: Resolved, strategy, data):
         return sum(x * eval_bs for x in losses) / (len(losses) * eval_bs)
 
     return evaluate
-
-
-def _close_all(*closers) -> None:
-    first = None
-    for close in closers:
-        try:
-            close()
-        except Exception as e:  # noqa: BLE001 - re-raised below
-            first = first or e
-    if first is not None:
-        raise first

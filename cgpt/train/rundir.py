@@ -411,3 +411,15 @@ def read_changes(path: str | os.PathLike) -> list[dict]:
         if not (isinstance(c, dict) and type(c.get("step")) is int):
             raise RunDirError(f"{path}: entry {i} is not an object with an integer 'step'; {fix}")
     return log
+
+
+def close_all(*closers) -> None:
+    """Run every closer even when a full disk fails several of them; the first error wins."""
+    first = None
+    for close in closers:
+        try:
+            close()
+        except Exception as e:  # noqa: BLE001 - re-raised below
+            first = first or e
+    if first is not None:
+        raise first
