@@ -152,3 +152,46 @@ def test_sweep_relaunch_accepts_an_auto_dtype_against_the_saved_one(tmp_path):
     assert config_change(Run(), tmp_path) == []
     assert config_change(Run({"compute_dtype": "bfloat16"}), tmp_path) == \
         ["model.compute_dtype: 'float32' -> 'bfloat16'"]
+
+
+def test_gpu_xla_flags_reach_xla_flags_on_gpu_only_and_the_users_win():
+    user = "--xla_gpu_enable_latency_hiding_scheduler=false --xla_dump_to=/tmp/hlo"
+    env = {"XLA_FLAGS": user}
+    added = backend.gpu_xla_flags(env, "gpu")
+    flags = env["XLA_FLAGS"].split()
+    assert flags[:2] == user.split()  # the user's own first, untouched
+    assert flags.count("--xla_gpu_enable_latency_hiding_scheduler=false") == 1
+    assert not any(f.startswith("--xla_gpu_enable_latency_hiding_scheduler=true") for f in flags)
+    assert "--xla_gpu_enable_pipelined_all_gather=true" in flags
+    assert "--xla_gpu_all_reduce_combine_threshold_bytes=1073741824" in flags
+    assert added == flags[2:] and len(added) == len(backend.GPU_XLA_FLAGS) - 1
+    assert backend.gpu_xla_flags(env, "gpu") == []  # idempotent: nothing twice
+    assert env["XLA_FLAGS"].split() == flags
+    for platform in ("cpu", "tpu", "rocm"):  # nothing changes off NVIDIA GPUs
+        other = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+        assert backend.gpu_xla_flags(other, platform) == []
+        assert other == {"XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+    empty = {}
+    assert backend.gpu_xla_flags(empty, "cuda") and "--xla_gpu_enable_while_loop_double_buffering" \
+        "=true" in empty["XLA_FLAGS"]
+    off = {"CGPT_GPU_XLA_FLAGS": "0"}
+    assert backend.gpu_xla_flags(off, "gpu") == [] and "XLA_FLAGS" not in off
+    assert backend.launch_platform({"JAX_PLATFORMS": "cpu"}, gpus=8) == "cpu"
+    assert backend.launch_platform({"JAX_PLATFORMS": "cuda,cpu"}, gpus=0) == "gpu"
+    assert backend.launch_platform({}, gpus=8) == "gpu"
+    assert backend.launch_platform({}, gpus=0) == "cpu"
+
+
+def test_gpu_xla_flags_are_known_to_the_installed_xla():
+    """XLA aborts a process whose XLA_FLAGS name a flag it does not know (on every backend,
+    so the CPU-only jaxlib checks the GPU flags' names)."""
+    import os
+    import subprocess
+    import sys
+
+    flags = backend.compose_xla_flags("", "gpu")
+    assert len(flags.split()) == len(backend.GPU_XLA_FLAGS)
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": flags}
+    r = subprocess.run([sys.executable, "-c", "import jax; print(jax.jit(lambda x: x + 1)(1))"],
+                       env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip() == "2", r.stderr[-1500:]

@@ -24,10 +24,18 @@ JAX's default is 0.75), so the pool the run gets is the "usable" figure the plan
 other 10% is the CUDA context, cuBLAS/cuDNN workspaces and NCCL buffers, outside the pool.
 `device_memory(bytes_limit, environ)` turns the allocator's limit back into that device
 memory; a user's own smaller fraction lowers it (the fit then sees the smaller pool).
+
+GPU compiler flags (`gpu_xla_flags`, table GPU_XLA_FLAGS): XLA's latency-hiding scheduler and
+collective pipelining are off by default; MaxText's and NVIDIA's JAX recipes turn them on for
+H100 so the per-layer weight gathers and gradient reductions overlap compute. They go into
+XLA_FLAGS before JAX starts its GPU backend (`cgpt.sharding.distributed.initialize`, the bench
+scripts), only when the process will run on NVIDIA GPUs; a flag the user set in XLA_FLAGS is
+kept as the user set it, and CGPT_GPU_XLA_FLAGS=0 leaves XLA_FLAGS untouched.
 """
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 
 from cgpt.config.model import ModelConfig
@@ -172,3 +180,81 @@ def device_memory(bytes_limit: int, environ) -> int:
     is the GPU's physical memory; with a smaller fraction the fit's usable 90% of it is the
     pool itself."""
     return int(bytes_limit / max(mem_fraction(environ), GPU_MEM_FRACTION))
+
+
+# XLA's GPU flags cgpt sets, each with its reason. Sources: NVIDIA JAX-Toolbox
+# rosetta/docs/GPU_performance.md ("Tips for High-Performance LLMs with JAX and XLA") and
+# MaxText's H100 (A3) recipes (configs/gpu/a3/*/1vm.sh, thresholds from there). XLA aborts
+# the process on a flag it does not know, so each is checked against the installed XLA
+# (tests/test_backend.py starts a process with all of them); dropped from this list:
+# --xla_gpu_enable_async_all_gather/_reduce_scatter/_all_reduce, --xla_gpu_graph_level,
+# --xla_gpu_enable_triton_softmax_fusion, --xla_gpu_enable_pipelined_collectives (unknown to
+# XLA in jaxlib 0.10.2: async collectives are XLA's default now).
+GPU_XLA_FLAGS: tuple[tuple[str, str, str], ...] = (
+    ("xla_gpu_enable_latency_hiding_scheduler", "true",
+     "schedule collectives asynchronously around compute: the weight-streaming gathers and "
+     "the gradient reductions overlap the matmuls instead of waiting for them"),
+    ("xla_gpu_enable_highest_priority_async_stream", "true",
+     "collectives on the highest-priority stream, so compute kernels do not delay them"),
+    ("xla_gpu_enable_pipelined_all_gather", "true",
+     "FSDP/weight streaming: the next layer's weight all-gather is issued one scan "
+     "iteration early"),
+    ("xla_gpu_enable_pipelined_reduce_scatter", "true",
+     "FSDP/weight streaming: a layer's gradient reduce-scatter completes during the next "
+     "layer's backward"),
+    ("xla_gpu_enable_pipelined_all_reduce", "true",
+     "data parallel: gradient all-reduces inside the layer scan move out of its critical path"),
+    ("xla_gpu_enable_while_loop_double_buffering", "true",
+     "the layer scan unrolled by two so a pipelined collective has an iteration to hide in"),
+    ("xla_gpu_enable_all_gather_combine_by_dim", "false",
+     "combine gathers along different dims too: fewer, larger all-gathers"),
+    ("xla_gpu_enable_reduce_scatter_combine_by_dim", "false",
+     "combine reduce-scatters along different dims too: fewer, larger collectives"),
+    ("xla_gpu_all_gather_combine_threshold_bytes", "134217728",
+     "combine small all-gathers up to 128 MiB (MaxText's A3 value): NCCL latency amortized"),
+    ("xla_gpu_reduce_scatter_combine_threshold_bytes", "134217728",
+     "combine small reduce-scatters up to 128 MiB (MaxText's A3 value)"),
+    ("xla_gpu_all_reduce_combine_threshold_bytes", "1073741824",
+     "combine the data-parallel gradient all-reduces up to 1 GiB (MaxText's A3 value)"),
+)
+_FLAG_NAME = re.compile(r"--?([A-Za-z0-9_]+)")
+
+
+def _user_flag_names(xla_flags: str) -> set[str]:
+    return {m.group(1) for tok in xla_flags.split() if (m := _FLAG_NAME.match(tok))}
+
+
+def compose_xla_flags(user: str, platform: str) -> str:
+    """XLA_FLAGS for a process on `platform`: the user's flags, then cgpt's GPU flags the
+    user did not set (any value the user gave a flag wins); other platforms: `user` as is."""
+    if _platform_name(platform) != "gpu":
+        return user
+    mine = _user_flag_names(user)
+    extra = [f"--{name}={value}" for name, value, _ in GPU_XLA_FLAGS if name not in mine]
+    return " ".join(t for t in (user.strip(), *extra) if t)
+
+
+def launch_platform(environ, gpus: int) -> str:
+    """The platform a process started with `environ` will use, read before JAX starts: the
+    first of JAX_PLATFORMS when set ("cuda" -> "gpu"), else "gpu" when the node exposes
+    NVIDIA devices (`gpus`: `cgpt.sharding.allocation.gpus_present()`), else "cpu"."""
+    first = (environ.get("JAX_PLATFORMS") or "").split(",")[0].strip().lower()
+    if first:
+        return _ALIASES.get(first, first)
+    return "gpu" if gpus else "cpu"
+
+
+def gpu_xla_flags(environ, platform: str) -> list[str]:
+    """Add cgpt's GPU flags to environ["XLA_FLAGS"] when `platform` (`launch_platform`) is
+    NVIDIA's; returns the flags added. Must run before JAX starts its GPU backend (XLA reads
+    XLA_FLAGS once). CGPT_GPU_XLA_FLAGS=0 adds none (a flag-off comparison, or an XLA that
+    dropped one of them)."""
+    if (environ.get("CGPT_GPU_XLA_FLAGS") or "1").strip().lower() in ("0", "false", "off", "no"):
+        return []
+    if _ALIASES.get(platform, platform) != "gpu":
+        return []
+    user = environ.get("XLA_FLAGS") or ""
+    composed = compose_xla_flags(user, "gpu")
+    if composed != user:
+        environ["XLA_FLAGS"] = composed
+    return composed[len(user.strip()):].split()

@@ -66,7 +66,8 @@ def initialize(peer_timeout: int | None = None) -> bool:
     JAX_PROCESS_ID) or a SLURM allocation of more than one task (SLURM_NTASKS > 1, where JAX
     reads the rest) start it; so does CGPT_DISTRIBUTED=1 (Cloud TPU pods). `peer_timeout`
     (seconds, default 100) bounds how long the others wait for a process that stopped.
-    GPU memory: the allocator's fraction is set here too (`cgpt.config.backend.gpu_allocator`).
+    GPU memory: the allocator's fraction is set here too (`cgpt.config.backend.gpu_allocator`),
+    and on NVIDIA GPUs cgpt's XLA flags (`cgpt.config.backend.gpu_xla_flags`).
     Raises `AllocationError` (one line, both numbers) when the devices differ from the
     allocation (`cgpt.sharding.allocation`).
     """
@@ -76,9 +77,10 @@ def initialize(peer_timeout: int | None = None) -> bool:
                          ">= 1")
     if _LAYOUT:
         return jax.process_count() > 1
-    from cgpt.config.backend import gpu_allocator
+    from cgpt.config.backend import gpu_allocator, gpu_xla_flags, launch_platform
 
     gpu_allocator(os.environ)  # before JAX creates its GPU client
+    gpu_xla_flags(os.environ, launch_platform(os.environ, allocation.gpus_present()))
     alloc = allocation.allocation_from_env(os.environ, allocation.gpus_present())
     kw = allocation.init_args(alloc, os.environ)
     global _peer_timeout
