@@ -132,7 +132,8 @@ def test_nonfinite_state_is_never_checkpointed(corpus, cache, tmp_path, monkeypa
 
 
 # ---- 2: the summary is a function of checkpointed state and logged metrics ----------------
-WALL_CLOCK = {"wall_time_s", "train_time_s", "tokens_per_s", "mfu", "resumed_from_step"}
+WALL_CLOCK = {"wall_time_s", "train_time_s", "tokens_per_s", "mfu", "mfu_full_attention",
+              "resumed_from_step"}
 
 
 def test_summary_after_a_late_kill_equals_uninterrupted(corpus, cache, tmp_path, monkeypatch):

@@ -166,6 +166,7 @@ def test_run_directory_and_summary(corpus, tmp_path, capsys):
         assert k in summary and summary[k] == s[k]
     assert summary["n_params"] == 16_832 and summary["tokens"] == 40 * 8 * 16
     assert 0 < summary["mfu"] < 1 and summary["epochs"] > 0
+    assert summary["mfu_full_attention"] > summary["mfu"]  # causal attention counted once
     assert summary["flops_6nd"] == 6 * 16_832 * summary["tokens"]
     # cgpt.load(run_dir): trained weights + tokenizer; validation loss matches the summary.
     lm = cgpt.load(out)

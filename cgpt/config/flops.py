@@ -6,9 +6,11 @@ Two conventions coexist in the scaling-law literature and both are exposed:
   per token, plus attention's QK^T and softmax.V matmuls (Cerebras-GPT's "algorithmic
   FLOPs" include attention; embedding lookups are free).
 
-Attention is counted over the **full** T x T score matrix by default (`attention="full"`),
-because that is what cgpt's attention computes and it is the PaLM/MaxText MFU convention.
-`attention="causal"` halves it (only the unmasked half is useful work).
+Attention is counted over the **full** T x T score matrix by default (`attention="full"`):
+the compute figures (`summary.json` "flops", `plan`'s analytic count) and Levanter's MFU.
+`attention="causal"` halves it (only the unmasked half is useful work, and what cuDNN's flash
+attention computes): MFU_ATTENTION, the convention of cgpt's MFU (MaxText since its PR #1988,
+PaLM appendix B), so an MFU figure is comparable with theirs (`cgpt.train.mfu.Throughput`).
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import math
 from cgpt.config.model import TOKENS_PER_PARAM, ModelConfig  # noqa: F401  (re-exported)
 
 ATTENTION_MODES = ("full", "causal")
+MFU_ATTENTION = "causal"  # MFU counts causal attention once (MaxText, PaLM)
 
 
 def matmul_params(cfg: ModelConfig) -> int:

@@ -27,7 +27,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from cgpt.config.units import fmt_bytes
-from cgpt.config import flops
 from cgpt.config.run import RunConfig, parse_bytes
 from cgpt.errors import TrainError
 from cgpt.fileio import atomic_write_text, probe_writable
@@ -199,7 +198,7 @@ def _loop(res, data, ckpts, outs, live, start, params, opt_state, step_fn, evalu
     eval_every = {i: tr[i].eval_every or max(1, total // 10) for i in live}
     ckpt_every = {i: tr[i].ckpt_every or max(1, total // 10) for i in live}
     window = rundir.train_loss_window(total)
-    speed = Throughput(flops.train_flops_per_token(r0.cfg, T), r0.cfg.compute_dtype, 1)
+    speed = Throughput.for_model(r0.cfg, T, 1)
     logs = {i: metrics.MetricsLog(outs[i], start) for i in live}
     active = np.ones(len(live), bool)
     val_loss = [math.nan] * len(live)

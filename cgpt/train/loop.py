@@ -16,7 +16,6 @@ from pathlib import Path
 
 import jax
 
-from cgpt.config import flops
 from cgpt.config.run import RunConfig, parse_bytes
 from cgpt.errors import TrainError
 from cgpt.fileio import atomic_write_text, probe_writable
@@ -112,8 +111,7 @@ def _train(run: RunConfig, out: Path, resuming: bool, progress: bool, launch: ru
     eval_every = t.eval_every or max(1, total // 10)
     ckpt_every = t.ckpt_every or max(1, total // 10)
     window = rundir.train_loss_window(total)  # the last steps, all logged: train_loss
-    speed = Throughput(flops.train_flops_per_token(res.cfg, res.seq_len), res.cfg.compute_dtype,
-                       res.num_devices)
+    speed = Throughput.for_model(res.cfg, res.seq_len, res.num_devices)
     shape = (res.accum, res.micro_batch * res.replicas, res.seq_len + 1)  # a global batch
     rows = strategy.batch_rows(shape)  # the rows this process loads
     log = metrics.MetricsLog(out, start, write=writer)

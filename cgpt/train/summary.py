@@ -43,7 +43,9 @@ def build(res, out: Path, val_loss: float, speed: Throughput, *, wall_time_s: fl
         "flops_6nd": flops.flops_6nd(cfg, tokens), "train_loss": train_loss, "val_loss": val_loss,
         "steps": total, "batch_size": res.batch_size, "seq_len": res.seq_len,
         "wall_time_s": wall_time_s, "train_time_s": speed.seconds, "resumed_from_step": start,
-        "tokens_per_s": tps, "mfu": speed.mfu(tps), "peak_flops_source": speed.peak_source,
+        "tokens_per_s": tps, "mfu": speed.mfu(tps),
+        # MFU above counts causal attention once (MaxText/PaLM); this one the full T x T
+        "mfu_full_attention": speed.mfu_full_attention(tps), "peak_flops_source": speed.peak_source,
         "epochs": data.epochs_for_tokens(tokens), "mup": cfg.mup, "mode": res.run.train.mode,
         "devices": res.num_devices, "placement": placement,
         "peak_lr": res.recipe.peak_lr, "warmup_steps": res.recipe.warmup_steps,
