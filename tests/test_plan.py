@@ -34,6 +34,9 @@ def test_weight_streaming_shards_params_and_gathers_per_layer(capsys, results):
     assert all(isinstance(b[k], int) and b[k] > 0 for k in ("params", "optimizer", "temp", "total"))
     assert isinstance(r["flops_per_step"], int) and r["flops_per_step"] > 0
     assert r["fits"] is True and r["bubble_fraction"] is None
+    # planned for GPUs: cuDNN attention's partitioning checked (compiled with XLA's here)
+    assert (r["platform_attention"], r["attention"]) == ("cudnn", "xla")
+    assert r["cudnn_layout"].startswith("batch over data, seq over -")
     # every weight dim of cpu-870k divides by 8: each device holds exactly 1/8 of the params
     assert b["params"] == N_PARAMS * 4 // 8
     assert b["optimizer"] == pytest.approx(2 * b["params"], abs=64)  # Adam mu, nu (+ counts)

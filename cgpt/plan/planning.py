@@ -8,6 +8,7 @@ import time
 from typing import Any, NamedTuple
 
 from cgpt.config.units import parse_bytes
+from cgpt.plan import cudnn
 from cgpt.plan.hlo import hlo_totals
 
 
@@ -89,11 +90,16 @@ def plan_run(run, device_memory: int | str, cpu_devices, mode_flags: bool = Fals
     from cgpt.model.gpt import init_params
 
     memory = parse_bytes(device_memory) if isinstance(device_memory, str) else int(device_memory)
+    kernel = backend.kernels(run.model, platform).attention  # cuDNN's lowers only on a GPU
+    if kernel == "cudnn":
+        cm = run.model
+        cudnn.check_shapes(backend.kernels(cm, platform).compute_dtype, cm.n_head, cm.d_head)
     run = dataclasses.replace(run, model=backend.for_platform(run.model, platform,
                                                               compile_on="cpu"))
     T, t = run.data.seq_len, run.train
     strategy, optimizer, p, cfg, compiled, choice, compile_s = compile_step(
         run, cpu_devices, memory, mode_flags, platform)
+    cudnn_layout = _check_cudnn_placement(strategy, p, cfg, T) if kernel == "cudnn" else None
 
     def shard_bytes(tree) -> int:
         return sum(math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize
@@ -115,6 +121,8 @@ def plan_run(run, device_memory: int | str, cpu_devices, mode_flags: bool = Fals
         "n_params": cfg.num_params(), "batch": p.batch_size, "seq_len": T,
         "micro_batch": p.micro_batch, "accum": p.accum, "remat": bool(cfg.remat),
         "dtype": cfg.compute_dtype, "platform": platform, "attention": cfg.attention,
+        # the platform's attention kernel (cuDNN's is checked by rule: cgpt.plan.cudnn)
+        "platform_attention": kernel, "cudnn_layout": cudnn_layout,
         "per_device_bytes": {
             "params": shard_bytes(a_params), "optimizer": shard_bytes(a_opt), "temp": b["temp"],
             "total": b["total"], "argument": b["argument"], "output": b["output"],
@@ -138,3 +146,19 @@ def plan_run(run, device_memory: int | str, cpu_devices, mode_flags: bool = Fals
         # dims the mode's rules could not split (replicated over those mesh axes instead)
         "unsharded": strategy.describe()["unsharded"],
     }
+
+
+def _check_cudnn_placement(strategy, p, cfg, T: int) -> str:
+    """q/k/v's layout under the strategy's activation rules (their batch, sequence, heads and
+    head_dim as the model's constraints place them), checked against cuDNN's partitioning."""
+    from cgpt.sharding.rules import logical_to_spec
+
+    mesh = strategy.mesh
+    if mesh is None:
+        return "one device: nothing split"
+    shape = (p.micro_batch * p.replicas, T, cfg.n_head, cfg.d_head)
+    spec = logical_to_spec(("act_batch", "act_seq", "act_heads", "act_head_dim"), shape,
+                           strategy.rules, mesh)
+    per_dim = [() if a is None else ((a,) if isinstance(a, str) else tuple(a))
+               for a in (*spec, *(None,) * (4 - len(spec)))]
+    return cudnn.check_partitioning(per_dim, dict(mesh.shape))

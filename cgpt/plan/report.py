@@ -42,5 +42,8 @@ def format_plan(r: dict) -> str:
                      f"{','.join(a for a in u['wanted'] if a not in u['got'])}: {u['why']}")
     if r.get("auto_reason"):
         lines.append(f"auto          {r['auto_reason']}")
+    if r.get("cudnn_layout"):
+        lines.append(f"cudnn         {r['platform']}'s attention kernel; compiled here as "
+                     f"{r['attention']}; q/k/v split {r['cudnn_layout']}: cuDNN can partition it")
     lines.append(f"compile       {r['compile_s']:.1f} s")
     return "\n".join(lines)
