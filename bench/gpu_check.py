@@ -218,8 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", help="comma-separated presets (default 111M,1.3B)")
     ap.add_argument("--batch", type=int, help="sequences per step (default 8)")
     ap.add_argument("--steps", type=int, help="timed steps per measurement (default 10)")
-    ap.add_argument("--skip", default="", help="comma-separated parts not to run: torch, plan "
-                    "(the suite's quick smoke run)")
+    ap.add_argument("--skip", default="", help="comma-separated parts not to run: torch, plan, "
+                    "off (the flags-off runs); the suite's quick smoke run skips all three")
     ap.add_argument("--child", choices=("jax", "plan", "torch"), help=argparse.SUPPRESS)
     ap.add_argument("--model", help=argparse.SUPPRESS)
     ap.add_argument("--seq", type=int, help=argparse.SUPPRESS)
@@ -238,8 +238,8 @@ def main(argv: list[str] | None = None) -> int:
 def run_all(a, budget_s: float) -> int:
     t0 = time.monotonic()
     skip = {x.strip() for x in a.skip.split(",") if x.strip()}
-    if skip - {"torch", "plan"}:
-        print(f"bench/gpu_check.py: error: --skip {a.skip}: use torch and/or plan",
+    if skip - {"torch", "plan", "off"}:
+        print(f"bench/gpu_check.py: error: --skip {a.skip}: use torch, plan and/or off",
               file=sys.stderr)
         return 2
     left = lambda: budget_s - (time.monotonic() - t0)  # noqa: E731
@@ -252,6 +252,9 @@ def run_all(a, budget_s: float) -> int:
     jax_rows, plan_proc, ok = {}, None, True
     for model in a.models.split(","):
         for flags in ("on", "off"):
+            if flags in skip:
+                jax_rows[model, flags] = {"error": "skipped (--skip off)"}
+                continue
             env = dict(base, CGPT_GPU_XLA_FLAGS="1" if flags == "on" else "0")
             r = _spawn(["--child", "jax", "--model", model, *common], env, left())
             jax_rows[model, flags] = r
