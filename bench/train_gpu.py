@@ -11,8 +11,10 @@ GPT2LMHeadModel of the same config with `attn_implementation="sdpa"`, f32 master
 bf16 autocast (the same mixed precision), fused AdamW, global-norm clipping, `torch.compile`.
 Both train the same batch of random tokens; the time is the median of the timed steps after
 two warm-up steps (compilation). MFU = counted training FLOPs (`cgpt.config.flops`: 6 x matmul
-parameters + full T x T attention, the convention of `cgpt train`'s MFU) / step time / the
-device's dense bf16 peak (`cgpt.train.mfu`: spec sheet on GPUs, a measured matmul on CPUs).
+parameters + causal attention counted once, the convention of `cgpt train`'s MFU) / step time /
+the device's dense bf16 peak (`cgpt.train.mfu`: spec sheet on GPUs, a measured matmul on CPUs).
+Both frameworks share this process, and JAX holds most of the GPU's memory once started:
+`bench/gpu_check.py` runs each measurement in its own process (use it for 1.3B).
 
 Targets (issue #10): >= 50% MFU at 1.3B and >= 1.2x the PyTorch step. Every number printed is
 measured in this run; on a machine without a GPU the script refuses (`--device cpu` runs the
@@ -152,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         k = backend.kernels(cfg)
         tokens = np.random.default_rng(0).integers(0, cfg.vocab_size, (args.batch, args.seq + 1))
         n_tok = args.batch * args.seq
-        step_flops = flops.train_flops_per_token(cfg, args.seq) * n_tok
+        step_flops = flops.train_flops_per_token(cfg, args.seq, flops.MFU_ATTENTION) * n_tok
         print(f"\n{name}: {cfg.num_params():,} params, batch {args.batch} x seq {args.seq}, "
               f"{step_flops / 1e9:,.1f} GFLOP/step; cgpt kernels: attention {k.attention}, "
               f"vocab padded to {backend.padded_vocab(cfg)}")

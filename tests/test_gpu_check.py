@@ -133,3 +133,17 @@ def test_cpu_smoke_of_every_part_without_optional_packages(tmp_path):
     out = r.stdout
     assert "pytorch step / cgpt step (flags on)" in out and "errors:" not in out, out
     assert "f32 all-gathers (plan: tiny-45k weight_streaming, 8 CPU)" in out
+
+
+def test_metrics_log_without_tensorboardx(tmp_path, monkeypatch, capsys):
+    """A GPU image without tensorboardX still trains: metrics.jsonl only, and one line says so."""
+    from cgpt.train.metrics import MetricsLog
+    from cgpt.train.rundir import read_metrics
+
+    monkeypatch.setitem(sys.modules, "tensorboardX", None)  # `import tensorboardX` fails
+    log = MetricsLog(tmp_path, 0)
+    log.write({"step": 1, "loss": 2.5, "mfu": 0.4})
+    log.close()
+    assert read_metrics(tmp_path / "metrics.jsonl") == [{"step": 1, "loss": 2.5, "mfu": 0.4}]
+    assert not (tmp_path / "events").exists()
+    assert "tensorboardX is not installed" in capsys.readouterr().err

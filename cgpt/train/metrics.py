@@ -3,6 +3,7 @@ step) and the same scalars as TensorBoard events. Process 0 writes both; the oth
 that writes nothing."""
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from cgpt.train.rundir import METRICS_FILE, json_line
@@ -17,18 +18,25 @@ class MetricsLog:
     def __init__(self, out: Path, start: int, write: bool = True):
         self.file = self.tb = None
         if write:
-            from tensorboardX import SummaryWriter
-
+            try:  # optional: a GPU image may lack it (metrics.jsonl has every logged step)
+                from tensorboardX import SummaryWriter
+            except ImportError:
+                SummaryWriter = None
+                print("cgpt train: tensorboardX is not installed: no TensorBoard events "
+                      "(metrics.jsonl has every logged step); pip install tensorboardX for them",
+                      file=sys.stderr)
             self.file = open(out / METRICS_FILE, "a")
-            self.tb = SummaryWriter(str(out / "events"), purge_step=start + 1 if start else None)
-            _quiet_tb_thread()
+            if SummaryWriter is not None:
+                self.tb = SummaryWriter(str(out / "events"),
+                                        purge_step=start + 1 if start else None)
+                _quiet_tb_thread()
 
     def write(self, rec: dict) -> None:
         if self.file is None:
             return
         self.file.write(json_line(rec) + "\n")
         self.file.flush()
-        for k in TB_SCALARS:
+        for k in TB_SCALARS if self.tb is not None else ():
             if k in rec:
                 self.tb.add_scalar(f"train/{k}", rec[k], rec["step"])
 
@@ -37,7 +45,8 @@ class MetricsLog:
             try:
                 self.file.close()
             finally:
-                _close_tb(self.tb)
+                if self.tb is not None:
+                    _close_tb(self.tb)
 
 
 def _close_tb(tb) -> None:
