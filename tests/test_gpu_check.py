@@ -85,13 +85,15 @@ BLOCKED = ("datasets", "zstandard", "submitit", "tensorboardX")
 def _run(tmp_path, *args, block=True, env=None):
     site = tmp_path / "site"
     site.mkdir(exist_ok=True)
-    (site / "sitecustomize.py").write_text(  # every process of the run imports this first
-        "import sys\n"
-        "class _Block:\n"
-        f"    def find_spec(self, name, path=None, target=None):\n"
-        f"        if name.split('.')[0] in {BLOCKED!r}:\n"
-        "            raise ImportError('blocked: ' + name)\n"
-        "sys.meta_path.insert(0, _Block())\n")
+    (site / "sitecustomize.py").write_text(  # every process of the run imports this first:
+        # the path finder no longer finds them, as if not installed (find_spec gives None)
+        "import importlib.machinery as m\n"
+        "orig = m.PathFinder.find_spec\n"
+        "def find_spec(name, path=None, target=None):\n"
+        f"    if name.split('.')[0] in {BLOCKED!r}:\n"
+        "        return None\n"
+        "    return orig(name, path, target)\n"
+        "m.PathFinder.find_spec = staticmethod(find_spec)\n")
     root = str(Path(__file__).resolve().parents[1])
     e = {**os.environ, "JAX_PLATFORMS": "cpu", **(env or {}),
          "PYTHONPATH": os.pathsep.join([str(site)] * block + [root])}
@@ -104,7 +106,7 @@ def test_the_blocker_blocks(tmp_path):
     assert r.returncode == 2
     probe = subprocess.run([sys.executable, "-c", "import tensorboardX"], capture_output=True,
                            env={**os.environ, "PYTHONPATH": str(tmp_path / "site")}, text=True)
-    assert probe.returncode != 0 and "blocked: tensorboardX" in probe.stderr
+    assert probe.returncode != 0 and "No module named 'tensorboardX'" in probe.stderr
 
 
 def test_refuses_without_a_gpu(tmp_path):
