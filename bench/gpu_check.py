@@ -200,7 +200,8 @@ def _spawn(args: list[str], env: dict, timeout: float) -> dict:
     for line in p.stdout.splitlines():
         if line.startswith(MARK):
             return json.loads(line[len(MARK):])
-    return {"error": f"exit {p.returncode} (its error is printed above)"}
+    why = f"signal {-p.returncode}" if p.returncode < 0 else f"exit {p.returncode}"
+    return {"error": f"{why} (its error is printed above)"}
 
 
 def _pct(x) -> str:
@@ -257,6 +258,10 @@ def run_all(a, budget_s: float) -> int:
                 continue
             env = dict(base, CGPT_GPU_XLA_FLAGS="1" if flags == "on" else "0")
             r = _spawn(["--child", "jax", "--model", model, *common], env, left())
+            if flags == "on" and r.get("error", "").startswith("signal"):
+                r["error"] += ("; XLA aborts on a flag it does not know: if it names one of "
+                               "cgpt's GPU_XLA_FLAGS, drop it there (CGPT_GPU_XLA_FLAGS=0 "
+                               "turns them all off)")
             jax_rows[model, flags] = r
             if "error" in r and "no GPU" in r["error"]:
                 print(f"bench/gpu_check.py: {r['error']}", file=sys.stderr)
@@ -332,7 +337,8 @@ def report(a, jax_rows: dict, torch_rows: dict, plan: dict, wall_s: float) -> st
                    hlo(m)["cudnn_fwd"] > 0 and hlo(m)["cudnn_bwd"] > 0), ">0/>0")
     row("LM head matmul operands",
         lambda m: (f"{','.join(hlo(m)['head_operand_dtypes'])} ({hlo(m)['head_matmuls']} "
-                   "matmuls)", set(hlo(m)["head_operand_dtypes"]) <= {"bf16"}), "bf16 only")
+                   "matmuls)", hlo(m)["head_matmuls"] > 0
+                   and set(hlo(m)["head_operand_dtypes"]) <= {"bf16"}), "bf16 only")
     row("f32 all-gathers (this step)",
         lambda m: (f"{hlo(m)['f32_all_gathers']} of {hlo(m)['all_gathers']}",
                    hlo(m)["f32_all_gathers"] == 0), "0")
