@@ -104,7 +104,15 @@ def bench_torch(cfg, tokens: np.ndarray, steps: int, device: str, dtype: str,
 
 
 def _check_device(device: str) -> None:
-    """Refuse to report GPU numbers without a GPU (never estimate one)."""
+    """Refuse to report GPU numbers without a GPU (never estimate one). On a GPU, cgpt's XLA
+    flags go into XLA_FLAGS first, as `cgpt train` sets them (`cgpt.config.backend`)."""
+    import os
+
+    from cgpt.config import backend
+    from cgpt.sharding.allocation import gpus_present
+
+    if device == "gpu":
+        backend.gpu_xla_flags(os.environ, backend.launch_platform(os.environ, gpus_present()))
     import jax
 
     if device == "cpu":
