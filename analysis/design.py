@@ -68,13 +68,21 @@ def _lm(theta, lN, lD, lL, W, iters: int = 100):
     return theta, cost
 
 
-def fit_ls(N, D, L, *, n_boot: int = 200, seed: int = 0, groups=None, n_starts: int = 32):
+def fit_ls(N, D, L, *, n_boot: int = 200, seed: int = 0, groups=None, n_starts: int = 32,
+           resample: str = "runs"):
     """Least squares on log L for L(N, D); returns (theta [5], bootstrap thetas [n_boot', 5]).
 
     theta = (log A, log B, log E, alpha, beta). The main fit runs LM from the n_starts points of
-    Epoch's grid with the lowest starting loss; every bootstrap refit (resampled runs, or whole
-    `groups`) starts from the main optimum and from the best grid start, keeping the better.
+    Epoch's grid with the lowest starting loss; every bootstrap refit starts from the main
+    optimum and from the best grid start, keeping the better. resample="runs" resamples runs
+    (or whole `groups`): the runs as a random sample. resample="residuals" keeps every (N, D)
+    and adds resampled residuals (scaled by sqrt(n / (n - 5))) to the fit: the fixed-design
+    bootstrap, right when the runs were chosen (a grid, or `suggest_runs`), not sampled.
     """
+    if resample not in ("runs", "residuals"):
+        raise ValueError(f"resample={resample!r}: use 'runs' or 'residuals'")
+    if resample == "residuals" and groups is not None:
+        raise ValueError("groups= resamples whole groups of runs: use it with resample='runs'")
     N, L = check_xy(N, L, "N", "L")
     D, _ = check_xy(D, L, "D", "L")
     n_boot = check_count(n_boot)
@@ -86,10 +94,19 @@ def fit_ls(N, D, L, *, n_boot: int = 200, seed: int = 0, groups=None, n_starts: 
     best = th[np.argmin(np.where(np.isfinite(cost), cost, np.inf))]
     if n_boot == 0:
         return best, np.empty((0, 5))
-    W = np.stack([np.bincount(i, minlength=N.size) for i in
-                  bootstrap_indices(N.size, n_boot, seed, groups)]).astype(float)
-    a, ca = _lm(np.tile(best, (n_boot, 1)), lN, lD, lL, W)
-    b, cb = _lm(np.tile(starts[0], (n_boot, 1)), lN, lD, lL, W)
+    idx = bootstrap_indices(N.size, n_boot, seed, groups)
+    if resample == "runs":
+        W = np.stack([np.bincount(i, minlength=N.size) for i in idx]).astype(float)
+        y = lL
+    else:
+        if N.size <= 5:
+            raise ValueError(f"resample='residuals' needs more runs than the law's 5 "
+                             f"parameters (got {N.size})")
+        lh = _lhat_jac(best[None], lN, lD)[0][0]
+        r = (lL - lh) * np.sqrt(N.size / (N.size - 5))
+        W, y = np.ones((n_boot, N.size)), lh + (r - r.mean())[np.stack(idx)]
+    a, ca = _lm(np.tile(best, (n_boot, 1)), lN, lD, y, W)
+    b, cb = _lm(np.tile(starts[0], (n_boot, 1)), lN, lD, y, W)
     boot = np.where((cb < ca)[:, None], b, a)
     return best, boot[np.all(np.isfinite(boot), axis=1)]
 
@@ -128,7 +145,8 @@ def suggest_runs(results: pd.DataFrame, target_flops: float, budget_flops: float
                  max_runs: int | None = None, max_run_flops: float | None = None,
                  min_run_flops: float | None = None,
                  sizes=None, objective: str = "both", noise: float | None = None,
-                 n_levels: int = 10) -> pd.DataFrame:
+                 n_levels: int = 10, method: str = "linear", n_boot: int = 400,
+                 seed: int = 0) -> pd.DataFrame:
     """The runs to add, together within budget_flops (6ND each), that shrink the uncertainty of
     the predicted compute-optimal loss (objective "loss"), of N_opt ("n_opt") or of both (the
     sum of their relative variance reductions) at target_flops most per FLOP.
@@ -139,6 +157,11 @@ def suggest_runs(results: pd.DataFrame, target_flops: float, budget_flops: float
         run, so the plan climbs towards the target; each candidate is used at most once).
         sizes: allowed parameter counts (a sweep's models); default any N.
     noise: the run-to-run sd of log loss (default: from the fit's residuals, 0.01 when < 7 runs).
+    method: "linear" (the fit's Fisher information plus PRIOR_SD) or "bootstrap": the joint
+        covariance of every candidate's predicted log loss and the targets across n_boot
+        fixed-design bootstrap refits (`fit_ls(resample="residuals")`, seed), keeping the refits
+        inside the central 95% of log loss_opt: the quantity the interval is read from. The
+        linearisation cannot see E when the fit puts E at 0 (d log L / d log E = E / L = 0).
     Returns one row per run, in the order picked (the most useful per FLOP first): n_params, tokens, flops and sd_log_loss, the
     predicted sd of log loss_opt(target) once the runs up to that row are added.
     """
@@ -152,6 +175,8 @@ def suggest_runs(results: pd.DataFrame, target_flops: float, budget_flops: float
             raise ValueError(f"{name}={v!r}: must be a positive number of FLOPs, e.g. 1e21")
     if objective not in ("loss", "n_opt", "both"):
         raise ValueError(f"objective={objective!r}: use 'loss', 'n_opt' or 'both'")
+    if method not in ("linear", "bootstrap"):
+        raise ValueError(f"method={method!r}: use 'linear' or 'bootstrap'")
     max_runs = None if max_runs is None else check_count(max_runs, "max_runs", 1)
     cap = float(budget_flops if max_run_flops is None else min(max_run_flops, budget_flops))
     N, D, L = (results[c].to_numpy(float) for c in ("n_params", "tokens", "val_loss"))
@@ -163,6 +188,11 @@ def suggest_runs(results: pd.DataFrame, target_flops: float, budget_flops: float
     if cands.empty:
         raise ValueError(f"no candidate run fits in max_run_flops/budget_flops={cap:.3g}; "
                          "raise the budget or allow smaller sizes")
+    if method == "bootstrap":
+        _, boot = fit_ls(N, D, L, n_boot=check_count(n_boot, "n_boot", 20), seed=seed,
+                         resample="residuals")
+        return _greedy_ensemble(boot, cands, float(target_flops), objective, sigma,
+                                float(budget_flops), max_runs, theta)
     # Posterior covariance of theta: data (J'J / sigma^2) plus the weak prior.
     _, J = _lhat_jac(theta[None], lN, lD)
     M = J[0].T @ J[0] / sigma ** 2 + np.diag(PRIOR_SD ** -2.0)
@@ -225,3 +255,44 @@ def _candidates(theta, c_min: float, cap: float, sizes, n_levels: int) -> pd.Dat
     df = df[(df["n_params"] >= 1) & (df["tokens"] >= 1)]
     df["flops"] = 6 * df["n_params"] * df["tokens"]
     return df.reset_index(drop=True)
+
+
+def _greedy_ensemble(boot, cands, C, objective, sigma, budget, max_runs, theta) -> pd.DataFrame:
+    """suggest_runs(method="bootstrap"): greedy picks on the bootstrap covariance of
+    (candidates' log L, log loss_opt(C), log N_opt(C)), each pick a linear-Gaussian update."""
+    lnc = np.log(cands["n_params"].to_numpy())[None]
+    ldc = np.log(cands["tokens"].to_numpy())[None]
+    with np.errstate(all="ignore"):
+        P = _lhat_jac(boot, lnc, ldc)[0]                       # [R, K]
+        n_opt, loss = frontier(boot, C)
+    X = np.column_stack([P, loss, n_opt])
+    X = X[np.all(np.isfinite(X), axis=1)]
+    lo, hi = np.percentile(X[:, -2], [2.5, 97.5])
+    X = X[(X[:, -2] >= lo) & (X[:, -2] <= hi)]
+    if len(X) < 10:
+        raise ValueError(f"method='bootstrap': only {len(X)} usable bootstrap refits; "
+                         "raise n_boot or use method='linear'")
+    S = np.cov(X, rowvar=False)
+    K = P.shape[1]
+    tgt = {"loss": [K], "n_opt": [K + 1], "both": [K, K + 1]}[objective]
+    v0 = [S[t, t] for t in tgt]
+    cost = cands["flops"].to_numpy()
+    picked, left, used = [], budget, np.ones(K, bool)
+    sd0 = float(np.sqrt(S[K, K]))
+    while max_runs is None or len(picked) < max_runs:
+        fits = (cost <= left * (1 + 1e-9)) & used
+        if not fits.any():
+            break
+        denom = sigma ** 2 + np.diag(S)[:K]
+        gain = sum(S[t, :K] ** 2 / denom / v for t, v in zip(tgt, v0))
+        k = int(np.argmax(np.where(fits, gain / cost, -np.inf)))
+        if gain[k] < 1e-6:
+            break
+        S = S - np.outer(S[:, k], S[k, :]) / denom[k]
+        left -= cost[k]
+        used[k] = False
+        picked.append((*cands.iloc[k][["n_params", "tokens", "flops"]],
+                       float(np.sqrt(max(S[K, K], 0.0)))))
+    out = pd.DataFrame(picked, columns=["n_params", "tokens", "flops", "sd_log_loss"])
+    out.attrs.update(sd_log_loss_before=sd0, theta=theta, sigma=sigma)
+    return out
