@@ -12,6 +12,8 @@ was trained.
 
     python bench/plan_rounds.py --round 0        # round0.csv + plan.json from the fixture sweep
     python bench/plan_rounds.py --round 1        # suggest from rounds 0..0, train, round1.csv
+    python bench/plan_rounds.py --simulate 6     # the same loop on stand-in losses (why the
+                                                 # interval grew last time)
 """
 from __future__ import annotations
 
@@ -95,12 +97,79 @@ def train_round(k: int, out: Path) -> None:
           f"({res['wall_time_s'].sum():.0f} s of training); wrote {DATA / f'round{k}.csv'}")
 
 
+def simulate(draws: int) -> None:
+    """Why the interval grew before: the same loop with stand-in losses (the round-0 fit plus
+    its residual sd as log-normal noise), mean 95% width per round over `draws` noise draws,
+    for last time's planner (method="linear", objective="both", 6 runs at the sweep's compute
+    per round) and this one, each read with both bootstraps; and the scatter of the width itself
+    over simulated repeats of round 0."""
+    import numpy as np
+    plan = json.loads((DATA / "plan.json").read_text())
+    df0 = load_rounds(0)
+    N, D, L = (df0[c].to_numpy(float) for c in ("n_params", "tokens", "val_loss"))
+    theta, _ = A.fit_ls(N, D, L, n_boot=0)
+    law = A.ChinchillaLaw(E=np.exp(theta[2]), A=np.exp(theta[0]), B=np.exp(theta[1]),
+                          alpha=theta[3], beta=theta[4])
+    sd = float(np.std(np.log(L / law(N, D)), ddof=5))
+    C = plan["target_flops"]
+
+    def width(df, kind, seed):
+        th, b = A.fit_ls(df["n_params"], df["tokens"], df["val_loss"], n_boot=300, seed=seed,
+                         resample=kind)
+        _, lo, hi = A.predict_loss_opt(th, b, C)
+        return hi - lo
+
+    old = dict(budget=float((6 * N * D).sum()), max_runs=6, objective="both", method="linear")
+    new = dict(budget=plan["round_budget_flops"], max_runs=None, objective=plan["objective"],
+               method=plan["method"])
+    print(f"stand-in truth: the round-0 fit (E = {np.exp(theta[2]):.3g}), noise sd {sd:.4f}; "
+          f"{draws} draws, mean 95% width per round (rounds 0, 1, 2)")
+    for name, cfg in (("last time", old), ("this plan", new)):
+        w = {"runs": [], "residuals": []}
+        for d in range(draws):
+            rng, df = np.random.default_rng(d), df0[["n_params", "tokens", "val_loss"]]
+            per = {"runs": [], "residuals": []}
+            for k in range(3):
+                for kind in per:
+                    per[kind].append(width(df, kind, k))
+                if k == 2:
+                    break
+                s = A.suggest_runs(df, C, cfg["budget"], sizes=plan["sizes"],
+                                   max_runs=cfg["max_runs"], objective=cfg["objective"],
+                                   method=cfg["method"], n_boot=plan["n_boot"], seed=plan["seed"])
+                y = law(s["n_params"], s["tokens"]) * np.exp(sd * rng.standard_normal(len(s)))
+                df = pd.concat([df, s[["n_params", "tokens"]].assign(val_loss=y)],
+                               ignore_index=True)
+            for kind in per:
+                w[kind].append(per[kind])
+        for kind in w:
+            m = np.mean(w[kind], axis=0)
+            up = int(np.sum(np.diff(np.array(w[kind]), axis=1)[:, 0] > 0))
+            print(f"  {name:9s} resample={kind:9s}: " + " -> ".join(f"{v:.3f}" for v in m)
+                  + f"  (round 1 wider than round 0 in {up}/{draws})")
+    reps = []
+    for d in range(20):
+        y = law(N, D) * np.exp(sd * np.random.default_rng(100 + d).standard_normal(N.size))
+        reps.append([width(df0.assign(val_loss=y), kind, 0) for kind in ("runs", "residuals")])
+    q = np.percentile(reps, [10, 50, 90], axis=0)
+    real = [width(df0, kind, 0) for kind in ("runs", "residuals")]
+    for i, kind in enumerate(("runs", "residuals")):
+        print(f"round 0 width, resample={kind}: real data {real[i]:.3f}; 20 simulated repeats "
+              f"of its design: median {q[1, i]:.3f}, 10-90% {q[0, i]:.3f}-{q[2, i]:.3f}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--round", type=int, required=True)
+    p.add_argument("--round", type=int)
+    p.add_argument("--simulate", type=int, metavar="DRAWS", help="the stand-in comparison")
     p.add_argument("--out", type=Path, default=ROOT / "runs" / "plan_rounds")
     a = p.parse_args()
-    round0() if a.round == 0 else train_round(a.round, a.out)
+    if a.simulate:
+        simulate(a.simulate)
+    elif a.round is None:
+        p.error("give --round K or --simulate DRAWS")
+    else:
+        round0() if a.round == 0 else train_round(a.round, a.out)
 
 
 if __name__ == "__main__":
