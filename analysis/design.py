@@ -296,3 +296,94 @@ def _greedy_ensemble(boot, cands, C, objective, sigma, budget, max_runs, theta) 
     out = pd.DataFrame(picked, columns=["n_params", "tokens", "flops", "sd_log_loss"])
     out.attrs.update(sd_log_loss_before=sd0, theta=theta, sigma=sigma)
     return out
+
+
+def profile_loss_opt(N, D, L, C: float, level: float = 0.95, n_grid: int = 41,
+                     span: float = 0.6) -> tuple[float, float, float, pd.DataFrame]:
+    """The compute-optimal loss at C with its profile-likelihood interval (lo, hi).
+
+    A bootstrap around a fit that sits on the edge of the parameter space (E = 0: the runs show
+    no floor) keeps most refits on that edge, and its interval is too narrow. The profile does
+    not resample: for each value v of log loss_opt(C) on a grid (the fit's +- span) it refits
+    all five parameters under the constraint (a penalty; by the envelope theorem the gradient
+    of loss_opt is that of L_hat at (N_opt, D_opt)) and keeps the v whose least-squares
+    likelihood ratio n log(RSS_v / RSS_best) stays under chi2(1). A bound that the grid does
+    not reach is NaN (not pinned within exp(+-span) of the fit). Returns (point, lo, hi, table).
+    """
+    from scipy.stats import chi2
+
+    level = check_level(level)
+    N, L = check_xy(N, L, "N", "L")
+    D, _ = check_xy(D, L, "D", "L")
+    lN, lD, lL = np.log(N), np.log(D), np.log(L)
+    theta, _ = fit_ls(N, D, L, n_boot=0)
+    if not (isinstance(C, (int, float)) and np.isfinite(C) and C > 0):
+        raise ValueError(f"C={C!r}: must be a positive number of FLOPs, e.g. 1e21")
+    rss0 = max(float(((lL - _lhat_jac(theta[None], lN, lD)[0][0]) ** 2).sum()), 1e-300)
+    p0 = float(frontier(theta, C)[1][0])
+    lv = p0 + np.linspace(-span, span, n_grid)
+    best = None
+    for start in (np.tile(theta, (n_grid, 1)), None):      # from the fit, then from neighbours
+        if start is None:
+            start = best[0].copy()
+            for j in range(1, n_grid):                      # warm start outward from the middle
+                for k in ((n_grid // 2 + j), (n_grid // 2 - j)):
+                    if 0 <= k < n_grid:
+                        start[k] = best[0][k - np.sign(k - n_grid // 2)]
+        th, rss, got = _lm_profile(start, lN, lD, lL, lv, C)
+        if best is None:
+            best = (th, rss, got)
+        else:
+            ok = rss < best[1]
+            best = (np.where(ok[:, None], th, best[0]), np.where(ok, rss, best[1]),
+                    np.where(ok, got, best[2]))
+    _, rss, got = best
+    stat = lN.size * np.log(np.maximum(rss, rss0) / rss0)
+    table = pd.DataFrame({"loss_opt": np.exp(got), "stat": stat}).sort_values("loss_opt")
+    thr = float(chi2.ppf(level, 1))
+    x, s = table["loss_opt"].to_numpy(), np.sqrt(table["stat"].to_numpy())
+    point = float(np.exp(p0))
+    lo = hi = np.nan
+    below, above = x < point, x > point
+    if (s[below] > np.sqrt(thr)).any():
+        i = np.flatnonzero(below & (s > np.sqrt(thr)))[-1]
+        lo = float(np.interp(np.sqrt(thr), s[[i + 1, i]], x[[i + 1, i]]))
+    if (s[above] > np.sqrt(thr)).any():
+        i = np.flatnonzero(above & (s > np.sqrt(thr)))[0]
+        hi = float(np.interp(np.sqrt(thr), s[[i - 1, i]], x[[i - 1, i]]))
+    return point, lo, hi, table.reset_index(drop=True)
+
+
+def _lm_profile(theta, lN, lD, lL, lv, C, weight: float = 30.0, iters: int = 200):
+    """LM on RSS + weight^2 (lv - log loss_opt(theta, C))^2, one row of theta per lv; returns
+    the thetas, their data RSS and the log loss_opt they reach (the profile's exact points)."""
+    theta = np.array(theta, float)
+
+    def parts(th):
+        with np.errstate(all="ignore"):
+            lh, J = _lhat_jac(th, lN, lD)
+            ln, lo = frontier(th, C)
+            _, Jo = _lhat_jac(th, ln[:, None], np.log(C / 6.0) - ln[:, None])
+        r = np.concatenate([lL - lh, weight * (lv - lo)[:, None]], axis=1)
+        return r, np.concatenate([J, weight * Jo], axis=1), lo
+
+    r, J, lo = parts(theta)
+    cost = (r ** 2).sum(1)
+    lam = np.full(theta.shape[0], 1e-3)
+    eye = np.eye(5)
+    for _ in range(iters):
+        if np.all(lam > 1e6):
+            break
+        JtJ = np.einsum("rni,rnj->rij", J, J)
+        g = np.einsum("rni,rn->ri", J, r)
+        A = JtJ + lam[:, None, None] * (eye * np.diagonal(JtJ, axis1=1, axis2=2)[:, None, :]
+                                        + 1e-9 * eye)
+        new = theta + np.linalg.solve(A, g[..., None])[..., 0]
+        r2, J2, lo2 = parts(new)
+        c2 = (r2 ** 2).sum(1)
+        ok = np.isfinite(c2) & (c2 < cost)
+        theta = np.where(ok[:, None], new, theta)
+        r, J = np.where(ok[:, None], r2, r), np.where(ok[:, None, None], J2, J)
+        lo, cost = np.where(ok, lo2, lo), np.where(ok, c2, cost)
+        lam = np.clip(np.where(ok, lam / 3, lam * 4), 1e-12, 1e12)
+    return theta, (r[:, :-1] ** 2).sum(1), lo

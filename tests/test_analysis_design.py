@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from analysis import CHINCHILLA_UNROUNDED, EPOCH, fit_chinchilla
-from analysis.design import fit_ls, frontier, predict_loss_opt, suggest_runs
+from analysis.design import fit_ls, frontier, predict_loss_opt, profile_loss_opt, suggest_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -132,6 +132,26 @@ def test_bootstrap_design_fits_the_budget_and_shrinks_the_interval():
     assert w[1] < 0.5 * w[0]
     with pytest.raises(ValueError, match="method='fisher'"):
         suggest_runs(seed, 1e22, 1e20, method="fisher")
+
+
+def test_profile_interval_of_the_compute_optimal_loss():
+    """profile_loss_opt: exact data pin loss_opt; noisy data give an interval around the truth
+    close to the bootstrap's; the profile table rises on both sides of the fit."""
+    exact = runs(EPOCH, GRID, 0.0, 0)
+    p, lo, hi, _ = profile_loss_opt(exact["n_params"], exact["tokens"], exact["val_loss"], 1e22)
+    assert p == pytest.approx(float(EPOCH.loss_opt(1e22)), rel=1e-4)
+    assert (hi - lo) / p < 0.01                   # within one grid step (3%) of the fit
+    df = runs(EPOCH, GRID, 0.01, 2)
+    p, lo, hi, table = profile_loss_opt(df["n_params"], df["tokens"], df["val_loss"], 1e22)
+    assert lo < float(EPOCH.loss_opt(1e22)) < hi and lo < p < hi
+    theta, boot = fit_ls(df["n_params"], df["tokens"], df["val_loss"], n_boot=200,
+                         resample="residuals")
+    _, blo, bhi = predict_loss_opt(theta, boot, 1e22)
+    assert 0.5 < (hi - lo) / (bhi - blo) < 2
+    assert table["stat"].iloc[0] > 3.84 and table["stat"].iloc[-1] > 3.84
+    assert table["stat"].min() == pytest.approx(0, abs=1e-6)
+    with pytest.raises(ValueError, match="C=-1"):
+        profile_loss_opt(df["n_params"], df["tokens"], df["val_loss"], -1)
 
 
 def test_bench_design_smoke():
