@@ -162,8 +162,9 @@ def suggest_runs(results: pd.DataFrame, target_flops: float, budget_flops: float
         fixed-design bootstrap refits (`fit_ls(resample="residuals")`, seed), keeping the refits
         inside the central 95% of log loss_opt: the quantity the interval is read from. The
         linearisation cannot see E when the fit puts E at 0 (d log L / d log E = E / L = 0).
-    Returns one row per run, in the order picked (the most useful per FLOP first): n_params, tokens, flops and sd_log_loss, the
-    predicted sd of log loss_opt(target) once the runs up to that row are added.
+    Returns one row per run, in the order picked (the most useful per FLOP first): n_params,
+    tokens, flops and sd_log_loss, the predicted sd of log loss_opt(target) once the runs up
+    to that row are added.
     """
     for col in ("n_params", "tokens", "val_loss"):
         if col not in getattr(results, "columns", ()):

@@ -86,8 +86,9 @@ def train_round(k: int, out: Path) -> None:
     new = [r.run_id for r in load_sweep(spec).runs if r.seed == k]
     t0 = time.time()
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    subprocess.run([sys.executable, "-m", "cgpt", "sweep", str(spec), "--out", str(out / f"round{k}"),
-                    "--only", ",".join(new), "--parallel", str(min(2, len(new)))], check=True, env=env, cwd=ROOT)
+    subprocess.run([sys.executable, "-m", "cgpt", "sweep", str(spec), "--out",
+                    str(out / f"round{k}"), "--only", ",".join(new),
+                    "--parallel", str(min(2, len(new)))], check=True, env=env, cwd=ROOT)
     res = A.load_results(out / f"round{k}", finished_only=True)
     res = res[res["run_id"].isin(new)]
     if len(res) != len(new):
