@@ -146,7 +146,7 @@ def suggest_runs(results: pd.DataFrame, target_flops: float, budget_flops: float
                  min_run_flops: float | None = None,
                  sizes=None, objective: str = "both", noise: float | None = None,
                  n_levels: int = 10, method: str = "linear", n_boot: int = 400,
-                 seed: int = 0) -> pd.DataFrame:
+                 seed: int = 0, max_tokens: float | None = None) -> pd.DataFrame:
     """The runs to add, together within budget_flops (6ND each), that shrink the uncertainty of
     the predicted compute-optimal loss (objective "loss"), of N_opt ("n_opt") or of both (the
     sum of their relative variance reductions) at target_flops most per FLOP.
@@ -162,6 +162,8 @@ def suggest_runs(results: pd.DataFrame, target_flops: float, budget_flops: float
         fixed-design bootstrap refits (`fit_ls(resample="residuals")`, seed), keeping the refits
         inside the central 95% of log loss_opt: the quantity the interval is read from. The
         linearisation cannot see E when the fit puts E at 0 (d log L / d log E = E / L = 0).
+    max_tokens: the most tokens a run may see, e.g. the corpus's unique tokens: L(N, D) counts
+        fresh tokens, and a run that repeats its data flattens above the law (default: no cap).
     Returns one row per run, in the order picked (the most useful per FLOP first): n_params,
     tokens, flops and sd_log_loss, the predicted sd of log loss_opt(target) once the runs up
     to that row are added.
@@ -186,9 +188,14 @@ def suggest_runs(results: pd.DataFrame, target_flops: float, budget_flops: float
     sigma = noise if noise is not None else _sigma(theta, lN, lD, lL)
     lo = float((6 * N * D).max() if min_run_flops is None else min_run_flops)
     cands = _candidates(theta, min(lo, cap), cap, sizes, n_levels)
+    if max_tokens is not None:
+        if not (isinstance(max_tokens, (int, float)) and max_tokens > 0):
+            raise ValueError(f"max_tokens={max_tokens!r}: must be a positive token count")
+        cands = cands[cands["tokens"] <= max_tokens].reset_index(drop=True)
     if cands.empty:
-        raise ValueError(f"no candidate run fits in max_run_flops/budget_flops={cap:.3g}; "
-                         "raise the budget or allow smaller sizes")
+        raise ValueError(f"no candidate run fits in max_run_flops/budget_flops={cap:.3g}"
+                         + ("" if max_tokens is None else f" and max_tokens={max_tokens:.3g}")
+                         + "; raise the budget or allow other sizes")
     if method == "bootstrap":
         _, boot = fit_ls(N, D, L, n_boot=check_count(n_boot, "n_boot", 20), seed=seed,
                          resample="residuals")

@@ -37,7 +37,7 @@ DATA = ROOT / "notebooks" / "data" / "plan_rounds"
 SPEC = ROOT / "sweeps" / "approaches.yaml"
 FIXTURE = ROOT / "tests" / "fixtures" / "analysis" / "approaches"
 COLUMNS = ["run_id", "model", "seed", "n_params", "tokens", "flops_6nd", "train_loss", "val_loss",
-           "wall_time_s", "tokens_per_s"]
+           "epochs", "wall_time_s", "tokens_per_s"]
 # The planner's settings, written to plan.json and read back by the notebook.
 PLAN = dict(round_budget_flops=4e12, objective="loss", method="bootstrap", n_boot=400, seed=0,
             target_multiple=100)

@@ -130,6 +130,10 @@ def test_bootstrap_design_fits_the_budget_and_shrinks_the_interval():
         _, lo, hi = predict_loss_opt(theta, boot, 1e22)
         w.append(hi - lo)
     assert w[1] < 0.5 * w[0]
+    capped = suggest_runs(seed, 1e22, 2e20, max_tokens=3e10, **kw)
+    assert len(capped) and capped["tokens"].max() <= 3e10 < s["tokens"].max()
+    with pytest.raises(ValueError, match="max_tokens=1"):
+        suggest_runs(seed, 1e22, 2e20, max_tokens=1.0, **kw)
     with pytest.raises(ValueError, match="method='fisher'"):
         suggest_runs(seed, 1e22, 1e20, method="fisher")
 
