@@ -26,7 +26,7 @@ _EXPORTS = {
               "plot_curves"),
     "report": ("sweep_report",),
     "downstream": ("cerebras_gpt_downstream", "fit_downstream", "plot_downstream"),
-    "design": ("suggest_runs", "fit_ls", "predict_loss_opt"),
+    "design": ("suggest_runs", "fit_ls", "predict_loss_opt", "profile_loss_opt"),
     "transfer": ("LrOptimum", "lr_optimum", "lr_sweep", "transfer_table", "lr_drift",
                  "plot_lr_transfer"),
 }

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from analysis import CHINCHILLA_UNROUNDED, EPOCH, fit_chinchilla
-from analysis.design import fit_ls, frontier, predict_loss_opt, suggest_runs
+from analysis.design import fit_ls, frontier, predict_loss_opt, profile_loss_opt, suggest_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -88,6 +88,74 @@ def test_suggest_bad_input():
         suggest_runs(seed, 1e22, 1e20, objective="N")
     with pytest.raises(ValueError, match="max_runs=0"):
         suggest_runs(seed, 1e22, 1e20, max_runs=0)
+
+
+def test_residual_bootstrap_keeps_the_design():
+    """resample="residuals": every refit sees every (N, D); exact data give a zero-width
+    interval, noisy data an interval around the truth."""
+    exact = runs(EPOCH, GRID, 0.0, 0)
+    theta, boot = fit_ls(exact["n_params"], exact["tokens"], exact["val_loss"], n_boot=50,
+                         resample="residuals")
+    pred, lo, hi = predict_loss_opt(theta, boot, 1e22)
+    assert (hi - lo) / pred < 1e-4
+    df = runs(EPOCH, GRID, 0.01, 2)
+    theta, boot = fit_ls(df["n_params"], df["tokens"], df["val_loss"], n_boot=200,
+                         resample="residuals")
+    pred, lo, hi = predict_loss_opt(theta, boot, 1e22)
+    assert len(boot) == 200 and lo < float(EPOCH.loss_opt(1e22)) < hi
+    assert 0.01 < (hi - lo) / pred < 0.2
+    with pytest.raises(ValueError, match="resample='cases'"):
+        fit_ls(df["n_params"], df["tokens"], df["val_loss"], resample="cases")
+    with pytest.raises(ValueError, match="groups= resamples whole groups"):
+        fit_ls(df["n_params"], df["tokens"], df["val_loss"], resample="residuals",
+               groups=df["n_params"])
+    with pytest.raises(ValueError, match="more runs than the law's 5 parameters"):
+        fit_ls(df["n_params"][:5], df["tokens"][:5], df["val_loss"][:5], resample="residuals")
+
+
+def test_bootstrap_design_fits_the_budget_and_shrinks_the_interval():
+    """method="bootstrap": the greedy picks on the bootstrap refits' covariance."""
+    seed = runs(EPOCH, SEED_RUNS, 0.01, 3)
+    kw = dict(max_run_flops=1e20, method="bootstrap", n_boot=100, objective="loss")
+    s = suggest_runs(seed, 1e22, 2e20, **kw)
+    pd.testing.assert_frame_equal(s, suggest_runs(seed, 1e22, 2e20, **kw))   # seeded
+    assert s["flops"].sum() <= 2e20 * (1 + 1e-9) and s["flops"].max() <= 1e20 * (1 + 1e-6)
+    assert np.all(np.diff(s["sd_log_loss"]) <= 1e-12)
+    assert s["sd_log_loss"].iloc[-1] < 0.5 * s.attrs["sd_log_loss_before"]
+    after = pd.concat([seed, runs(EPOCH, list(zip(s["n_params"], s["tokens"])), 0.01, 4)])
+    w = []
+    for df in (seed, after):
+        theta, boot = fit_ls(df["n_params"], df["tokens"], df["val_loss"], n_boot=100,
+                             resample="residuals")
+        _, lo, hi = predict_loss_opt(theta, boot, 1e22)
+        w.append(hi - lo)
+    assert w[1] < 0.5 * w[0]
+    capped = suggest_runs(seed, 1e22, 2e20, max_tokens=3e10, **kw)
+    assert len(capped) and capped["tokens"].max() <= 3e10 < s["tokens"].max()
+    with pytest.raises(ValueError, match="max_tokens=1"):
+        suggest_runs(seed, 1e22, 2e20, max_tokens=1.0, **kw)
+    with pytest.raises(ValueError, match="method='fisher'"):
+        suggest_runs(seed, 1e22, 1e20, method="fisher")
+
+
+def test_profile_interval_of_the_compute_optimal_loss():
+    """profile_loss_opt: exact data pin loss_opt; noisy data give an interval around the truth
+    close to the bootstrap's; the profile table rises on both sides of the fit."""
+    exact = runs(EPOCH, GRID, 0.0, 0)
+    p, lo, hi, _ = profile_loss_opt(exact["n_params"], exact["tokens"], exact["val_loss"], 1e22)
+    assert p == pytest.approx(float(EPOCH.loss_opt(1e22)), rel=1e-4)
+    assert (hi - lo) / p < 0.01                   # within one grid step (3%) of the fit
+    df = runs(EPOCH, GRID, 0.01, 2)
+    p, lo, hi, table = profile_loss_opt(df["n_params"], df["tokens"], df["val_loss"], 1e22)
+    assert lo < float(EPOCH.loss_opt(1e22)) < hi and lo < p < hi
+    theta, boot = fit_ls(df["n_params"], df["tokens"], df["val_loss"], n_boot=200,
+                         resample="residuals")
+    _, blo, bhi = predict_loss_opt(theta, boot, 1e22)
+    assert 0.5 < (hi - lo) / (bhi - blo) < 2
+    assert table["stat"].iloc[0] > 3.84 and table["stat"].iloc[-1] > 3.84
+    assert table["stat"].min() == pytest.approx(0, abs=1e-6)
+    with pytest.raises(ValueError, match="C=-1"):
+        profile_loss_opt(df["n_params"], df["tokens"], df["val_loss"], -1)
 
 
 def test_bench_design_smoke():
