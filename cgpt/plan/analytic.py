@@ -124,3 +124,44 @@ def fmt_axes(r: dict) -> list[str]:
                    + (f", {fmt_bytes(moved)} per device per step (analytic)"
                       if moved is not None else ""))
     return out
+
+
+def node_table(models: list[tuple[str, int]], node_counts: list[int], gpus_per_node: int = 8,
+               device_memory: str = "80GB") -> str:
+    """The README's plan table: every (preset, published batch) on each node count, placed by
+    `--mode auto` with the analytic plan (`python -m cgpt.plan.analytic` prints it)."""
+    from cgpt.config.data import DataConfig
+    from cgpt.config.model import get_config
+    from cgpt.config.run import RunConfig, TrainConfig
+    from cgpt.config.units import fmt_bytes
+
+    short = {"layer_pipelined": "LP", "weight_streaming": "WS", "data_parallel": "DP"}
+    head = ["model"] + [f"{n} node{'s' if n > 1 else ''} ({n * gpus_per_node} GPUs)"
+                        for n in node_counts]
+    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for model, batch in models:
+        run = RunConfig(preset=model, model=get_config(model), data=DataConfig(seq_len=2048),
+                        train=TrainConfig(batch_size=batch, mode="auto"))
+        cells = [model]
+        for n in node_counts:
+            try:
+                r = plan_analytic(run, device_memory, n * gpus_per_node, n)
+            except ValueError as e:
+                cells.append(f"error: {str(e)[:60]}")
+                continue
+            mesh = ",".join(f"{k}={v}" for k, v in r["mesh"].items())
+            bad = [a for a in r["crosses_nodes"] if a not in ("data", "stage")]
+            cells.append(f"{short[r['mode']]} {mesh}: {r['micro_batch']} × {r['accum']}, remat "
+                         f"{'on' if r['remat'] else 'off'}, ~{fmt_bytes(r['per_device_bytes']['total'])} "
+                         f"{'✓' if r['fits'] else '✗'}"
+                         + (f", **{'+'.join(bad)} crosses nodes**" if bad else ""))
+        rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+PUBLISHED = [("111M", 120), ("256M", 264), ("590M", 264), ("1.3B", 528), ("2.7B", 528),
+             ("6.7B", 1040), ("13B", 720)]
+NODE_COUNTS = [1, 2, 4, 8, 16, 32]
+
+if __name__ == "__main__":
+    print(node_table(PUBLISHED, NODE_COUNTS))

@@ -93,7 +93,8 @@ def node_groups(devices: Sequence, nodes: int) -> list[list]:
     return [sorted(g, key=lambda d: d.id) for g in groups]
 
 
-def hybrid_devices(axes: dict[str, int], devices: Sequence, nodes: int) -> np.ndarray:
+def hybrid_devices(axes: dict[str, int], devices: Sequence, nodes: int,
+                   use_mesh_utils: bool = True) -> np.ndarray:
     """The device array of a hybrid mesh: `jax.experimental.mesh_utils.create_hybrid_device_mesh`
     with each process a node (its granule); where processes are not nodes (one per GPU, or
     plan's one process emulating them) the same layout by hand: devices grouped by node
@@ -103,7 +104,7 @@ def hybrid_devices(axes: dict[str, int], devices: Sequence, nodes: int) -> np.nd
     split = split_axes(axes, nodes)
     dcn = tuple(split[a][0] for a in axes)
     ici = tuple(split[a][1] for a in axes)
-    if len({d.process_index for d in devices}) == nodes:
+    if use_mesh_utils and len({d.process_index for d in devices}) == nodes:
         from jax.experimental import mesh_utils
 
         return mesh_utils.create_hybrid_device_mesh(ici, dcn, devices, process_is_granule=True)
