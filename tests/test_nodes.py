@@ -242,3 +242,18 @@ def test_two_processes_fsdp_groups_one_process(tmp_path):
     assert r["placement_axes"]["data"]["crosses_nodes"]
     assert not r["placement_axes"]["fsdp"]["crosses_nodes"]
     assert r["total"] == 8.0
+
+
+def test_compiled_plan_on_two_nodes():
+    """The compiled plan (`plan --nodes 2 --gpus-per-node 4`): weight streaming's state is
+    sharded over fsdp=4 inside a node, not over data (which crosses), and --json has axes."""
+    from cgpt.plan.planning import plan
+
+    kw = dict(batch=8, seq_len=16, platform="cpu", remat=False, micro_batch=4)
+    two = plan("tiny-17k", "weight_streaming", "data=2,fsdp=4", 8, "80GB", nodes=2, **kw)
+    one = plan("tiny-17k", "weight_streaming", "data=2,fsdp=4", 8, "80GB", **kw)
+    assert two["axes"]["data"]["crosses_nodes"] and not two["axes"]["fsdp"]["crosses_nodes"]
+    assert two["crosses_nodes"] == ["data"] and one["crosses_nodes"] == []
+    # weights over 4 devices instead of 8: twice the parameter bytes per device
+    assert two["per_device_bytes"]["params"] > 1.5 * one["per_device_bytes"]["params"]
+    assert two["axes"]["data"]["bytes_per_step"] > 0 and two["axes"]["fsdp"]["bytes_per_step"] > 0
