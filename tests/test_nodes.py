@@ -244,6 +244,7 @@ def test_two_processes_fsdp_groups_one_process(tmp_path):
     assert r["total"] == 8.0
 
 
+@pytest.mark.slow  # two compiles: ~70 s on 2 loaded cores
 def test_compiled_plan_on_two_nodes():
     """The compiled plan (`plan --nodes 2 --gpus-per-node 4`): weight streaming's state is
     sharded over fsdp=4 inside a node, not over data (which crosses), and --json has axes."""
