@@ -41,7 +41,7 @@ import sys
 
 from cgpt.config.units import parse_bytes
 from cgpt.plan.planning import plan, plan_run
-from cgpt.plan.report import format_plan
+from cgpt.plan.report import format_analytic, format_plan
 from cgpt.train.fit import HEADROOM
 
 __all__ = ["add_arguments", "cmd_plan", "format_plan", "main", "plan", "plan_many", "plan_run",
@@ -76,6 +76,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-remat", action="store_true", help="the same as --remat off")
     p.add_argument("--host-offload", action="store_true",
                    help="removed (weights are not streamed from pinned host memory): an error")
+    p.add_argument("--nodes", type=int, default=1,
+                   help="nodes the devices are spread over (default 1): the mesh is hybrid, "
+                        "only data (then stage) crosses nodes (cgpt.sharding.nodes); needs "
+                        "--gpus-per-node")
+    p.add_argument("--gpus-per-node", type=int,
+                   help="devices per node; with --nodes the devices are nodes x this "
+                        "(replaces --devices)")
+    p.add_argument("--no-compile", action="store_true",
+                   help="placement and analytic memory/traffic only (cgpt.sharding.auto's model, "
+                        "cgpt.plan.analytic): seconds for any size, no JAX compile")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--requests", help=argparse.SUPPRESS)  # the sweep's dry run: a JSON file
 
@@ -94,6 +104,19 @@ def _needed_devices(args) -> int:
     from cgpt.sharding import mesh_size
 
     spec = (args.mesh or "").strip()
+    if args.nodes < 1:
+        raise ValueError(f"--nodes {args.nodes} must be >= 1")
+    if args.gpus_per_node is not None:
+        if args.gpus_per_node < 1:
+            raise ValueError(f"--gpus-per-node {args.gpus_per_node} must be >= 1")
+        n = args.nodes * args.gpus_per_node
+        if spec and mesh_size(spec) != n:
+            raise ValueError(f"--mesh {spec!r} has {mesh_size(spec)} devices but --nodes "
+                             f"{args.nodes} x --gpus-per-node {args.gpus_per_node} = {n}; make "
+                             "the mesh sizes multiply to nodes x gpus-per-node")
+        return n
+    if args.nodes > 1:
+        raise ValueError(f"--nodes {args.nodes} needs --gpus-per-node G (devices = nodes x G)")
     if not spec:
         if args.devices < 1:
             raise ValueError(f"--devices {args.devices} must be >= 1")
@@ -153,7 +176,8 @@ def plan_many(requests: list[dict], progress: bool = True) -> list[dict]:
                   file=sys.stderr, dynamic_ncols=True):
         try:
             run = from_dict(r["run"], "sweep run")
-            out.append(plan_run(run, int(r["device_memory"]), devs[:int(r["devices"])]))
+            out.append(plan_run(run, int(r["device_memory"]), devs[:int(r["devices"])],
+                                nodes=int(r.get("nodes", 1))))
         except ValueError as e:
             out.append({"error": str(e)})
     return out
@@ -163,7 +187,8 @@ def _argv(args) -> list[str]:
     """The command line that reproduces `args` (for the re-run in a fresh process)."""
     out = []
     for key in ("model", "mode", "mesh", "devices", "device_memory", "batch", "micro_batch",
-                "micro_batches", "seq_len", "dtype", "remat", "platform"):
+                "micro_batches", "seq_len", "dtype", "remat", "platform", "nodes",
+                "gpus_per_node"):
         v = getattr(args, key)
         if v is not None and v != "":
             out += [f"--{key.replace('_', '-')}", str(v)]
@@ -185,6 +210,12 @@ def cmd_plan(args) -> int:
     n = _needed_devices(args)
     memory = parse_bytes(args.device_memory)
     remat = _remat(args)
+    if args.no_compile:  # arithmetic only: JAX is not started
+        r = plan(args.model, args.mode, args.mesh, n, memory, args.batch, args.micro_batch,
+                 args.micro_batches, args.seq_len, args.dtype, remat, args.host_offload,
+                 platform=args.platform, nodes=args.nodes, compile=False)
+        print(json.dumps(r) if args.json else format_analytic(r))
+        return 0
     devs = _cpu_devices(n)
     if devs is None:  # JAX already started with fewer CPU devices: run in a fresh process
         env = dict(os.environ, JAX_PLATFORMS="cpu",
@@ -192,7 +223,7 @@ def cmd_plan(args) -> int:
         return subprocess.run([sys.executable, "-m", "cgpt.plan", *_argv(args)], env=env).returncode
     r = plan(args.model, args.mode, args.mesh, len(devs), memory, args.batch, args.micro_batch,
              args.micro_batches, args.seq_len, args.dtype, remat, args.host_offload,
-             cpu_devices=devs, platform=args.platform)
+             cpu_devices=devs, platform=args.platform, nodes=args.nodes)
     print(json.dumps(r) if args.json else format_plan(r))
     return 0
 

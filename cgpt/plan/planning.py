@@ -16,10 +16,12 @@ def plan(model: str, mode: str, mesh: str = "", devices: int = 8,
          device_memory: int | str = "80GB", batch: int | None = None,
          micro_batch: int | None = None, micro_batches: int | None = None,
          seq_len: int | None = None, dtype: str | None = None, remat: bool | None = None,
-         host_offload: bool = False, cpu_devices=None, platform: str = "gpu") -> dict:
+         host_offload: bool = False, cpu_devices=None, platform: str = "gpu", nodes: int = 1,
+         compile: bool = True) -> dict:
     """Compile one train step on abstract arrays and report its per-device costs. Unset
     micro_batch / remat / dtype default as in `train` on `platform` (`cgpt.train.fit` chooses the
-    first two, `cgpt.config.backend` the dtype)."""
+    first two, `cgpt.config.backend` the dtype). `nodes`: the devices' nodes (a hybrid mesh,
+    `cgpt.sharding.nodes`); compile=False: the analytic plan (`cgpt.plan.analytic`), no JAX."""
     from cgpt import sharding
     from cgpt.config.model import get_config
     from cgpt.config.data import DataConfig
@@ -36,10 +38,15 @@ def plan(model: str, mode: str, mesh: str = "", devices: int = 8,
     run = RunConfig(preset=model, model=cfg, data=DataConfig(seq_len=T), train=TrainConfig(
         batch_size=batch, micro_batch=micro_batch, micro_batches=micro_batches, mode=mode,
         mesh=mesh, host_offload=host_offload))
+    if not compile:
+        from cgpt.plan.analytic import plan_analytic
+
+        return plan_analytic(run, device_memory, devices, nodes, platform)
     if cpu_devices is None:
         import jax
         cpu_devices = jax.devices("cpu")[:devices]
-    return plan_run(run, device_memory, cpu_devices, mode_flags=True, platform=platform)
+    return plan_run(run, device_memory, cpu_devices, mode_flags=True, platform=platform,
+                    nodes=nodes)
 
 
 class Step(NamedTuple):
@@ -55,7 +62,7 @@ class Step(NamedTuple):
 
 
 def compile_step(run, cpu_devices, memory: int, mode_flags: bool = False,
-                 platform: str | None = None) -> Step:
+                 platform: str | None = None, nodes: int = 1) -> Step:
     """The resolved run (`cgpt.train.resolve`) placed on `cpu_devices`, its optimizer and its
     fitted, compiled step: the calls `train` makes. mode_flags: errors name plan's flags
     (--batch) rather than config keys (train.batch_size)."""
@@ -64,7 +71,7 @@ def compile_step(run, cpu_devices, memory: int, mode_flags: bool = False,
     from cgpt.train.resolve import resolve
 
     try:
-        res = resolve(run, cpu_devices, platform=platform, device_memory=memory)
+        res = resolve(run, cpu_devices, platform=platform, device_memory=memory, nodes=nodes)
         strategy = setup.place(res, cpu_devices)
         optimizer = optim.make_optimizer(res.recipe, res.cfg)
         t0 = time.perf_counter()
@@ -80,7 +87,7 @@ def compile_step(run, cpu_devices, memory: int, mode_flags: bool = False,
 
 
 def plan_run(run, device_memory: int | str, cpu_devices, mode_flags: bool = False,
-             platform: str = "gpu") -> dict:
+             platform: str = "gpu", nodes: int = 1) -> dict:
     """`plan` of a full RunConfig (its mode, mesh, batch, micro-batch, remat) on `cpu_devices`,
     with `platform`'s kernels and dtype where the config says "auto" (as `train` there).
     mode_flags: errors name plan's flags (--batch) rather than config keys (train.batch_size)."""
@@ -88,6 +95,7 @@ def plan_run(run, device_memory: int | str, cpu_devices, mode_flags: bool = Fals
 
     from cgpt.config import backend, flops
     from cgpt.model.gpt import init_params
+    from cgpt.sharding.nodes import axis_bytes, node_axes
 
     memory = parse_bytes(device_memory) if isinstance(device_memory, str) else int(device_memory)
     kernel = backend.kernels(run.model, platform).attention  # cuDNN's lowers only on a GPU
@@ -98,7 +106,7 @@ def plan_run(run, device_memory: int | str, cpu_devices, mode_flags: bool = Fals
                                                               compile_on="cpu"))
     T, t = run.data.seq_len, run.train
     strategy, optimizer, p, cfg, compiled, choice, compile_s = compile_step(
-        run, cpu_devices, memory, mode_flags, platform)
+        run, cpu_devices, memory, mode_flags, platform, nodes)
     cudnn_layout = _check_cudnn_placement(strategy, p, cfg, T) if kernel == "cudnn" else None
 
     def shard_bytes(tree) -> int:
@@ -113,6 +121,11 @@ def plan_run(run, device_memory: int | str, cpu_devices, mode_flags: bool = Fals
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
     n = strategy.num_devices
+    axes = node_axes(dict(strategy.mesh.shape), nodes, strategy.mode)
+    moved = axis_bytes(cfg, strategy.mode, dict(strategy.mesh.shape), nodes, p.batch_size, T,
+                       p.micro_batch, bool(cfg.remat))
+    for a in axes:  # analytic, beside the compiled collective bytes (all axes together)
+        axes[a]["bytes_per_step"] = moved.get(a, 0)
     return {
         "model": cfg.name, "mode": strategy.mode, "requested_mode": t.mode,
         "auto_reason": getattr(strategy, "auto_reason", None),
@@ -145,6 +158,8 @@ def plan_run(run, device_memory: int | str, cpu_devices, mode_flags: bool = Fals
         "compile_s": round(compile_s, 2),
         # dims the mode's rules could not split (replicated over those mesh axes instead)
         "unsharded": strategy.describe()["unsharded"],
+        "nodes": nodes, "axes": axes,
+        "crosses_nodes": [a for a, v in axes.items() if v["crosses_nodes"]],
     }
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from cgpt.config.units import fmt_bytes
+from cgpt.plan.analytic import crossing_note, fmt_axes
 from cgpt.train.fit import HEADROOM
 
 
@@ -45,5 +46,27 @@ def format_plan(r: dict) -> str:
     if r.get("cudnn_layout"):
         lines.append(f"cudnn         {r['platform']}'s attention kernel; compiled here as "
                      f"{r['attention']}; q/k/v split {r['cudnn_layout']}: cuDNN can partition it")
+    lines += [f"nodes         {crossing_note(r)}", *fmt_axes(r)]
     lines.append(f"compile       {r['compile_s']:.1f} s")
+    return "\n".join(lines)
+
+
+def format_analytic(r: dict) -> str:
+    """`plan --no-compile`'s lines: placement, which axes cross nodes, analytic memory."""
+    mesh = ",".join(f"{k}={v}" for k, v in r["mesh"].items())
+    lines = [
+        f"{r['model']} ({r['n_params'] / 1e9:.3g}B params), {r['mode']} on {mesh} "
+        f"({r['num_devices']} devices = {r['nodes']} node(s) x {r['devices_per_node']}); batch "
+        f"{r['batch']} x {r['seq_len']} tokens (analytic, not compiled: cgpt.plan.analytic)",
+        f"step          micro-batch {r['micro_batch']} x {r['accum']} accumulation steps, remat "
+        f"{'on' if r['remat'] else 'off'}",
+        f"per device    ~{fmt_bytes(r['per_device_bytes']['total'])} of "
+        f"{fmt_bytes(r['usable_memory'])} usable ({fmt_bytes(r['device_memory'])} less "
+        f"{HEADROOM:.0%}): {'fits' if r['fits'] else 'does NOT fit'}",
+        f"nodes         {crossing_note(r)}", "axes (bytes: analytic, ring collectives):",
+        *fmt_axes(r), f"mesh          {r['mesh_reason']}"]
+    if r["bubble_fraction"] is not None:
+        lines.append(f"bubble        {r['bubble_fraction']:.1%}")
+    if r.get("auto_reason"):
+        lines.append(f"auto          {r['auto_reason']}")
     return "\n".join(lines)

@@ -21,7 +21,8 @@ Modes (Cerebras' two execution modes, plus plain data parallelism and a chooser)
   auto              the first that fits the devices' memory (`cgpt.sharding.auto`).
 
 Modules: `axes` (--mesh parsing and factoring, batch axes; JAX-free), `auto` (the memory
-model and the mode/mesh decision; JAX-free), `mesh` (devices: emulated CPUs, the Mesh, device
+model and the mode/mesh decision; JAX-free), `nodes` (which axes cross nodes, analytic bytes
+per axis; JAX-free), `mesh` (devices: emulated CPUs, the Mesh, hybrid node-aware meshes, device
 memory), `rules` (the rules tables, `logical_to_spec`, the unsharded-dims report), `strategies`
 (the placed step), `pipeline` (GPipe), `distributed` (processes of a multi-host job).
 """

@@ -19,6 +19,7 @@ import math
 from cgpt.config.model import ModelConfig
 from cgpt.config.units import fmt_bytes
 from cgpt.sharding.axes import SHARDED_MODES, parse_mesh, weight_streaming_axes
+from cgpt.sharding.nodes import split_axes, weight_shards
 
 log = logging.getLogger(__name__)
 
@@ -69,8 +70,8 @@ def weight_streaming_bytes_per_device(cfg: ModelConfig, num_devices: int, rows: 
 
 
 def choose_auto(cfg: ModelConfig, num_devices: int, memory: int, batch: int, seq_len: int,
-                micro_batch: int | None = None,
-                mesh: dict[str, int] | None = None) -> tuple[str, dict[str, int], str]:
+                micro_batch: int | None = None, mesh: dict[str, int] | None = None,
+                nodes: int = 1) -> tuple[str, dict[str, int], str]:
     """(mode, mesh axes, reason) for `--mode auto`.
 
     Candidates in order, the first whose footprint fits `memory` wins:
@@ -84,6 +85,8 @@ def choose_auto(cfg: ModelConfig, num_devices: int, memory: int, batch: int, seq
     A 1-stage mesh is never called layer-pipelined. In flight per batch shard:
     `micro_batch` sequences, or one when it is unset (the least a step holds; train's
     accumulation fills the rest). ValueError, with the numbers and the fix, when none fits.
+    On `nodes` > 1 weight streaming keeps `data` across nodes and shards the weights over
+    the axes inside a node only (`cgpt.sharding.nodes.weight_shards`).
     """
     rows = micro_batch or 1
     cands: list[tuple[str, dict[str, int], int]] = []
@@ -92,27 +95,34 @@ def choose_auto(cfg: ModelConfig, num_devices: int, memory: int, batch: int, seq
             cfg, mesh["stage"], rows, seq_len)))
     elif mesh and mesh.get("fsdp", 1) > 1:
         cands.append(("weight_streaming", mesh, weight_streaming_bytes_per_device(
-            cfg, num_devices, rows, seq_len)))
+            cfg, weight_shards("weight_streaming", mesh, nodes), rows, seq_len)))
     elif mesh:
         cands += [("data_parallel", mesh, data_parallel_bytes_per_device(cfg, rows, seq_len)),
                   ("weight_streaming", mesh, weight_streaming_bytes_per_device(
-                      cfg, num_devices, rows, seq_len))]
+                      cfg, weight_shards("weight_streaming", mesh, nodes), rows, seq_len))]
     else:
         # the rest of the devices become `data`, which the batch must split over
         step = batch // micro_batch if micro_batch and batch % micro_batch == 0 else batch
-        stages = max(s for s in range(1, num_devices + 1) if num_devices % s == 0
-                     and cfg.n_layer % s == 0 and step % (num_devices // s) == 0
-                     or s == 1)
-        data = num_devices // stages
-        if stages > 1:
-            axes = {"stage": stages, "data": data} if data > 1 else {"stage": stages}
-            cands.append(("layer_pipelined", axes,
-                          pipeline_bytes_per_device(cfg, stages, rows, seq_len)))
-        elif step % num_devices == 0:
+        options = [s for s in range(1, num_devices + 1) if num_devices % s == 0
+                   and cfg.n_layer % s == 0 and step % (num_devices // s) == 0 or s == 1]
+        stages = max(options)
+        pipelines = [stages]
+        if nodes > 1:  # stages inside a node first, across nodes only if those do not fit
+            pipelines = [s for s in (max(s for s in options if (num_devices // nodes) % s == 0),
+                                     stages) if _tiles(s, num_devices, nodes)]
+            pipelines = sorted(set(pipelines), key=pipelines.index)
+        for s in pipelines:
+            if s > 1:
+                data = num_devices // s
+                axes = {"stage": s, "data": data} if data > 1 else {"stage": s}
+                cands.append(("layer_pipelined", axes,
+                              pipeline_bytes_per_device(cfg, s, rows, seq_len)))
+        if stages == 1 and step % num_devices == 0:
             cands.append(("data_parallel", {"data": num_devices},
                           data_parallel_bytes_per_device(cfg, rows, seq_len)))
-        cands.append(("weight_streaming", weight_streaming_axes(num_devices, batch, micro_batch)[0],
-                      weight_streaming_bytes_per_device(cfg, num_devices, rows, seq_len)))
+        ws = weight_streaming_axes(num_devices, batch, micro_batch, nodes)[0]
+        cands.append(("weight_streaming", ws, weight_streaming_bytes_per_device(
+            cfg, weight_shards("weight_streaming", ws, nodes), rows, seq_len)))
     tried = "; ".join(f"{m} on {','.join(f'{k}={v}' for k, v in a.items())} needs ~{fmt_bytes(b)}"
                       for m, a, b in cands)
     for i, (mode, axes, need) in enumerate(cands):
@@ -128,12 +138,23 @@ def choose_auto(cfg: ModelConfig, num_devices: int, memory: int, batch: int, seq
            else "") + (" (or a shorter data.seq_len)" if rows == 1 else ""))
 
 
+def _tiles(stages: int, num_devices: int, nodes: int) -> bool:
+    """Whether a stage x data mesh can be laid over `nodes` nodes (`split_axes`)."""
+    try:
+        split_axes({"stage": stages, "data": num_devices // stages}, nodes)
+        return True
+    except ValueError:
+        return False
+
+
 def placement(mode: str, mesh_spec: str, cfg: ModelConfig, batch: int, micro: int | None = None,
               *, num_devices: int, device_memory: int | None = None, seq_len: int | None = None,
-              num_processes: int = 1) -> tuple[str, dict[str, int], str, str | None]:
+              num_processes: int = 1,
+              nodes: int = 1) -> tuple[str, dict[str, int], str, str | None]:
     """(mode, mesh axes, why the mesh has that shape, why auto chose the mode) for a sharded
-    `--mode`/`--mesh` on `num_devices` devices: no devices needed, so a 64-device
-    placement can be checked anywhere."""
+    `--mode`/`--mesh` on `num_devices` devices of `nodes` nodes: no devices needed, so a
+    256-device placement can be checked anywhere. Which axes cross nodes: `cgpt.sharding.nodes`
+    (a mesh that cannot be laid over the nodes is a ValueError)."""
     if mode not in SHARDED_MODES:
         raise ValueError(f"--mode {mode!r}; use one of single, {', '.join(SHARDED_MODES)}")
     given = bool((mesh_spec or "").strip())
@@ -145,10 +166,12 @@ def placement(mode: str, mesh_spec: str, cfg: ModelConfig, batch: int, micro: in
         mode, axes, auto_reason = choose_auto(
             cfg, math.prod(axes.values()) if given else num_devices,
             device_memory, batch, seq_len or cfg.n_ctx, micro,
-            honoured)
+            honoured, nodes=nodes)
         log.info("--mode auto: %s", auto_reason)
     if mode == "weight_streaming" and not given:
-        axes, mesh_reason = weight_streaming_axes(num_devices, batch, micro)
+        axes, mesh_reason = weight_streaming_axes(num_devices, batch, micro, nodes)
     elif auto_reason and not given:
         mesh_reason = "chosen by --mode auto"
+    if nodes > 1:
+        split_axes(axes, nodes)  # the mesh must tile the nodes
     return mode, axes, mesh_reason, auto_reason

@@ -68,13 +68,33 @@ def parse_mesh(spec: str, mode: str, num_devices: int, num_processes: int = 1) -
     return axes
 
 
-def weight_streaming_axes(num_devices: int, batch: int,
-                          micro_batch: int | None = None) -> tuple[dict[str, int], str]:
+def weight_streaming_axes(num_devices: int, batch: int, micro_batch: int | None = None,
+                          nodes: int = 1) -> tuple[dict[str, int], str]:
     """(axes, why) for weight streaming on `num_devices` with an empty `--mesh`: `data` =
     the most devices the global batch splits over (the largest divisor of the device count
     that divides `batch`, and `batch / micro_batch` when a micro-batch is set), `fsdp` = the
-    rest. The weights are sharded over both, i.e. over every device."""
+    rest. The weights are sharded over both, i.e. over every device.
+
+    On `nodes` > 1 nodes `data` must also be a multiple of the node count (it is the axis that
+    crosses nodes, `cgpt.sharding.nodes`), so `fsdp` stays inside a node; when the batch
+    allows no such `data`, the single-node factoring is used and the reason says that `fsdp`
+    crosses nodes."""
     step = batch // micro_batch if micro_batch and batch % micro_batch == 0 else batch
+    crossing = ""
+    if nodes > 1 and num_devices % nodes == 0:
+        per_node = num_devices // nodes
+        inside = [k for k in range(1, per_node + 1) if per_node % k == 0
+                  and step % (nodes * k) == 0]
+        if inside:
+            data = nodes * max(inside)
+            fsdp = num_devices // data
+            why = (f"the global batch of {batch} splits over data={data} (a multiple of the "
+                   f"{nodes} nodes: data crosses nodes)" + (
+                       f", fsdp={fsdp} inside each node of {per_node}" if fsdp > 1 else ""))
+            return ({"data": data, "fsdp": fsdp} if fsdp > 1 else {"data": data}), why
+        crossing = (f"; fsdp CROSSES NODES: the batch of {batch} does not split over the "
+                    f"{nodes} nodes (data would have to be a multiple of {nodes}); a batch "
+                    f"that is a multiple of {nodes} keeps fsdp inside a node")
     data = max(d for d in range(1, num_devices + 1) if num_devices % d == 0 and step % d == 0)
     fsdp = num_devices // data
     if fsdp == 1:
@@ -84,7 +104,8 @@ def weight_streaming_axes(num_devices: int, batch: int,
         f"the global batch of {batch}{f' (micro-batch {micro_batch})' if micro_batch else ''}"
         f" splits over at most {data} of the {num_devices} devices (the largest divisor of "
         f"{num_devices} that divides it): data={data} batch shards x fsdp={fsdp}; weights "
-        f"sharded over all {num_devices}, each fsdp group shares a batch shard")
+        + (f"sharded over fsdp={fsdp} (data crosses nodes, so not over it)" if crossing else
+           f"sharded over all {num_devices}") + ", each fsdp group shares a batch shard" + crossing)
 
 
 def batch_axes(axes: dict[str, int], batch: int, micro_batch: int | None) -> tuple[str, ...]:

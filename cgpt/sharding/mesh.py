@@ -39,15 +39,79 @@ def emulate_cpu_devices(n: int) -> None:
         jax.config.update("jax_num_cpu_devices", max(n, 1))
 
 
-def build_mesh(axes: dict[str, int], devices: Sequence | None = None) -> Mesh:
-    """A mesh over the first prod(sizes) devices, with Auto axes (GSPMD + sharding rules)."""
+def build_mesh(axes: dict[str, int], devices: Sequence | None = None, nodes: int = 1) -> Mesh:
+    """A mesh over the first prod(sizes) devices, with Auto axes (GSPMD + sharding rules).
+
+    On `nodes` > 1 the mesh is hybrid (`hybrid_devices`): each axis' across-nodes factor
+    (`cgpt.sharding.nodes.split_axes`) is its outer part, so only the axes that must cross
+    nodes (`data`, then `stage`) hold devices of different nodes. One node keeps the plain
+    layout (the single-node results are unchanged)."""
     devices = list(jax.devices() if devices is None else devices)
     n = math.prod(axes.values())
     names = tuple(axes)
     auto = (AxisType.Auto,) * len(names)
+    if nodes > 1:
+        return Mesh(hybrid_devices(axes, devices[:n], nodes), names, axis_types=auto)
     if n == len(devices):
         return jax.make_mesh(tuple(axes.values()), names, axis_types=auto, devices=devices)
     return Mesh(np.array(devices[:n]).reshape(tuple(axes.values())), names, axis_types=auto)
+
+
+def job_nodes(devices: Sequence) -> int:
+    """The nodes `devices` span: 1 for one process; on CPU each process stands for a node
+    (the multi-process tests); on accelerators the job's hosts (`distributed.job_layout`)."""
+    procs = {d.process_index for d in devices}
+    if len(procs) == 1:
+        return 1
+    if devices[0].platform == "cpu":
+        return len(procs)
+    n = int(distributed.job_layout().get("nodes") or 1)
+    return n if len(procs) % n == 0 else 1
+
+
+def node_groups(devices: Sequence, nodes: int) -> list[list]:
+    """`devices` grouped by node, in node order. Devices of several processes: by process
+    (`process_index` // processes per node, processes of a node being consecutive, as SLURM
+    numbers its tasks); one process (plan's emulated devices): consecutive equal blocks."""
+    procs = sorted({d.process_index for d in devices})
+    if len(procs) > 1:
+        if len(procs) % nodes:
+            raise ValueError(f"{len(procs)} processes cannot be split over {nodes} nodes")
+        per = len(procs) // nodes
+        rank = {p: i for i, p in enumerate(procs)}
+        groups: list[list] = [[] for _ in range(nodes)]
+        for d in devices:
+            groups[rank[d.process_index] // per].append(d)
+    else:
+        if len(devices) % nodes:
+            raise ValueError(f"{len(devices)} devices cannot be split over {nodes} nodes")
+        k = len(devices) // nodes
+        groups = [list(devices[i * k:(i + 1) * k]) for i in range(nodes)]
+    if len({len(g) for g in groups}) != 1:
+        raise ValueError(f"the nodes hold different device counts ({[len(g) for g in groups]}); "
+                         "a hybrid mesh needs the same number on every node")
+    return [sorted(g, key=lambda d: d.id) for g in groups]
+
+
+def hybrid_devices(axes: dict[str, int], devices: Sequence, nodes: int,
+                   use_mesh_utils: bool = True) -> np.ndarray:
+    """The device array of a hybrid mesh: `jax.experimental.mesh_utils.create_hybrid_device_mesh`
+    with each process a node (its granule); where processes are not nodes (one per GPU, or
+    plan's one process emulating them) the same layout by hand: devices grouped by node
+    (`node_groups`), shaped (dcn..., ici...) and each axis' dcn factor made its outer part."""
+    from cgpt.sharding.nodes import split_axes
+
+    split = split_axes(axes, nodes)
+    dcn = tuple(split[a][0] for a in axes)
+    ici = tuple(split[a][1] for a in axes)
+    if use_mesh_utils and len({d.process_index for d in devices}) == nodes:
+        from jax.experimental import mesh_utils
+
+        return mesh_utils.create_hybrid_device_mesh(ici, dcn, devices, process_is_granule=True)
+    grid = np.array(node_groups(devices, nodes), dtype=object).reshape(dcn + ici)
+    k = len(axes)
+    order = [i for pair in zip(range(k), range(k, 2 * k)) for i in pair]  # d0, i0, d1, i1 ...
+    return grid.transpose(order).reshape(tuple(axes.values()))
 
 
 def device_memory_bytes(device=None) -> int:

@@ -25,6 +25,7 @@ from cgpt.sharding.auto import placement
 from cgpt.sharding.mesh import build_mesh, device_memory_bytes, maybe_initialize_distributed
 from cgpt.sharding.pipeline import bubble_fraction, pipelined_loss
 from cgpt.sharding.axes import HOST_OFFLOAD_REMOVED, SHARDED_MODES, batch_axes as ws_batch_axes
+from cgpt.sharding.nodes import node_axes, weight_axes
 from cgpt.sharding.rules import (DATA_PARALLEL, LAYER_PIPELINED, WEIGHT_STREAMING, Rules,
                                  Unsharded, logical_to_spec, with_rule)
 
@@ -102,6 +103,7 @@ class Sharded:
     rules: Rules = []
     bubble_fraction: float | None = None
     auto_reason: str | None = None  # why `--mode auto` chose this mode
+    nodes: int = 1  # the nodes the mesh is laid over (`cgpt.sharding.nodes`)
 
     def __init__(self, cfg: ModelConfig, mesh, batch_axes: Sequence[str] = ("data",),
                  mesh_reason: str = "given by --mesh"):
@@ -254,6 +256,7 @@ class Sharded:
                 "data_replicas": self.data_replicas, "batch_axes": list(self.batch_axes),
                 "weight_axes": weights, "mesh_reason": self.mesh_reason,
                 "auto_reason": self.auto_reason, "bubble_fraction": self.bubble_fraction,
+                "axes": node_axes(dict(self.mesh.shape), self.nodes, self.mode),
                 "unsharded": [u.as_dict() for u in sorted(
                     self.unsharded, key=lambda u: (u.array, u.logical))]}
 
@@ -280,10 +283,15 @@ class WeightStreaming(Sharded):
     mode = "weight_streaming"
 
     def __init__(self, cfg: ModelConfig, mesh, batch_axes: Sequence[str] = ("data",),
-                 mesh_reason: str = "given by --mesh"):
+                 mesh_reason: str = "given by --mesh", nodes: int = 1):
         self.rules = with_rule(WEIGHT_STREAMING, "act_batch", tuple(batch_axes))
         if "fsdp" not in batch_axes:  # split the group's matmuls instead of repeating them
             self.rules = with_rule(self.rules, "act_mlp", ("fsdp",))
+        keep = weight_axes(self.mode, dict(mesh.shape), nodes)
+        if nodes > 1:  # no kernel sharded over a node-crossing `data` (cgpt.sharding.nodes)
+            for name in ("embed", "heads", "mlp"):
+                self.rules = with_rule(self.rules, name, tuple(
+                    a for a in dict(self.rules)[name] if a in keep))
         super().__init__(cfg, mesh, batch_axes, mesh_reason)
 
 
@@ -330,16 +338,17 @@ class LayerPipelined(Sharded):
 
 def strategy_on(mesh, mode: str, cfg: ModelConfig, batch: int, micro: int | None = None,
                 micro_batches: int | None = None, mesh_reason: str = "",
-                auto_reason: str | None = None) -> Sharded:
+                auto_reason: str | None = None, nodes: int = 1) -> Sharded:
     """The strategy of a decided placement (`cgpt.sharding.auto.placement`, or a resolved run's
     mode and mesh) on `mesh` (a real Mesh, or an AbstractMesh to inspect shardings and the
-    unsharded report without devices), for a global batch of `batch` sequences."""
+    unsharded report without devices), for a global batch of `batch` sequences, on `nodes`
+    nodes (the mesh built by `build_mesh(..., nodes=nodes)`)."""
     axes = dict(mesh.shape)
     if mode == "data_parallel":
         s: Sharded = DataParallel(cfg, mesh, ("data",), mesh_reason)
     elif mode == "weight_streaming":
         batch_axes = ws_batch_axes(axes, batch, micro)
-        s = WeightStreaming(cfg, mesh, batch_axes, mesh_reason)
+        s = WeightStreaming(cfg, mesh, batch_axes, mesh_reason, nodes)
         if "fsdp" not in batch_axes and axes.get("fsdp", 1) > 1:
             s.unsharded.add(Unsharded(
                 "batch (every activation)", "act_batch", batch, ("data", "fsdp"), ("data",),
@@ -352,6 +361,7 @@ def strategy_on(mesh, mode: str, cfg: ModelConfig, batch: int, micro: int | None
     else:
         s = LayerPipelined(cfg, mesh, micro_batches, mesh_reason)
     s.auto_reason = auto_reason
+    s.nodes = nodes
     return s
 
 

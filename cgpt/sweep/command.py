@@ -89,6 +89,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.dry_run:
         runs = select(sweep.runs, args.only)
         print_table(sweep, out if out.is_dir() else None, runs, args.parallel or 1)
+        from cgpt.sweep.resources import print_resources
+        print_resources(sweep, runs)
         if not args.no_fit:
             results, note = fit_results(sweep, runs)
             if results is not None:

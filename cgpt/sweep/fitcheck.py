@@ -30,6 +30,7 @@ def fit_results(sweep: Sweep, runs: list[Run]) -> tuple[list[dict] | None, str]:
     print(f"fit: compiling each run's train step for its devices ({len(runs)} runs, emulated "
           "CPU devices, one process)...", file=sys.stderr, flush=True)
     return plan_many([{"run": r.config.to_dict(), "devices": r.devices,
+                       "nodes": int(r.slurm.get("nodes", 1)) if "gpus_per_node" in r.slurm else 1,
                        "device_memory": int(memory)} for r in runs]), ""
 
 

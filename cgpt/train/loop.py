@@ -20,7 +20,7 @@ from cgpt.config.run import RunConfig, parse_bytes
 from cgpt.errors import TrainError
 from cgpt.fileio import atomic_write_text, probe_writable
 from cgpt.sharding import distributed
-from cgpt.sharding.mesh import device_memory_bytes
+from cgpt.sharding.mesh import device_memory_bytes, job_nodes
 from cgpt.train import checkpoint, fit, metrics, optim, preempt, resume, rundir, setup, summary
 from cgpt.train.mfu import Throughput
 from cgpt.train.resolve import Resolved, resolve
@@ -73,7 +73,8 @@ def _train(run: RunConfig, out: Path, resuming: bool, progress: bool, launch: ru
               if saved.train.device_memory else device_memory_bytes())
     memory = distributed.smallest_mib(memory)  # every process compiles the same step
     devices = jax.devices()
-    res = resolve(saved, devices, device_memory=memory, num_processes=jax.process_count())
+    res = resolve(saved, devices, device_memory=memory, num_processes=jax.process_count(),
+                  nodes=job_nodes(devices))
     strategy = setup.place(res, devices)
     optimizer = optim.make_optimizer(res.recipe, res.cfg)
     # the micro-batch x accumulation and remat whose compiled step fits (cgpt.train.fit): that

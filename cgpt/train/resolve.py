@@ -40,6 +40,7 @@ class Resolved:
     tokens: int  # the budget asked for (the run trains total_steps x tokens_per_step)
     recipe: Recipe
     micro_batch: int  # per data replica, per accumulation step
+    nodes: int = 1  # the nodes the mesh is laid over (cgpt.sharding.nodes)
 
     @property
     def cfg(self) -> ModelConfig:
@@ -109,13 +110,14 @@ def recipe_of(run: RunConfig) -> tuple[int, Recipe]:
 
 def resolve(run: RunConfig, devices: int | Sequence | None = None, *, platform: str | None = None,
             device_memory: int | None = None, num_processes: int = 1,
-            saved: ModelConfig | None = None) -> Resolved:
+            saved: ModelConfig | None = None, nodes: int = 1) -> Resolved:
     """The run on `devices` (a count, or JAX's device objects: only counted and asked their
     platform). `platform` (default: the devices') makes the compute dtype concrete: "auto"
     becomes the platform's, or, resuming, the `saved` run's. `device_memory` is what `--mode
     auto` places against (bytes per device). Without devices the run is not placed (mode as
     configured, no mesh, one replica): the budget, batch and recipe, for the sweep and
-    `branch`, which only do arithmetic."""
+    `branch`, which only do arithmetic. `nodes`: the devices' nodes, for a mesh whose only
+    node-crossing axes are `data`/`stage` (`cgpt.sharding.nodes`)."""
     if devices is not None and not isinstance(devices, int):
         platform = platform or backend.platform_of(devices[0])
         devices = len(devices)
@@ -141,7 +143,7 @@ def resolve(run: RunConfig, devices: int | Sequence | None = None, *, platform: 
             mode, mesh, mesh_reason, auto_reason = placement(
                 t.mode, t.mesh, model, recipe.batch_size, t.micro_batch, num_devices=devices,
                 device_memory=device_memory, seq_len=run.data.seq_len,
-                num_processes=num_processes)
+                num_processes=num_processes, nodes=nodes)
         except ValueError as e:
             raise TrainError(str(e)) from None
     axes = replica_axes(mode, mesh, recipe.batch_size, t.micro_batch) if mesh else ()
@@ -152,4 +154,4 @@ def resolve(run: RunConfig, devices: int | Sequence | None = None, *, platform: 
     return Resolved(run=run, platform=platform, num_devices=math.prod(mesh.values()),
                     mode=mode, mesh=mesh,
                     mesh_reason=mesh_reason, auto_reason=auto_reason, replica_axes=axes,
-                    tokens=tokens, recipe=recipe, micro_batch=micro)
+                    tokens=tokens, recipe=recipe, micro_batch=micro, nodes=nodes)

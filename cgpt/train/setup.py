@@ -18,8 +18,9 @@ def place(res, devices):
     if res.mode == "single":
         return SingleDevice(res.cfg)
     t = res.run.train
-    return strategy_on(build_mesh(res.mesh, devices), res.mode, res.cfg, res.batch_size,
-                       t.micro_batch, t.micro_batches, res.mesh_reason, res.auto_reason)
+    return strategy_on(build_mesh(res.mesh, devices, res.nodes), res.mode, res.cfg,
+                       res.batch_size, t.micro_batch, t.micro_batches, res.mesh_reason,
+                       res.auto_reason, res.nodes)
 
 
 def run_data(res, out: Path, fresh: bool) -> TokenData:

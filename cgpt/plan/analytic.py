@@ -1,0 +1,167 @@
+"""`cgpt plan --no-compile`: a run's placement and analytic memory and traffic, in seconds.
+
+Nothing is lowered or compiled: the run is resolved as `train` would (`cgpt.train.resolve`,
+with `--mode auto` deciding by `cgpt.sharding.auto`'s memory model), its mesh laid over the
+nodes (`cgpt.sharding.nodes`: which axes cross nodes), and the step sized with the same
+footprints `auto` uses (16 bytes of state per parameter held, f32 activations, f32 logits):
+the micro-batch is the largest divisor of the per-replica batch whose footprint fits the
+usable memory (remat off first, then on, as `cgpt.train.fit` orders them). Rough by design
+(f32 activations where a GPU computes in bf16: it errs on the safe side); the compiled plan
+(without --no-compile) is the exact figure. So 13B on 32 nodes plans in about a second.
+"""
+from __future__ import annotations
+
+from cgpt.config.units import parse_bytes
+
+
+def footprint(cfg, mode: str, axes: dict[str, int], nodes: int, rows: int, seq_len: int) -> int:
+    """Per-device bytes of `mode` on `axes` with `rows` sequences in flight per batch shard
+    (`cgpt.sharding.auto`'s model; weight streaming's state over its within-node weight axes)."""
+    from cgpt.sharding import auto
+    from cgpt.sharding.nodes import weight_shards
+
+    if mode == "layer_pipelined":
+        return auto.pipeline_bytes_per_device(cfg, axes.get("stage", 1), rows, seq_len)
+    if mode == "weight_streaming":
+        return auto.weight_streaming_bytes_per_device(
+            cfg, weight_shards(mode, axes, nodes), rows, seq_len)
+    return auto.data_parallel_bytes_per_device(cfg, rows, seq_len)
+
+
+def plan_analytic(run, device_memory: int | str, devices: int, nodes: int = 1,
+                  platform: str = "gpu") -> dict:
+    """The analytic plan of a RunConfig on `devices` devices over `nodes` nodes (see module)."""
+    from cgpt.config import backend, flops
+    from cgpt.errors import TrainError
+    from cgpt.sharding.nodes import axis_bytes, node_axes
+    from cgpt.train.fit import usable_memory
+    from cgpt.train.resolve import resolve
+
+    memory = parse_bytes(device_memory) if isinstance(device_memory, str) else int(device_memory)
+    if nodes < 1 or devices % nodes:
+        raise ValueError(f"--nodes {nodes}: the {devices} devices must split evenly over the "
+                         "nodes; give --gpus-per-node G (devices = nodes x G)")
+    try:
+        res = resolve(run, devices, platform=platform, device_memory=memory, nodes=nodes)
+    except TrainError as e:
+        raise ValueError(str(e)) from None
+    cfg = backend.for_platform(res.cfg, platform)
+    usable = usable_memory(memory)
+    T, t = res.seq_len, run.train
+    per_replica = res.batch_size // res.replicas
+    micros = ([t.micro_batch] if t.micro_batch else
+              [m for m in range(per_replica, 0, -1) if per_replica % m == 0])
+    remats = [cfg.remat] if cfg.remat is not None else [False, True]
+    tried, chosen = [], None
+    for m in micros:
+        for r in remats:
+            need = footprint(cfg.replace(remat=r), res.mode, res.mesh, nodes, m, T)
+            tried.append({"micro_batch": m, "remat": r, "total": need})
+            if need <= usable and chosen is None:
+                chosen = tried[-1]
+        if chosen:
+            break
+    pick = chosen or min(tried, key=lambda c: c["total"])
+    m, remat = pick["micro_batch"], pick["remat"]
+    n_params = cfg.num_params()
+    axes = node_axes(res.mesh, nodes, res.mode)
+    moved = axis_bytes(cfg, res.mode, res.mesh, nodes, res.batch_size, T, m, remat)
+    for a in axes:
+        axes[a]["bytes_per_step"] = moved.get(a, 0)
+    return {
+        "model": cfg.name, "mode": res.mode, "requested_mode": t.mode, "compiled": False,
+        "auto_reason": res.auto_reason, "mesh_reason": res.mesh_reason, "mesh": res.mesh,
+        "num_devices": devices, "nodes": nodes, "devices_per_node": devices // nodes,
+        "axes": axes, "crosses_nodes": [a for a, v in axes.items() if v["crosses_nodes"]],
+        "n_params": n_params, "batch": res.batch_size, "seq_len": T, "micro_batch": m,
+        "accum": per_replica // m, "remat": bool(remat), "dtype": cfg.compute_dtype,
+        "platform": platform, "attention": cfg.attention,
+        "per_device_bytes": {"total": pick["total"]},
+        "state_bytes": 12 * n_params,  # what a checkpoint holds: f32 weights, Adam mu and nu
+        "device_memory": memory, "usable_memory": usable, "fits": chosen is not None,
+        "fit": {"searched": [k for k, given in (("micro_batch", bool(t.micro_batch)),
+                                                ("remat", cfg.remat is not None)) if not given],
+                "tried": tried},
+        "flops_per_step_analytic": flops.train_flops_per_token(cfg, T) * res.batch_size * T,
+        "bubble_fraction": _bubble(res.mode, res.mesh, m),
+    }
+
+
+def _bubble(mode: str, mesh: dict[str, int], micro: int) -> float | None:
+    """GPipe's (S-1)/(M+S-1) with the default micro-batch count (up to 4 x stages)."""
+    if mode != "layer_pipelined":
+        return None
+    from cgpt.sharding.pipeline import bubble_fraction
+
+    s = mesh.get("stage", 1)
+    divisors = [k for k in range(1, micro + 1) if micro % k == 0]
+    return bubble_fraction(s, min([k for k in divisors if k >= 4 * s] or [micro]))
+
+
+def crossing_note(r: dict) -> str:
+    """One line: which axes cross nodes, flagging any but data/stage (the plan "says so")."""
+    cross = r.get("crosses_nodes") or []
+    if r.get("nodes", 1) <= 1:
+        return "one node: no axis crosses nodes"
+    bad = [a for a in cross if a not in ("data", "stage")]
+    text = f"{', '.join(cross) or 'none'} cross{'es' if len(cross) == 1 else ''} the {r['nodes']} nodes"
+    if bad:
+        text += (f"; WARNING: {', '.join(bad)} crosses nodes (its gathers/reductions use the "
+                 "inter-node network every layer): the batch leaves no layout with only "
+                 "data/stage across nodes")
+    return text
+
+
+def fmt_axes(r: dict) -> list[str]:
+    """Lines per mesh axis: size (across x within a node) and the bytes it moves per step."""
+    from cgpt.config.units import fmt_bytes
+
+    out = []
+    for a, v in r["axes"].items():
+        moved = v.get("bytes_per_step")
+        out.append(f"  {a:6s} {v['size']:4d} = {v['across_nodes']} across x {v['within_node']} "
+                   f"within a node{' (crosses nodes)' if v['crosses_nodes'] else ''}"
+                   + (f", {fmt_bytes(moved)} per device per step (analytic)"
+                      if moved is not None else ""))
+    return out
+
+
+def node_table(models: list[tuple[str, int]], node_counts: list[int], gpus_per_node: int = 8,
+               device_memory: str = "80GB") -> str:
+    """The README's plan table: every (preset, published batch) on each node count, placed by
+    `--mode auto` with the analytic plan (`python -m cgpt.plan.analytic` prints it)."""
+    from cgpt.config.data import DataConfig
+    from cgpt.config.model import get_config
+    from cgpt.config.run import RunConfig, TrainConfig
+    from cgpt.config.units import fmt_bytes
+
+    short = {"layer_pipelined": "LP", "weight_streaming": "WS", "data_parallel": "DP"}
+    head = ["model"] + [f"{n} node{'s' if n > 1 else ''} ({n * gpus_per_node} GPUs)"
+                        for n in node_counts]
+    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for model, batch in models:
+        run = RunConfig(preset=model, model=get_config(model), data=DataConfig(seq_len=2048),
+                        train=TrainConfig(batch_size=batch, mode="auto"))
+        cells = [model]
+        for n in node_counts:
+            try:
+                r = plan_analytic(run, device_memory, n * gpus_per_node, n)
+            except ValueError as e:
+                cells.append(f"error: {str(e)[:60]}")
+                continue
+            mesh = ",".join(f"{k}={v}" for k, v in r["mesh"].items())
+            bad = [a for a in r["crosses_nodes"] if a not in ("data", "stage")]
+            cells.append(f"{short[r['mode']]} {mesh}: {r['micro_batch']} × {r['accum']}, remat "
+                         f"{'on' if r['remat'] else 'off'}, ~{fmt_bytes(r['per_device_bytes']['total'])} "
+                         f"{'✓' if r['fits'] else '✗'}"
+                         + (f", **{'+'.join(bad)} crosses nodes**" if bad else ""))
+        rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+PUBLISHED = [("111M", 120), ("256M", 264), ("590M", 264), ("1.3B", 528), ("2.7B", 528),
+             ("6.7B", 1040), ("13B", 720)]
+NODE_COUNTS = [1, 2, 4, 8, 16, 32]
+
+if __name__ == "__main__":
+    print(node_table(PUBLISHED, NODE_COUNTS))
