@@ -18,6 +18,7 @@ import math
 
 from cgpt.config.model import ModelConfig
 from cgpt.config.units import fmt_bytes
+from cgpt.sharding import cost
 from cgpt.sharding.axes import SHARDED_MODES, parse_mesh, weight_streaming_axes
 
 log = logging.getLogger(__name__)
@@ -68,9 +69,25 @@ def weight_streaming_bytes_per_device(cfg: ModelConfig, num_devices: int, rows: 
             + logits_bytes(cfg, rows, seq_len))
 
 
+def footprint(cfg: ModelConfig, num_devices: int, seq_len: int, mode: str, axes: dict[str, int],
+              rows: int, remat: bool | None = None, activation_scale: float = 1.0) -> int:
+    """auto's estimate for `mode` on `axes` with `rows` in flight per batch shard (remat:
+    the config's unless given), its activations scaled by `activation_scale` (0.5: bf16):
+    the memory model the cost model replays the fit on."""
+    cfg = cfg if remat is None else cfg.replace(remat=remat)
+    stages = axes.get("stage", 1) if mode == "layer_pipelined" else 1
+    less = int((1 - activation_scale) * activation_bytes(cfg, cfg.n_layer // stages, rows, seq_len))
+    if mode == "layer_pipelined":
+        return pipeline_bytes_per_device(cfg, stages, rows, seq_len) - less
+    if mode == "data_parallel":
+        return data_parallel_bytes_per_device(cfg, rows, seq_len) - less
+    return weight_streaming_bytes_per_device(cfg, num_devices, rows, seq_len) - less
+
+
 def choose_auto(cfg: ModelConfig, num_devices: int, memory: int, batch: int, seq_len: int,
                 micro_batch: int | None = None,
-                mesh: dict[str, int] | None = None) -> tuple[str, dict[str, int], str]:
+                mesh: dict[str, int] | None = None,
+                hardware: cost.Hardware | None = None) -> tuple[str, dict[str, int], str]:
     """(mode, mesh axes, reason) for `--mode auto`.
 
     Candidates in order, the first whose footprint fits `memory` wins:
@@ -84,6 +101,10 @@ def choose_auto(cfg: ModelConfig, num_devices: int, memory: int, batch: int, seq
     A 1-stage mesh is never called layer-pipelined. In flight per batch shard:
     `micro_batch` sequences, or one when it is unset (the least a step holds; train's
     accumulation fills the rest). ValueError, with the numbers and the fix, when none fits.
+
+    With `hardware` (a GPU: `cost.hardware_for`) the fastest that fits wins instead
+    (`cgpt.sharding.cost`), and an empty --mesh also offers every smaller stage count and
+    data_parallel; equal times keep the order above. Without (CPU, TPU): first fit, as above.
     """
     rows = micro_batch or 1
     cands: list[tuple[str, dict[str, int], int]] = []
@@ -104,17 +125,31 @@ def choose_auto(cfg: ModelConfig, num_devices: int, memory: int, batch: int, seq
                      and cfg.n_layer % s == 0 and step % (num_devices // s) == 0
                      or s == 1)
         data = num_devices // stages
-        if stages > 1:
-            axes = {"stage": stages, "data": data} if data > 1 else {"stage": stages}
+        ladder = [s for s in range(stages, 1, -1) if num_devices % s == 0 and cfg.n_layer % s == 0
+                  and step % (num_devices // s) == 0] if hardware else [stages] * (stages > 1)
+        for s in ladder:
+            d = num_devices // s
+            axes = {"stage": s, "data": d} if d > 1 else {"stage": s}
             cands.append(("layer_pipelined", axes,
-                          pipeline_bytes_per_device(cfg, stages, rows, seq_len)))
-        elif step % num_devices == 0:
+                          pipeline_bytes_per_device(cfg, s, rows, seq_len)))
+        if (stages == 1 or hardware) and step % num_devices == 0:
             cands.append(("data_parallel", {"data": num_devices},
                           data_parallel_bytes_per_device(cfg, rows, seq_len)))
         cands.append(("weight_streaming", weight_streaming_axes(num_devices, batch, micro_batch)[0],
                       weight_streaming_bytes_per_device(cfg, num_devices, rows, seq_len)))
     tried = "; ".join(f"{m} on {','.join(f'{k}={v}' for k, v in a.items())} needs ~{fmt_bytes(b)}"
                       for m, a, b in cands)
+    ranked = cost.rank(cfg, cands, batch, seq_len, memory, hardware, lambda *a: footprint(
+        cfg, num_devices, seq_len, *a, activation_scale=cost.activation_scale(cfg)),
+        micro_batch) if hardware else []
+    if ranked and ranked[0].fits:
+        best, others = ranked[0], [c for c in ranked[1:] if c.fits]
+        return best.mode, best.axes, (
+            f"{best.mode} fits (~{fmt_bytes(best.need)} per device of {fmt_bytes(memory)}) and is "
+            f"the fastest by the cost model on {best.hardware}: {best.line()}"
+            + "".join(f"; {c.line()}" for c in others)
+            + "".join(f"; {c.label()} does not fit (~{fmt_bytes(c.need)})"
+                      for c in ranked if not c.fits))
     for i, (mode, axes, need) in enumerate(cands):
         if need <= memory:
             skipped = f" ({'; '.join(tried.split('; ')[:i])} does not)" if i else ""
