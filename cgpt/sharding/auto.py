@@ -87,7 +87,8 @@ def footprint(cfg: ModelConfig, num_devices: int, seq_len: int, mode: str, axes:
 def choose_auto(cfg: ModelConfig, num_devices: int, memory: int, batch: int, seq_len: int,
                 micro_batch: int | None = None,
                 mesh: dict[str, int] | None = None,
-                hardware: cost.Hardware | None = None) -> tuple[str, dict[str, int], str]:
+                hardware: cost.Hardware | None = None,
+                ranking: list | None = None) -> tuple[str, dict[str, int], str]:
     """(mode, mesh axes, reason) for `--mode auto`.
 
     Candidates in order, the first whose footprint fits `memory` wins:
@@ -105,6 +106,7 @@ def choose_auto(cfg: ModelConfig, num_devices: int, memory: int, batch: int, seq
     With `hardware` (a GPU: `cost.hardware_for`) the fastest that fits wins instead
     (`cgpt.sharding.cost`), and an empty --mesh also offers every smaller stage count and
     data_parallel; equal times keep the order above. Without (CPU, TPU): first fit, as above.
+    `ranking`, a list, receives every candidate's `cost.StepCost`, fastest first (`cgpt plan`).
     """
     rows = micro_batch or 1
     cands: list[tuple[str, dict[str, int], int]] = []
@@ -142,6 +144,8 @@ def choose_auto(cfg: ModelConfig, num_devices: int, memory: int, batch: int, seq
     ranked = cost.rank(cfg, cands, batch, seq_len, memory, hardware, lambda *a: footprint(
         cfg, num_devices, seq_len, *a, activation_scale=cost.activation_scale(cfg)),
         micro_batch) if hardware else []
+    if ranking is not None:
+        ranking.extend(ranked)
     if ranked and ranked[0].fits:
         best, others = ranked[0], [c for c in ranked[1:] if c.fits]
         return best.mode, best.axes, (
@@ -165,7 +169,8 @@ def choose_auto(cfg: ModelConfig, num_devices: int, memory: int, batch: int, seq
 
 def placement(mode: str, mesh_spec: str, cfg: ModelConfig, batch: int, micro: int | None = None,
               *, num_devices: int, device_memory: int | None = None, seq_len: int | None = None,
-              num_processes: int = 1) -> tuple[str, dict[str, int], str, str | None]:
+              num_processes: int = 1, hardware: cost.Hardware | None = None
+              ) -> tuple[str, dict[str, int], str, str | None]:
     """(mode, mesh axes, why the mesh has that shape, why auto chose the mode) for a sharded
     `--mode`/`--mesh` on `num_devices` devices: no devices needed, so a 64-device
     placement can be checked anywhere."""
@@ -180,7 +185,7 @@ def placement(mode: str, mesh_spec: str, cfg: ModelConfig, batch: int, micro: in
         mode, axes, auto_reason = choose_auto(
             cfg, math.prod(axes.values()) if given else num_devices,
             device_memory, batch, seq_len or cfg.n_ctx, micro,
-            honoured)
+            honoured, hardware)
         log.info("--mode auto: %s", auto_reason)
     if mode == "weight_streaming" and not given:
         axes, mesh_reason = weight_streaming_axes(num_devices, batch, micro)

@@ -307,3 +307,17 @@ def rank(cfg: ModelConfig, cands: list[tuple[str, dict[str, int], int]], batch: 
                                need=footprint, fits=footprint <= memory))
     order = sorted(range(len(costs)), key=lambda i: (not costs[i].fits, costs[i].total_s, i))
     return [costs[i] for i in order]
+
+
+def cheapest(cfg: ModelConfig, mode: str, axes: dict[str, int], batch: int, seq_len: int,
+             memory: int, hw: Hardware, need: Callable[[str, dict, int, bool], int]
+             ) -> StepCost | None:
+    """The fastest (micro-batch, remat) on this placement that fits by the memory model,
+    whatever the fit would pick: e.g. a smaller micro-batch without remat where the fit
+    takes the larger one with it (`train.micro_batch` / `model.remat` then select it)."""
+    per, _ = micro_and_replicas(mode, axes, batch, None)
+    usable = int(memory * (1 - FIT_HEADROOM))
+    steps = [step_cost(cfg, mode, axes, batch, seq_len, m, r, hw)
+             for m in range(1, per + 1) if per % m == 0 for r in (False, True)
+             if need(mode, axes, m, r) <= usable]
+    return min(steps, key=lambda c: c.total_s, default=None)
