@@ -153,8 +153,10 @@ def traffic(cfg: ModelConfig, mode: str, axes: dict[str, int], batch: int, seq_l
     blocks = cfg.num_params(embedding=False) - 2 * cfg.d_model  # the stacked layers
     out: list[Traffic] = []
     if mode == "data_parallel" and axes.get("data", 1) > 1:
+        # the tied embedding's gradient is reduced twice, its lookup's and the head's (as
+        # the compiled step does: tests/test_plan.py)
         out.append(Traffic("gradients, once per accumulation step", "all-reduce", ("data",),
-                           accum * GRAD_BYTES * P, False))
+                           accum * GRAD_BYTES * (P + cfg.vocab_size * cfg.d_model), False))
     elif mode == "weight_streaming":
         group = tuple(a for a in ("data", "fsdp") if axes.get(a, 1) > 1)
         if group:
@@ -166,17 +168,21 @@ def traffic(cfg: ModelConfig, mode: str, axes: dict[str, int], batch: int, seq_l
     elif mode == "layer_pipelined":
         S, D = axes.get("stage", 1), axes.get("data", 1)
         M = micro_batches or pipeline_micro_batches(micro_batch, S)
-        act = 2 if cfg.compute_dtype == "bfloat16" else 4
+        act = 4 * seq_len * cfg.d_model  # bytes per row: the residual stream is f32
         rows = micro_batch // M
         out.append(Traffic("activations to the next stage and gradients back, each tick",
-                           "permute", ("stage",),
-                           2 * accum * (M + S - 1) * rows * seq_len * cfg.d_model * act, False))
+                           "permute", ("stage",), 2 * accum * (M + S - 1) * rows * act, False))
+        out.append(Traffic("the pipeline's output and input gradient, summed over stages",
+                           "all-reduce", ("stage",), 2 * accum * micro_batch * act, False))
+        out.append(Traffic("the head's rows, split over stages and gathered back",
+                           "all-gather", ("stage",), 2 * accum * micro_batch * act, False))
         if D > 1:
             out.append(Traffic("a stage's layer gradients over data", "all-reduce", ("data",),
                                accum * GRAD_BYTES * blocks // S, False))
-        out.append(Traffic("embedding and final-norm gradients over every device",
+        out.append(Traffic("embedding (the tied one twice) and final-norm gradients",
                            "all-reduce", tuple(a for a in ("stage", "data") if a in axes),
-                           accum * GRAD_BYTES * (P - blocks), False))
+                           accum * GRAD_BYTES * (P - blocks + cfg.vocab_size * cfg.d_model),
+                           False))
     return out
 
 
