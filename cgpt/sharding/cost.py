@@ -45,7 +45,7 @@ from cgpt.sharding.axes import replica_axes
 
 FIT_HEADROOM = 0.10  # = cgpt.train.fit.HEADROOM (tests/test_cost.py keeps them equal)
 GRAD_BYTES = 4  # gradients are reduced in f32
-GATHER_BYTES = 4  # weight streaming gathers f32 kernels today; 2 once they are cast first (#24 item 4)
+GATHER_BYTES = 4  # weight streaming gathers f32 kernels; 2 once cast before the gather (#24 item 4)
 PREFERENCE = ("layer_pipelined", "data_parallel", "weight_streaming")  # today's order (ties)
 
 
@@ -91,8 +91,8 @@ def hardware_for(platform: str | None, device_kind: str | None = None,
     hw = next((h for key, h in GPUS if key.lower() in kind), None)
     if hw is None:
         base = dict(GPUS)[DEFAULT_GPU]
-        hw = replace(base, name=f"{base.name} (assumed: "
-                                f"{'device kind ' + repr(device_kind) if device_kind else 'no device kind'})")
+        why = f"device kind {device_kind!r}" if device_kind else "no device kind"
+        hw = replace(base, name=f"{base.name} (assumed: {why})")
     return replace(hw, gpus_per_node=gpus_per_node) if gpus_per_node else hw
 
 
