@@ -158,3 +158,20 @@ def test_step_cost_dict_is_plan_json():
     d = c.to_dict()
     assert math.isclose(d["total_s"], d["compute_s"] + d["remat_s"] + d["bubble_s"] + d["comm_s"])
     assert d["bubble_fraction"] == pytest.approx(1 / 11) and d["traffic"][0]["kind"] == "permute"
+
+
+def test_resolve_costs_on_gpus_only():
+    """`train`'s resolve: a GPU run's `auto` is costed (an unknown kind as an H100), a CPU
+    run's is first-fit exactly as before."""
+    from cgpt.config.data import DataConfig
+    from cgpt.config.run import RunConfig, TrainConfig
+    from cgpt.train.resolve import resolve
+
+    run = RunConfig(preset="111M", model=get_config("111M"), data=DataConfig(seq_len=2048),
+                    train=TrainConfig(mode="auto"))
+    gpu = resolve(run, 8, platform="gpu", device_memory=GB80)
+    assert (gpu.mode, gpu.mesh) == ("weight_streaming", {"data": 8}), gpu.auto_reason
+    assert "H100 SXM (assumed" in gpu.auto_reason
+    cpu = resolve(run, 8, platform="cpu", device_memory=GB80)
+    assert (cpu.mode, cpu.mesh) == ("layer_pipelined", {"stage": 2, "data": 4})
+    assert "cost model" not in cpu.auto_reason

@@ -15,7 +15,8 @@ fastest, from four terms, each in seconds per step on the device (`Hardware`):
 
 The step is the one `train` would run: the micro-batch and remat are predicted by replaying
 `cgpt.train.fit.search` on the analytic memory model (`predict_fit`), and a pipeline's
-micro-batch count by `LayerPipelined.micro_batches_for`'s rule (`pipeline_micro_batches`).
+micro-batch count by `LayerPipelined.micro_batches_for`'s rule (`pipeline_micro_batches`;
+auto does not see a `train.micro_batches` that is set, `plan` costs the compiled step's M).
 
 Assumptions (named, unmeasured here: no GPU was available when this was written):
   - peaks are the spec sheets' dense bf16 figures; the model runs at peak, so only the
