@@ -52,6 +52,7 @@ def test_weight_streaming_shards_params_and_gathers_per_layer(capsys, results):
 
 def test_data_parallel_replicates_params(capsys, results):
     r = _plan(capsys, "--mode", "data_parallel", "--mesh", "data=8")
+    results["dp"] = r
     assert r["per_device_bytes"]["params"] == N_PARAMS * 4
     assert r["collective_bytes_by_kind"].get("all-reduce", 0) > 0  # the gradient all-reduce
     ws = results.get("ws")
@@ -59,9 +60,30 @@ def test_data_parallel_replicates_params(capsys, results):
         assert ws["per_device_bytes"]["params"] * 8 == r["per_device_bytes"]["params"]
 
 
-def test_layer_pipelined_bubble_and_permutes(capsys):
+def test_cost_model_counts_the_compiled_collectives(results):
+    """The cost model's own bytes per step (`cgpt.sharding.cost.traffic`) against the
+    compiled HLO's: weight streaming's gathers and gradient reduction, data parallel's
+    all-reduce, within 10%; and the costed step is the compiled one (--platform gpu)."""
+    ws, dp = results.get("ws"), results.get("dp")
+    if not (ws and dp):
+        pytest.skip("needs the two plans above (run the module)")
+    for r in (ws, dp):
+        c = r["cost"]["chosen"]
+        assert (c["micro_batch"], c["accum"], c["remat"]) == (r["micro_batch"], r["accum"],
+                                                              r["remat"])
+        assert c["total_s"] > c["compute_s"] > 0 and r["cost"]["hardware"].startswith("H100")
+    model = {t["kind"]: t["bytes"] for t in ws["cost"]["chosen"]["traffic"]}
+    hlo = ws["collective_bytes_by_kind"]  # CPU XLA all-reduces the streamed gradients
+    assert model["all-gather"] == pytest.approx(hlo["all-gather"], rel=0.1)
+    assert model["reduce-scatter"] == pytest.approx(hlo["all-reduce"], rel=0.1)
+    (grads,) = dp["cost"]["chosen"]["traffic"]
+    assert grads["bytes"] == pytest.approx(dp["collective_bytes_by_kind"]["all-reduce"], rel=0.1)
+
+
+def test_layer_pipelined_bubble_and_permutes(capsys, results):
     r = _plan(capsys, "--mode", "layer_pipelined", "--mesh", "stage=4,data=2",
               "--micro-batches", "8")
+    results["lp"] = r
     assert r["mesh"] == {"stage": 4, "data": 2}
     assert r["micro_batches"] == 8
     assert r["bubble_fraction"] == pytest.approx(3 / 11)
@@ -129,3 +151,22 @@ ENTRY %main (a: f32[8,4]) -> f32[8,4] {
                                      "all-reduce": 128}
     assert t["collective_bytes_in_loops"] == {"all-gather": 640, "reduce-scatter": 640}
     assert t["dot_flops"] == 5 * 2 * 64 * 4
+
+
+def test_cost_model_counts_the_pipelines_collectives(results):
+    """layer_pipelined: the stage-to-stage permutes exactly (f32 residual stream, both ways,
+    every tick) and the head's row gathers exactly, and the all-reduces (stage gradients over data, embeddings with the tied one
+    twice, output and input gradient over stages) within 5% of the compiled HLO's."""
+    r = results.get("lp")
+    if not r:
+        pytest.skip("needs test_layer_pipelined_bubble_and_permutes (run the module)")
+    c = r["cost"]["chosen"]
+    assert c["micro_batches"] == r["micro_batches"] == 8
+    assert c["bubble_fraction"] == pytest.approx(r["bubble_fraction"])
+    model = {}
+    for t in c["traffic"]:
+        model[t["kind"]] = model.get(t["kind"], 0) + t["bytes"]
+    hlo = r["collective_bytes_by_kind"]
+    assert model["permute"] == hlo["collective-permute"]
+    assert model["all-gather"] == hlo["all-gather"]
+    assert model["all-reduce"] == pytest.approx(hlo["all-reduce"], rel=0.05)

@@ -9,6 +9,7 @@ from typing import Any, NamedTuple
 
 from cgpt.config.units import parse_bytes
 from cgpt.plan import cudnn
+from cgpt.plan.costs import cost_report
 from cgpt.plan.hlo import hlo_totals
 
 
@@ -126,6 +127,8 @@ def plan_run(run, device_memory: int | str, cpu_devices, mode_flags: bool = Fals
                        p.micro_batch, bool(cfg.remat))
     for a in axes:  # analytic, beside the compiled collective bytes (all axes together)
         axes[a]["bytes_per_step"] = moved.get(a, 0)
+    micro_batches = (strategy.micro_batches_for(p.micro_batch * p.replicas)
+                     if strategy.mode == "layer_pipelined" else None)
     return {
         "model": cfg.name, "mode": strategy.mode, "requested_mode": t.mode,
         "auto_reason": getattr(strategy, "auto_reason", None),
@@ -153,9 +156,11 @@ def plan_run(run, device_memory: int | str, cpu_devices, mode_flags: bool = Fals
         "collective_bytes_in_loops": hlo["collective_bytes_in_loops"],
         "collective_ops": hlo["collective_ops"],
         "bubble_fraction": strategy.bubble_fraction,
-        "micro_batches": (strategy.micro_batches_for(p.micro_batch * p.replicas)
-                          if strategy.mode == "layer_pipelined" else None),
+        "micro_batches": micro_batches,
         "compile_s": round(compile_s, 2),
+        "cost": cost_report(cfg, run.model.remat, strategy.mode, dict(strategy.mesh.shape)
+                            if strategy.mesh is not None else {}, p, T, memory, platform,
+                            t.mode, t.mesh, t.micro_batch, micro_batches),
         # dims the mode's rules could not split (replicated over those mesh axes instead)
         "unsharded": strategy.describe()["unsharded"],
         "nodes": nodes, "axes": axes,

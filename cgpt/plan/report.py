@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from cgpt.config.units import fmt_bytes
 from cgpt.plan.analytic import crossing_note, fmt_axes
+from cgpt.plan.costs import format_cost
 from cgpt.train.fit import HEADROOM
 
 
@@ -41,6 +42,7 @@ def format_plan(r: dict) -> str:
     for u in r.get("unsharded") or []:
         lines.append(f"unsharded     {u['array']} {u['logical']}={u['dim']} not over "
                      f"{','.join(a for a in u['wanted'] if a not in u['got'])}: {u['why']}")
+    lines += format_cost(r.get("cost"))
     if r.get("auto_reason"):
         lines.append(f"auto          {r['auto_reason']}")
     if r.get("cudnn_layout"):

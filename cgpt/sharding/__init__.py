@@ -18,11 +18,13 @@ Modes (Cerebras' two execution modes, plus plain data parallelism and a chooser)
   layer_pipelined   contiguous groups of layers pinned to the stages of a `stage` axis,
                     weights stationary, micro-batches flow through a GPipe schedule
                     (`cgpt.sharding.pipeline`); combinable with `data`.
-  auto              the first that fits the devices' memory (`cgpt.sharding.auto`).
+  auto              the first that fits the devices' memory (`cgpt.sharding.auto`); on a GPU
+                    the fastest of those by a cost model (`cgpt.sharding.cost`).
 
 Modules: `axes` (--mesh parsing and factoring, batch axes; JAX-free), `auto` (the memory
 model and the mode/mesh decision; JAX-free), `nodes` (which axes cross nodes, analytic bytes
-per axis; JAX-free), `mesh` (devices: emulated CPUs, the Mesh, hybrid node-aware meshes, device
+per axis; JAX-free), `cost` (auto's cost model on GPUs;
+JAX-free), `mesh` (devices: emulated CPUs, the Mesh, hybrid node-aware meshes, device
 memory), `rules` (the rules tables, `logical_to_spec`, the unsharded-dims report), `strategies`
 (the placed step), `pipeline` (GPipe), `distributed` (processes of a multi-host job).
 """

@@ -18,6 +18,7 @@ import math
 
 from cgpt.config.model import ModelConfig
 from cgpt.config.units import fmt_bytes
+from cgpt.sharding import cost
 from cgpt.sharding.axes import SHARDED_MODES, parse_mesh, weight_streaming_axes
 from cgpt.sharding.nodes import split_axes, weight_shards
 
@@ -69,9 +70,25 @@ def weight_streaming_bytes_per_device(cfg: ModelConfig, num_devices: int, rows: 
             + logits_bytes(cfg, rows, seq_len))
 
 
+def footprint(cfg: ModelConfig, num_devices: int, seq_len: int, mode: str, axes: dict[str, int],
+              rows: int, remat: bool | None = None, activation_scale: float = 1.0) -> int:
+    """auto's estimate for `mode` on `axes` with `rows` in flight per batch shard (remat:
+    the config's unless given), its activations scaled by `activation_scale` (0.5: bf16):
+    the memory model the cost model replays the fit on."""
+    cfg = cfg if remat is None else cfg.replace(remat=remat)
+    stages = axes.get("stage", 1) if mode == "layer_pipelined" else 1
+    less = int((1 - activation_scale) * activation_bytes(cfg, cfg.n_layer // stages, rows, seq_len))
+    if mode == "layer_pipelined":
+        return pipeline_bytes_per_device(cfg, stages, rows, seq_len) - less
+    if mode == "data_parallel":
+        return data_parallel_bytes_per_device(cfg, rows, seq_len) - less
+    return weight_streaming_bytes_per_device(cfg, num_devices, rows, seq_len) - less
+
+
 def choose_auto(cfg: ModelConfig, num_devices: int, memory: int, batch: int, seq_len: int,
                 micro_batch: int | None = None, mesh: dict[str, int] | None = None,
-                nodes: int = 1) -> tuple[str, dict[str, int], str]:
+                nodes: int = 1, hardware: cost.Hardware | None = None,
+                ranking: list | None = None) -> tuple[str, dict[str, int], str]:
     """(mode, mesh axes, reason) for `--mode auto`.
 
     Candidates in order, the first whose footprint fits `memory` wins:
@@ -87,6 +104,11 @@ def choose_auto(cfg: ModelConfig, num_devices: int, memory: int, batch: int, seq
     accumulation fills the rest). ValueError, with the numbers and the fix, when none fits.
     On `nodes` > 1 weight streaming keeps `data` across nodes and shards the weights over
     the axes inside a node only (`cgpt.sharding.nodes.weight_shards`).
+
+    With `hardware` (a GPU: `cost.hardware_for`) the fastest that fits wins instead
+    (`cgpt.sharding.cost`), and an empty --mesh also offers every smaller stage count and
+    data_parallel; equal times keep the order above. Without (CPU, TPU): first fit, as above.
+    `ranking`, a list, receives every candidate's `cost.StepCost`, fastest first (`cgpt plan`).
     """
     rows = micro_batch or 1
     cands: list[tuple[str, dict[str, int], int]] = []
@@ -106,10 +128,14 @@ def choose_auto(cfg: ModelConfig, num_devices: int, memory: int, batch: int, seq
         options = [s for s in range(1, num_devices + 1) if num_devices % s == 0
                    and cfg.n_layer % s == 0 and step % (num_devices // s) == 0 or s == 1]
         stages = max(options)
-        pipelines = [stages]
+        if hardware:  # every stage count, the cost model ranks them
+            pipelines = sorted(options, reverse=True)
+        else:
+            pipelines = [stages]
         if nodes > 1:  # stages inside a node first, across nodes only if those do not fit
-            pipelines = [s for s in (max(s for s in options if (num_devices // nodes) % s == 0),
-                                     stages) if _tiles(s, num_devices, nodes)]
+            inside = [s for s in options if (num_devices // nodes) % s == 0]
+            pipelines = [max(inside), *pipelines] if inside else pipelines
+            pipelines = [s for s in pipelines if _tiles(s, num_devices, nodes)]
             pipelines = sorted(set(pipelines), key=pipelines.index)
         for s in pipelines:
             if s > 1:
@@ -117,7 +143,7 @@ def choose_auto(cfg: ModelConfig, num_devices: int, memory: int, batch: int, seq
                 axes = {"stage": s, "data": data} if data > 1 else {"stage": s}
                 cands.append(("layer_pipelined", axes,
                               pipeline_bytes_per_device(cfg, s, rows, seq_len)))
-        if stages == 1 and step % num_devices == 0:
+        if (stages == 1 or hardware) and step % num_devices == 0:
             cands.append(("data_parallel", {"data": num_devices},
                           data_parallel_bytes_per_device(cfg, rows, seq_len)))
         ws = weight_streaming_axes(num_devices, batch, micro_batch, nodes)[0]
@@ -125,6 +151,19 @@ def choose_auto(cfg: ModelConfig, num_devices: int, memory: int, batch: int, seq
             cfg, weight_shards("weight_streaming", ws, nodes), rows, seq_len)))
     tried = "; ".join(f"{m} on {','.join(f'{k}={v}' for k, v in a.items())} needs ~{fmt_bytes(b)}"
                       for m, a, b in cands)
+    ranked = cost.rank(cfg, cands, batch, seq_len, memory, hardware, lambda *a: footprint(
+        cfg, num_devices, seq_len, *a, activation_scale=cost.activation_scale(cfg)),
+        micro_batch) if hardware else []
+    if ranking is not None:
+        ranking.extend(ranked)
+    if ranked and ranked[0].fits:
+        best, others = ranked[0], [c for c in ranked[1:] if c.fits]
+        return best.mode, best.axes, (
+            f"{best.mode} fits (~{fmt_bytes(best.need)} per device of {fmt_bytes(memory)}) and is "
+            f"the fastest by the cost model on {best.hardware}: {best.line()}"
+            + "".join(f"; {c.line()}" for c in others)
+            + "".join(f"; {c.label()} does not fit (~{fmt_bytes(c.need)})"
+                      for c in ranked if not c.fits))
     for i, (mode, axes, need) in enumerate(cands):
         if need <= memory:
             skipped = f" ({'; '.join(tried.split('; ')[:i])} does not)" if i else ""
@@ -149,8 +188,9 @@ def _tiles(stages: int, num_devices: int, nodes: int) -> bool:
 
 def placement(mode: str, mesh_spec: str, cfg: ModelConfig, batch: int, micro: int | None = None,
               *, num_devices: int, device_memory: int | None = None, seq_len: int | None = None,
-              num_processes: int = 1,
-              nodes: int = 1) -> tuple[str, dict[str, int], str, str | None]:
+              num_processes: int = 1, nodes: int = 1,
+              hardware: cost.Hardware | None = None
+              ) -> tuple[str, dict[str, int], str, str | None]:
     """(mode, mesh axes, why the mesh has that shape, why auto chose the mode) for a sharded
     `--mode`/`--mesh` on `num_devices` devices of `nodes` nodes: no devices needed, so a
     256-device placement can be checked anywhere. Which axes cross nodes: `cgpt.sharding.nodes`
@@ -166,7 +206,7 @@ def placement(mode: str, mesh_spec: str, cfg: ModelConfig, batch: int, micro: in
         mode, axes, auto_reason = choose_auto(
             cfg, math.prod(axes.values()) if given else num_devices,
             device_memory, batch, seq_len or cfg.n_ctx, micro,
-            honoured, nodes=nodes)
+            honoured, nodes=nodes, hardware=hardware)
         log.info("--mode auto: %s", auto_reason)
     if mode == "weight_streaming" and not given:
         axes, mesh_reason = weight_streaming_axes(num_devices, batch, micro, nodes)

@@ -20,6 +20,7 @@ from cgpt.config.recipe import Recipe, published_defaults, steps_for_tokens, war
 from cgpt.config.run import RunConfig
 from cgpt.errors import TrainError
 from cgpt.sharding.auto import placement
+from cgpt.sharding.cost import hardware_for
 from cgpt.sharding.axes import HOST_OFFLOAD_REMOVED, replica_axes
 
 
@@ -118,8 +119,11 @@ def resolve(run: RunConfig, devices: int | Sequence | None = None, *, platform: 
     configured, no mesh, one replica): the budget, batch and recipe, for the sweep and
     `branch`, which only do arithmetic. `nodes`: the devices' nodes, for a mesh whose only
     node-crossing axes are `data`/`stage` (`cgpt.sharding.nodes`)."""
+    kind = None  # the GPU the cost model times `--mode auto` on (cgpt.sharding.cost)
     if devices is not None and not isinstance(devices, int):
         platform = platform or backend.platform_of(devices[0])
+        if getattr(devices[0], "platform", None) and backend.platform_of(devices[0]) == platform:
+            kind = getattr(devices[0], "device_kind", None)  # (plan: CPUs stand in for GPUs)
         devices = len(devices)
     model = backend.resolve(run.model, platform, saved) if platform else run.model
     run = replace(run, model=model)
@@ -143,7 +147,8 @@ def resolve(run: RunConfig, devices: int | Sequence | None = None, *, platform: 
             mode, mesh, mesh_reason, auto_reason = placement(
                 t.mode, t.mesh, model, recipe.batch_size, t.micro_batch, num_devices=devices,
                 device_memory=device_memory, seq_len=run.data.seq_len,
-                num_processes=num_processes, nodes=nodes)
+                num_processes=num_processes, nodes=nodes,
+                hardware=hardware_for(platform, kind, devices // max(1, nodes)))
         except ValueError as e:
             raise TrainError(str(e)) from None
     axes = replica_axes(mode, mesh, recipe.batch_size, t.micro_batch) if mesh else ()

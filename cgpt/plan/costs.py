@@ -1,0 +1,69 @@
+"""`cgpt plan`'s cost-model section: the time `cgpt.sharding.cost` predicts for the compiled
+step, the cheapest step on the same placement, and, under `--mode auto`, every placement
+auto weighed (GPU platforms only: there is no cost model for CPU or TPU)."""
+from __future__ import annotations
+
+import math
+
+from cgpt.sharding import auto, cost
+from cgpt.sharding.axes import parse_mesh
+
+
+def cost_report(cfg, remat_asked: bool | None, mode: str, mesh: dict[str, int], plan, seq_len: int,
+                memory: int, platform: str, requested_mode: str, mesh_spec: str,
+                micro_batch_asked: int | None, micro_batches: int | None) -> dict | None:
+    """The `cost` entry of a plan: `chosen` (the compiled step's micro-batch, remat and
+    pipeline micro-batches, costed), `cheapest` (the fastest step the memory model allows
+    on that placement) and `candidates` (auto's ranking, fastest first; [] for other modes)."""
+    hw = cost.hardware_for(platform)
+    if hw is None:
+        return None
+    n = math.prod(mesh.values())
+    model = cfg.replace(remat=remat_asked)  # what auto saw: remat as asked, not as fitted
+
+    def need(m: str, axes: dict, rows: int, remat: bool) -> int:
+        return auto.footprint(model, math.prod(axes.values()), seq_len, m, axes, rows, remat,
+                              activation_scale=cost.activation_scale(model))
+
+    chosen = cost.step_cost(model, mode, mesh, plan.batch_size, seq_len, plan.micro_batch,
+                            bool(cfg.remat), hw, micro_batches=micro_batches)
+    best = cost.cheapest(model, mode, mesh, plan.batch_size, seq_len, memory, hw, need)
+    ranking: list[cost.StepCost] = []
+    if requested_mode == "auto":
+        given = bool((mesh_spec or "").strip())
+        axes = parse_mesh(mesh_spec, "auto", n) if given else None
+        honoured = ({k: v for k, v in axes.items() if v > 1} or {"data": 1}) if given else None
+        try:
+            auto.choose_auto(model, math.prod(axes.values()) if given else n, memory,
+                             plan.batch_size, seq_len, micro_batch_asked, honoured, hw, ranking)
+        except ValueError:
+            ranking = []
+    return {"hardware": hw.name, "peak_flops": hw.peak_flops, "nvlink_bytes_per_s": hw.nvlink,
+            "network_bytes_per_s": hw.network, "gpus_per_node": hw.gpus_per_node,
+            "chosen": chosen.to_dict(), "cheapest": best.to_dict() if best else None,
+            "candidates": [c.to_dict() for c in ranking]}
+
+
+def _line(c: dict) -> str:
+    mesh = ",".join(f"{k}={v}" for k, v in c["mesh"].items())
+    bub = f" ({c['bubble_fraction']:.1%})" if c["bubble_fraction"] is not None else ""
+    return (f"{c['mode']} on {mesh}: {c['total_s']:.3g} s = compute {c['compute_s']:.3g} + remat "
+            f"{c['remat_s']:.3g} + bubble {c['bubble_s']:.3g}{bub} + comm {c['comm_s']:.3g} "
+            f"(micro-batch {c['micro_batch']} x {c['accum']}, remat "
+            f"{'on' if c['remat'] else 'off'})" + ("" if c["fits"] else " - does not fit"))
+
+
+def format_cost(r: dict | None) -> list[str]:
+    """The cost section's lines for `format_plan` ([] when the plan has none)."""
+    if not r:
+        return []
+    lines = [f"cost model    seconds per step at peak on {r['hardware']} "
+             f"({r['peak_flops'] / 1e12:.0f} TFLOP/s; NVLink {r['nvlink_bytes_per_s'] / 1e9:.0f}"
+             f" GB/s, network {r['network_bytes_per_s'] / 1e9:.0f} GB/s per GPU, assumed)",
+             f"  this step   {_line(r['chosen'])}"]
+    if r["cheapest"] and r["cheapest"]["total_s"] < r["chosen"]["total_s"] * 0.99:
+        c = r["cheapest"]
+        lines.append(f"  cheaper     {_line(c)}: --micro-batch {c['micro_batch']} --remat "
+                     f"{'on' if c['remat'] else 'off'} (train.micro_batch, model.remat)")
+    lines += [f"  {'auto' if i == 0 else '':11s} {_line(c)}" for i, c in enumerate(r["candidates"])]
+    return lines

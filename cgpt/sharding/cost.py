@@ -1,0 +1,335 @@
+"""`--mode auto`'s cost model: the time of one training step under each placement that fits.
+
+auto's memory model (`cgpt.sharding.auto`) says which placements fit; this says which is
+fastest, from four terms, each in seconds per step on the device (`Hardware`):
+
+  compute   the step's counted FLOPs (`cgpt.config.flops`: 6 x matmul params + full T x T
+            attention, what XLA's attention computes) / (devices x peak FLOP/s)
+  remat     one more forward pass of the layers when the step recomputes them: 1/3 of the
+            layers' FLOPs (the head is not recomputed)
+  bubble    layer_pipelined: every stage runs M + S - 1 ticks for M micro-batches, so the
+            layers' time grows by (S-1)/M, i.e. the idle fraction (S-1)/(M+S-1) of the schedule
+  comm      the collectives a step issues that do NOT overlap compute (`traffic`): bytes per
+            device per step x the ring factor (2(n-1)/n all-reduce, (n-1)/n gather/scatter)
+            / the link: NVLink inside a node, the network between nodes
+
+The step is the one `train` would run: the micro-batch and remat are predicted by replaying
+`cgpt.train.fit.search` on the analytic memory model (`predict_fit`), and a pipeline's
+micro-batch count by `LayerPipelined.micro_batches_for`'s rule (`pipeline_micro_batches`;
+auto does not see a `train.micro_batches` that is set, `plan` costs the compiled step's M).
+
+Assumptions (named, unmeasured here: no GPU was available when this was written):
+  - peaks are the spec sheets' dense bf16 figures; the model runs at peak, so only the
+    ratios between placements mean anything, not the absolute seconds
+  - link bandwidths are the nominal per-GPU, one-direction rates: NVLink 4 450 GB/s (900 GB/s
+    bidirectional, H100/H200 SXM), NVLink 3 300 GB/s (A100 SXM), PCIe Gen5 x16 64 GB/s
+    (H100 PCIe), one 400 Gb/s NIC = 50 GB/s per GPU between nodes (DGX H100/H200), 25 GB/s
+    for A100 (200 Gb/s HDR)
+  - weight streaming's per-layer gathers and gradient reductions overlap the layer compute
+    (the latency-hiding scheduler and pipelined collectives, #24 item 1); only what exceeds
+    the compute, plus each scan's first layer, is exposed
+  - data-parallel and pipeline gradient all-reduces follow the backward scan (the stacked
+    gradients exist only when it ends) and a pipeline's stage-to-stage transfers are
+    serialized with its ticks: neither overlaps
+  - a collective leaves a node when its group spans an axis the node-aware mesh splits over
+    nodes (`cgpt.sharding.nodes`: data, then stage, then fsdp)
+JAX-free, like `auto`.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Callable
+
+from cgpt.config import flops
+from cgpt.config.model import ModelConfig
+from cgpt.sharding.axes import replica_axes
+from cgpt.sharding.nodes import crossing_axes
+
+FIT_HEADROOM = 0.10  # = cgpt.train.fit.HEADROOM (tests/test_cost.py keeps them equal)
+GRAD_BYTES = 4  # gradients are reduced in f32
+GATHER_BYTES = 4  # weight streaming gathers f32 kernels; 2 once cast before the gather (#24 item 4)
+PREFERENCE = ("layer_pipelined", "data_parallel", "weight_streaming")  # today's order (ties)
+
+
+def activation_scale(cfg: ModelConfig) -> float:
+    """auto's memory model counts f32 activations; the fit replay halves them for bf16
+    compute. Neither is exact against the compiled GPU-default steps (bf16 matmuls, f32
+    residual stream): weight streaming on data=8, 111M 15/off and 256M 33/off and 33/on
+    compile to 27.8, 80.1 and 47.5 GB against 29.0, 88.9, 56.0 (f32) and 21.0, 58.6, 42.2
+    (halved); pipelines miss by up to 2x either way. With the halves, auto's one-node choices
+    for 111M, 256M and 1.3B equal those costed at the compiled fits; with f32, 111M's only."""
+    return 0.5 if cfg.compute_dtype == "bfloat16" else 1.0
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """One accelerator and its links, per device, one direction (bytes/s)."""
+
+    name: str
+    peak_flops: float  # dense bf16 FLOP/s (spec sheet)
+    nvlink: float  # inside a node
+    network: float  # between nodes
+    gpus_per_node: int = 8
+
+
+# device-kind substring -> Hardware, first match wins (so "H100 PCIe" before "H100").
+# Peaks: the same spec-sheet figures as the MFU peak table (`cgpt.train.mfu`); point this at
+# that table once both are merged (sharding/ must not import train/).
+GPUS: tuple[tuple[str, Hardware], ...] = (
+    ("H100 PCIe", Hardware("H100 PCIe", 756e12, 64e9, 50e9)),
+    ("H100", Hardware("H100 SXM", 989e12, 450e9, 50e9)),
+    ("H200", Hardware("H200", 989e12, 450e9, 50e9)),
+    ("A100", Hardware("A100 SXM", 312e12, 300e9, 25e9)),
+)
+DEFAULT_GPU = "H100"  # `plan --platform gpu` on emulated devices: the 80 GB default's GPU
+
+
+def hardware_for(platform: str | None, device_kind: str | None = None,
+                 gpus_per_node: int | None = None) -> Hardware | None:
+    """The cost model's device for a platform, or None where there is none (CPU, TPU,
+    ROCm): auto then keeps its memory-only first-fit rule. An unknown or absent GPU kind
+    (emulated devices in `plan`) is costed as an H100 SXM, and says so in its name."""
+    if platform != "gpu":
+        return None
+    kind = (device_kind or "").lower()
+    hw = next((h for key, h in GPUS if key.lower() in kind), None)
+    if hw is None:
+        base = dict(GPUS)[DEFAULT_GPU]
+        why = f"device kind {device_kind!r}" if device_kind else "no device kind"
+        hw = replace(base, name=f"{base.name} (assumed: {why})")
+    return replace(hw, gpus_per_node=gpus_per_node) if gpus_per_node else hw
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """One kind of collective of a step: bytes per device per step, counted as `cgpt plan`
+    counts the HLO (the full buffer one device holds, times the loops around it)."""
+
+    what: str
+    kind: str  # all-reduce | all-gather | reduce-scatter | permute
+    axes: tuple[str, ...]  # the mesh axes its group spans
+    bytes: float
+    overlapped: bool  # hidden behind compute up to the compute's length
+
+
+def _ring(kind: str, n: int) -> float:
+    """Bytes over each device's link per byte of buffer (ring algorithms)."""
+    if kind == "permute":
+        return 1.0
+    return (2.0 if kind == "all-reduce" else 1.0) * (n - 1) / n
+
+
+def crosses_nodes(axes: dict[str, int], group: tuple[str, ...], gpus_per_node: int) -> bool:
+    """Does a collective over `group` leave a node? The node-aware layout's answer
+    (`cgpt.sharding.nodes.split_axes`: the node count goes to data, then stage, then fsdp);
+    a mesh that cannot be laid over whole nodes counts a group wider than a node as leaving."""
+    nodes = max(1, math.prod(axes.values()) // gpus_per_node)
+    try:
+        return any(a in crossing_axes(axes, nodes) for a in group)
+    except ValueError:
+        return math.prod(axes[a] for a in group) > gpus_per_node
+
+
+def micro_and_replicas(mode: str, axes: dict[str, int], batch: int,
+                       micro_batch: int | None) -> tuple[int, int]:
+    """(per-replica batch, replicas) as `cgpt.train.resolve` splits the global batch."""
+    reps = math.prod(axes[a] for a in replica_axes(mode, axes, batch, micro_batch))
+    return batch // reps, reps
+
+
+def pipeline_micro_batches(per_replica_rows: int, stages: int,
+                           configured: int | None = None) -> int:
+    """`LayerPipelined.micro_batches_for` as arithmetic (tests compare the two): the fewest
+    divisors of the rows reaching 4 x stages, else one sequence each; a configured M is
+    lowered to the largest divisor below it."""
+    divisors = [m for m in range(1, per_replica_rows + 1) if per_replica_rows % m == 0]
+    if configured:
+        return max(m for m in divisors if m <= configured)
+    return min([m for m in divisors if m >= 4 * stages] or [per_replica_rows])
+
+
+def traffic(cfg: ModelConfig, mode: str, axes: dict[str, int], batch: int, seq_len: int,
+            micro_batch: int, remat: bool, micro_batches: int | None = None) -> list[Traffic]:
+    """The collectives of one step, bytes per device (this module's own estimate; `cgpt plan`
+    reads the compiled HLO's, and `plan --json` shows both)."""
+    per, _ = micro_and_replicas(mode, axes, batch, micro_batch)
+    accum = per // micro_batch
+    P = cfg.num_params()
+    blocks = cfg.num_params(embedding=False) - 2 * cfg.d_model  # the stacked layers
+    out: list[Traffic] = []
+    if mode == "data_parallel" and axes.get("data", 1) > 1:
+        # the tied embedding's gradient is reduced twice, its lookup's and the head's (as
+        # the compiled step does: tests/test_plan.py)
+        out.append(Traffic("gradients, once per accumulation step", "all-reduce", ("data",),
+                           accum * GRAD_BYTES * (P + cfg.vocab_size * cfg.d_model), False))
+    elif mode == "weight_streaming":
+        group = tuple(a for a in ("data", "fsdp") if axes.get(a, 1) > 1)
+        if group:
+            passes = 3 if remat else 2  # forward, backward (and the recomputed forward)
+            out.append(Traffic(f"each layer's weights gathered {passes}x per accumulation step",
+                               "all-gather", group, accum * passes * GATHER_BYTES * P, True))
+            out.append(Traffic("each layer's gradients reduced per accumulation step",
+                               "reduce-scatter", group, accum * GRAD_BYTES * P, True))
+    elif mode == "layer_pipelined":
+        S, D = axes.get("stage", 1), axes.get("data", 1)
+        M = micro_batches or pipeline_micro_batches(micro_batch, S)
+        act = 4 * seq_len * cfg.d_model  # bytes per row: the residual stream is f32
+        rows = micro_batch // M
+        out.append(Traffic("activations to the next stage and gradients back, each tick",
+                           "permute", ("stage",), 2 * accum * (M + S - 1) * rows * act, False))
+        out.append(Traffic("the pipeline's output and input gradient, summed over stages",
+                           "all-reduce", ("stage",), 2 * accum * micro_batch * act, False))
+        out.append(Traffic("the head's rows, split over stages and gathered back",
+                           "all-gather", ("stage",), 2 * accum * micro_batch * act, False))
+        if D > 1:
+            out.append(Traffic("a stage's layer gradients over data", "all-reduce", ("data",),
+                               accum * GRAD_BYTES * blocks // S, False))
+        out.append(Traffic("embedding (the tied one twice) and final-norm gradients",
+                           "all-reduce", tuple(a for a in ("stage", "data") if a in axes),
+                           accum * GRAD_BYTES * (P - blocks + cfg.vocab_size * cfg.d_model),
+                           False))
+    return out
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """One placement's predicted step and its time, in seconds per step."""
+
+    mode: str
+    axes: dict[str, int]
+    need: int  # auto's memory estimate (bytes per device) that decided it fits
+    fits: bool
+    micro_batch: int
+    accum: int
+    remat: bool
+    micro_batches: int | None
+    compute_s: float
+    remat_s: float
+    bubble_s: float
+    comm_s: float  # exposed (not overlapped) communication
+    hardware: str
+    traffic: tuple[Traffic, ...] = field(default=())
+
+    @property
+    def total_s(self) -> float:
+        return self.compute_s + self.remat_s + self.bubble_s + self.comm_s
+
+    @property
+    def bubble_fraction(self) -> float | None:
+        if self.micro_batches is None:
+            return None
+        S = self.axes.get("stage", 1)
+        return (S - 1) / (self.micro_batches + S - 1)
+
+    def label(self) -> str:
+        return f"{self.mode} on {','.join(f'{k}={v}' for k, v in self.axes.items())}"
+
+    def line(self) -> str:
+        bub = self.bubble_fraction
+        return (f"{self.label()}: ~{self.total_s:.3g} s/step = compute {self.compute_s:.3g}"
+                f" + remat {self.remat_s:.3g} + bubble {self.bubble_s:.3g}"
+                + (f" ({bub:.1%})" if bub is not None else "") + f" + comm {self.comm_s:.3g}"
+                f" (micro-batch {self.micro_batch} x {self.accum}, remat "
+                f"{'on' if self.remat else 'off'})")
+
+    def to_dict(self) -> dict:
+        """The breakdown as `plan --json` prints it."""
+        return {"mode": self.mode, "mesh": dict(self.axes), "fits": self.fits,
+                "need_bytes": self.need, "micro_batch": self.micro_batch, "accum": self.accum,
+                "remat": self.remat, "micro_batches": self.micro_batches,
+                "bubble_fraction": self.bubble_fraction, "total_s": self.total_s,
+                "compute_s": self.compute_s, "remat_s": self.remat_s,
+                "bubble_s": self.bubble_s, "comm_s": self.comm_s, "hardware": self.hardware,
+                "traffic": [{"what": t.what, "kind": t.kind, "axes": list(t.axes),
+                             "bytes": t.bytes, "overlapped": t.overlapped}
+                            for t in self.traffic]}
+
+
+def step_cost(cfg: ModelConfig, mode: str, axes: dict[str, int], batch: int, seq_len: int,
+              micro_batch: int, remat: bool, hw: Hardware, micro_batches: int | None = None,
+              need: int = 0, fits: bool = True) -> StepCost:
+    """The four terms for one placement and step (see the module docstring)."""
+    n = math.prod(axes.values())
+    tokens = batch * seq_len
+    per_token = flops.train_flops_per_token(cfg, seq_len)
+    layers = per_token - 6 * cfg.vocab_size * cfg.d_model  # everything but the tied head
+    rate = n * hw.peak_flops
+    compute = per_token * tokens / rate
+    remat_s = layers / 3 * tokens / rate if remat else 0.0
+    bubble, M = 0.0, None
+    if mode == "layer_pipelined":
+        S = axes.get("stage", 1)
+        M = micro_batches or pipeline_micro_batches(micro_batch, S)
+        bubble = (layers * tokens / rate + remat_s) * (S - 1) / M
+    flows = traffic(cfg, mode, axes, batch, seq_len, micro_batch, remat, M)
+    exposed, hidden, gather = 0.0, 0.0, 0.0
+    for t in flows:
+        k = math.prod(axes[a] for a in t.axes)
+        bw = hw.network if crosses_nodes(axes, t.axes, hw.gpus_per_node) else hw.nvlink
+        s = t.bytes * _ring(t.kind, k) / bw
+        if not t.overlapped:
+            exposed += s
+        else:
+            hidden += s
+            gather += s if t.kind == "all-gather" else 0.0
+    if hidden:  # what compute cannot cover, plus each scan's first layer (nothing before it)
+        exposed += max(0.0, hidden - compute - remat_s) + gather / cfg.n_layer
+    per, _ = micro_and_replicas(mode, axes, batch, micro_batch)
+    return StepCost(mode, dict(axes), int(need), fits, micro_batch, per // micro_batch,
+                    bool(remat), M, compute, remat_s, bubble, exposed, hw.name, tuple(flows))
+
+
+def predict_fit(mode: str, axes: dict[str, int], batch: int, memory: int,
+                need: Callable[[str, dict, int, bool], int], micro_batch: int | None = None,
+                remat: bool | None = None) -> tuple[int, bool]:
+    """(micro-batch, remat) `cgpt.train.fit.search` would pick, with `need(mode, axes, rows,
+    remat)` (auto's memory model) in place of the compiled step: the full per-replica batch
+    with remat off, then on; else the largest micro-batch that fits with remat on, and remat
+    off there if that fits too. When nothing fits: the smallest, remat on."""
+    per, _ = micro_and_replicas(mode, axes, batch, micro_batch)
+    micros = [micro_batch] if micro_batch else sorted(
+        (d for d in range(1, per + 1) if per % d == 0), reverse=True)
+    remats = [False, True] if remat is None else [bool(remat)]
+    usable = int(memory * (1 - FIT_HEADROOM))
+
+    def fits(m: int, r: bool) -> bool:
+        return need(mode, axes, m, r) <= usable
+
+    for r in remats:
+        if fits(micros[0], r):
+            return micros[0], r
+    r = remats[-1]
+    found = next((m for m in micros[1:] if fits(m, r)), None)  # fit.search bisects: same m
+    if found is None:
+        return micros[-1], r
+    return (found, False) if r and len(remats) == 2 and fits(found, False) else (found, r)
+
+
+def rank(cfg: ModelConfig, cands: list[tuple[str, dict[str, int], int]], batch: int,
+         seq_len: int, memory: int, hw: Hardware, need: Callable[[str, dict, int, bool], int],
+         micro_batch: int | None = None) -> list[StepCost]:
+    """Every candidate (mode, axes, auto's footprint) costed, fastest first among those
+    that fit auto's memory check, then those that do not; equal times keep the candidates'
+    order (today's preference)."""
+    costs = []
+    for mode, axes, footprint in cands:
+        m, r = predict_fit(mode, axes, batch, memory, need, micro_batch, cfg.remat)
+        costs.append(step_cost(cfg, mode, axes, batch, seq_len, m, r, hw,
+                               need=footprint, fits=footprint <= memory))
+    order = sorted(range(len(costs)), key=lambda i: (not costs[i].fits, costs[i].total_s, i))
+    return [costs[i] for i in order]
+
+
+def cheapest(cfg: ModelConfig, mode: str, axes: dict[str, int], batch: int, seq_len: int,
+             memory: int, hw: Hardware, need: Callable[[str, dict, int, bool], int]
+             ) -> StepCost | None:
+    """The fastest (micro-batch, remat) on this placement that fits by the memory model,
+    whatever the fit would pick: e.g. a smaller micro-batch without remat where the fit
+    takes the larger one with it (`train.micro_batch` / `model.remat` then select it)."""
+    per, _ = micro_and_replicas(mode, axes, batch, None)
+    usable = int(memory * (1 - FIT_HEADROOM))
+    steps = [step_cost(cfg, mode, axes, batch, seq_len, m, r, hw)
+             for m in range(1, per + 1) if per % m == 0 for r in (False, True)
+             if need(mode, axes, m, r) <= usable]
+    return min(steps, key=lambda c: c.total_s, default=None)
