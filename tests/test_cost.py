@@ -76,8 +76,11 @@ def test_terms():
     assert lp.bubble_s == pytest.approx(layers * 528 * 2048 / (8 * 989e12) * 7 / 48)
     two = cost.step_cost(cfg, "data_parallel", {"data": 16}, 528, 2048, 33, False, H100)
     assert two.comm_s / dp.comm_s == pytest.approx(450 / 50 * (15 / 16) / (7 / 8))
-    assert cost.crosses_nodes({"stage": 2, "data": 8}, ("data",), 8) is False
-    assert cost.crosses_nodes({"stage": 2, "data": 8}, ("stage",), 8) is True
+    # the node-aware mesh (cgpt.sharding.nodes): data takes the node count, stage stays inside
+    assert cost.crosses_nodes({"stage": 2, "data": 8}, ("data",), 8) is True
+    assert cost.crosses_nodes({"stage": 2, "data": 8}, ("stage",), 8) is False
+    assert cost.crosses_nodes({"stage": 16, "data": 2}, ("stage",), 8) is True
+    assert cost.crosses_nodes({"data": 8}, ("data",), 8) is False
 
 
 def test_traffic_counts_what_the_step_moves():

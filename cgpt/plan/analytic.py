@@ -84,7 +84,20 @@ def plan_analytic(run, device_memory: int | str, devices: int, nodes: int = 1,
                 "tried": tried},
         "flops_per_step_analytic": flops.train_flops_per_token(cfg, T) * res.batch_size * T,
         "bubble_fraction": _bubble(res.mode, res.mesh, m),
+        "step_s_predicted": _predicted_s(cfg, res, m, remat, platform, devices // nodes),
     }
+
+
+def _predicted_s(cfg, res, micro: int, remat: bool, platform: str, gpus_per_node: int):
+    """The cost model's seconds per step at the device's peak (`cgpt.sharding.cost`; an
+    H100 SXM is assumed in a plan), or None off the GPU: a prediction, never a measurement."""
+    from cgpt.sharding import cost
+
+    hw = cost.hardware_for(platform, None, gpus_per_node)
+    if hw is None:
+        return None
+    return cost.step_cost(cfg, res.mode, res.mesh, res.batch_size, res.seq_len, micro,
+                          bool(remat), hw).total_s
 
 
 def _bubble(mode: str, mesh: dict[str, int], micro: int) -> float | None:
@@ -154,6 +167,7 @@ def node_table(models: list[tuple[str, int]], node_counts: list[int], gpus_per_n
             cells.append(f"{short[r['mode']]} {mesh}: {r['micro_batch']} × {r['accum']}, remat "
                          f"{'on' if r['remat'] else 'off'}, ~{fmt_bytes(r['per_device_bytes']['total'])} "
                          f"{'✓' if r['fits'] else '✗'}"
+                         + (f", {r['step_s_predicted']:.3g} s" if r["step_s_predicted"] else "")
                          + (f", **{'+'.join(bad)} crosses nodes**" if bad else ""))
         rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(rows)

@@ -11,14 +11,15 @@ from cgpt.sharding.axes import parse_mesh
 
 def cost_report(cfg, remat_asked: bool | None, mode: str, mesh: dict[str, int], plan, seq_len: int,
                 memory: int, platform: str, requested_mode: str, mesh_spec: str,
-                micro_batch_asked: int | None, micro_batches: int | None) -> dict | None:
+                micro_batch_asked: int | None, micro_batches: int | None,
+                nodes: int = 1) -> dict | None:
     """The `cost` entry of a plan: `chosen` (the compiled step's micro-batch, remat and
     pipeline micro-batches, costed), `cheapest` (the fastest step the memory model allows
     on that placement) and `candidates` (auto's ranking, fastest first; [] for other modes)."""
-    hw = cost.hardware_for(platform)
+    n = math.prod(mesh.values())
+    hw = cost.hardware_for(platform, None, n // nodes if nodes > 1 else None)
     if hw is None:
         return None
-    n = math.prod(mesh.values())
     model = cfg.replace(remat=remat_asked)  # what auto saw: remat as asked, not as fitted
 
     def need(m: str, axes: dict, rows: int, remat: bool) -> int:
@@ -35,7 +36,8 @@ def cost_report(cfg, remat_asked: bool | None, mode: str, mesh: dict[str, int], 
         honoured = ({k: v for k, v in axes.items() if v > 1} or {"data": 1}) if given else None
         try:
             auto.choose_auto(model, math.prod(axes.values()) if given else n, memory,
-                             plan.batch_size, seq_len, micro_batch_asked, honoured, hw, ranking)
+                             plan.batch_size, seq_len, micro_batch_asked, honoured, nodes=nodes,
+                             hardware=hw, ranking=ranking)
         except ValueError:
             ranking = []
     return {"hardware": hw.name, "peak_flops": hw.peak_flops, "nvlink_bytes_per_s": hw.nvlink,
