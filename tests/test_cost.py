@@ -23,7 +23,7 @@ def test_hardware_only_for_gpus():
     unknown kind is costed as an H100 SXM that says it was assumed."""
     assert cost.hardware_for("cpu") is None and cost.hardware_for("tpu") is None
     assert cost.hardware_for("rocm", "MI300X") is None
-    assert H100.name == "H100 SXM" and H100.peak_flops == 989e12
+    assert H100.name == "H100 SXM" and H100.peak_flops == 989.5e12
     assert cost.hardware_for("gpu", "NVIDIA H100 PCIe").name == "H100 PCIe"
     assert cost.hardware_for("gpu", "NVIDIA A100-SXM4-80GB").peak_flops == 312e12
     guess = cost.hardware_for("gpu", "cpu")
@@ -60,11 +60,11 @@ def test_terms():
     from cgpt.config import flops
 
     assert dp.compute_s == pytest.approx(
-        flops.train_flops_per_token(cfg, 2048) * 528 * 2048 / (8 * 989e12))
+        flops.train_flops_per_token(cfg, 2048) * 528 * 2048 / (8 * 989.5e12))
     assert dp.remat_s == 0 and dp.bubble_s == 0 and dp.bubble_fraction is None
     on = cost.step_cost(cfg, "data_parallel", {"data": 8}, 528, 2048, 66, True, H100)
     layers = flops.train_flops_per_token(cfg, 2048) - 6 * cfg.vocab_size * cfg.d_model
-    assert on.remat_s == pytest.approx(layers / 3 * 528 * 2048 / (8 * 989e12))
+    assert on.remat_s == pytest.approx(layers / 3 * 528 * 2048 / (8 * 989.5e12))
     assert 0.25 < on.remat_s / on.compute_s < 1 / 3
     # gradients all-reduced once per accumulation step (the tied embedding's twice), ring
     # 2(n-1)/n over NVLink
@@ -73,7 +73,7 @@ def test_terms():
     lp = cost.step_cost(cfg, "layer_pipelined", {"stage": 8}, 528, 2048, 48, False, H100)
     # the issue's 12.7%: 48 one-sequence micro-batches on 8 stages
     assert lp.micro_batches == 48 and lp.bubble_fraction == pytest.approx(7 / 55)
-    assert lp.bubble_s == pytest.approx(layers * 528 * 2048 / (8 * 989e12) * 7 / 48)
+    assert lp.bubble_s == pytest.approx(layers * 528 * 2048 / (8 * 989.5e12) * 7 / 48)
     two = cost.step_cost(cfg, "data_parallel", {"data": 16}, 528, 2048, 33, False, H100)
     assert two.comm_s / dp.comm_s == pytest.approx(450 / 50 * (15 / 16) / (7 / 8))
     # the node-aware mesh (cgpt.sharding.nodes): data takes the node count, stage stays inside

@@ -38,10 +38,11 @@ JAX-free, like `auto`.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Callable
 
 from cgpt.config import flops
+from cgpt.config.hardware import spec_peak
 from cgpt.config.model import ModelConfig
 from cgpt.sharding.axes import replica_axes
 from cgpt.sharding.nodes import crossing_axes
@@ -73,16 +74,17 @@ class Hardware:
     gpus_per_node: int = 8
 
 
-# device-kind substring -> Hardware, first match wins (so "H100 PCIe" before "H100").
-# Peaks: the same spec-sheet figures as the MFU peak table (`cgpt.train.mfu`); point this at
-# that table once both are merged (sharding/ must not import train/).
-GPUS: tuple[tuple[str, Hardware], ...] = (
-    ("H100 PCIe", Hardware("H100 PCIe", 756e12, 64e9, 50e9)),
-    ("H100", Hardware("H100 SXM", 989e12, 450e9, 50e9)),
-    ("H200", Hardware("H200", 989e12, 450e9, 50e9)),
-    ("A100", Hardware("A100 SXM", 312e12, 300e9, 25e9)),
+# device-kind substring -> (NVLink, network) bytes/s per GPU, one direction, first match wins
+# (so "H100 PCIe" before "H100"): assumed nominal rates (see the module docstring). The peaks
+# are the spec sheets' (`cgpt.config.hardware`, the MFU table).
+LINKS: tuple[tuple[str, float, float], ...] = (
+    ("H100 PCIe", 64e9, 50e9),
+    ("H100", 450e9, 50e9),
+    ("H200", 450e9, 50e9),
+    ("A100", 300e9, 25e9),
+    ("B200", 900e9, 50e9),  # NVLink 5: 1.8 TB/s both directions
 )
-DEFAULT_GPU = "H100"  # `plan --platform gpu` on emulated devices: the 80 GB default's GPU
+DEFAULT_GPU = "NVIDIA H100 80GB HBM3"  # `plan --platform gpu` on emulated devices
 
 
 def hardware_for(platform: str | None, device_kind: str | None = None,
@@ -92,13 +94,16 @@ def hardware_for(platform: str | None, device_kind: str | None = None,
     (emulated devices in `plan`) is costed as an H100 SXM, and says so in its name."""
     if platform != "gpu":
         return None
-    kind = (device_kind or "").lower()
-    hw = next((h for key, h in GPUS if key.lower() in kind), None)
-    if hw is None:
-        base = dict(GPUS)[DEFAULT_GPU]
-        why = f"device kind {device_kind!r}" if device_kind else "no device kind"
-        hw = replace(base, name=f"{base.name} (assumed: {why})")
-    return replace(hw, gpus_per_node=gpus_per_node) if gpus_per_node else hw
+    kind = device_kind or ""
+    peak = spec_peak(kind, "bfloat16")
+    link = next((x for x in LINKS if x[0].lower() in kind.lower()), None)
+    assumed = peak is None or link is None
+    if assumed:
+        peak = spec_peak(DEFAULT_GPU, "bfloat16")
+        link = next(x for x in LINKS if x[0].lower() in DEFAULT_GPU.lower())
+    name = peak[1] + (f" (assumed: {f'device kind {device_kind!r}' if device_kind else 'no device kind'})"
+                      if assumed else "")
+    return Hardware(name, peak[0], link[1], link[2], gpus_per_node or 8)
 
 
 @dataclass(frozen=True)
