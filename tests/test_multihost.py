@@ -369,7 +369,7 @@ def _counting_import(name, *args, **kwargs):
         real = mu.process_allgather
         def counted(*a, **k):
             with open(os.environ["ALLGATHER_LOG"], "a") as f:
-                f.write("call\\n")
+                f.write(sys._getframe(1).f_code.co_filename + "\\n")  # the caller
             return real(*a, **k)
         mu.process_allgather = counted
     return m
@@ -414,5 +414,7 @@ def test_signal_to_one_process_stops_the_job_at_one_step_without_per_step_collec
     assert sorted(p.name for p in (out / "checkpoints").iterdir() if p.name.isdigit()) == [
         str(stopped[0])]
     assert [r["step"] for r in _log(out)] == list(range(1, stopped[0] + 1))
-    calls = [len((tmp_path / f"allgather{i}").read_text().splitlines()) for i in range(2)]
-    assert max(calls) <= 5, calls  # start-up only: hosts, device memory
+    for i in range(2):  # start-up (hosts, device memory) and Orbax's own, none from the loop
+        callers = (tmp_path / f"allgather{i}").read_text().splitlines()
+        assert len(callers) < stopped[0] // 2, callers
+        assert not [c for c in callers if c.endswith(("preempt.py", "loop.py"))], callers

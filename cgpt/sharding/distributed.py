@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import socket
 import sys
+import time
 from typing import Callable, NoReturn, TypeVar
 
 import jax
@@ -32,6 +33,7 @@ PEER_TIMEOUT_S = 100  # JAX's default heartbeat timeout
 WAIT_TIMEOUT_S = 7 * 24 * 3600  # for process 0's one-time work; a dead process 0 ends it sooner
 BARRIER_TIMEOUT_S = 600  # for barriers that every process reaches within seconds
 SHUTDOWN_TIMEOUT_S = 300  # JAX's exit barrier: a live process that is slow to finish gets this
+LEAVE_GRACE_S = 2.0  # process 0 outlives the others' exits by this much in `leave`
 _peer_timeout = PEER_TIMEOUT_S  # this job's, set by `initialize`
 
 
@@ -156,6 +158,9 @@ def leave(code: int) -> NoReturn:
             if index == 0:
                 for j in range(1, count):
                     client.blocking_key_value_get(f"cgpt/left/{j}", wait_ms)
+                # a process between its acknowledgement and its exit would see the service
+                # (ours) vanish and abort with a C++ stack: give it that moment (seen under load)
+                time.sleep(LEAVE_GRACE_S)
             else:
                 client.blocking_key_value_get("cgpt/leave/0", wait_ms)
                 client.key_value_set(f"cgpt/left/{index}", str(code))
