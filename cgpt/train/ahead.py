@@ -8,7 +8,9 @@ checkpoint, a stop, the last step) is read before the next dispatch: `needs_stat
 which. A non-finite step k is noticed after k+1 was queued; k+1's result is then dropped
 unread, nothing was written for either, and no checkpoint can have been taken in between
 (checkpoint steps are read at once), so the run stops at the same step with the same kept
-checkpoints as a loop that waits on every step.
+checkpoints as a loop that waits on every step. The logged learning rates come from
+`LearningRates`, filled while the device is idle, since evaluating the schedule between two
+queued steps would wait for the second.
 """
 from __future__ import annotations
 
