@@ -53,12 +53,19 @@ class LearningRates:
         self.every = (eval_every, ckpt_every)
         self.filled, self.lr = 0, {}
 
+    CHUNK = 16  # logged steps per fill: a long stretch costs no pause before its first step
+
     def fill(self, step: int) -> None:
-        """Compute the logged steps' rates from `step` to the next scheduled read-at-once."""
-        end = next_read(step, self.total, *self.every)
+        """Compute the logged steps' rates from `step` to the next scheduled read-at-once, at
+        most CHUNK of them; the step before `filled` is then read at once to refill."""
+        end, n = next_read(step, self.total, *self.every), 0
         for s in range(max(step, self.filled), end + 1):
             if self.logged(s + 1):
                 self.lr[s] = optim.lr_at(self.recipe, s)
+                n += 1
+                if n == self.CHUNK:
+                    end = s
+                    break
         self.filled = max(self.filled, end + 1)
 
     def pop(self, step: int) -> float:

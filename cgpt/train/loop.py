@@ -166,7 +166,8 @@ def _train(run: RunConfig, out: Path, resuming: bool, progress: bool, launch: ru
             done = step + 1
             save_now, stop_signal = triggers.poll(step)  # scheduler signal or wall-clock interval
             queued = (step, m, t0)
-            if not ahead.needs_state(done, total, eval_every, ckpt_every, save_now, stop_signal):
+            if not (ahead.needs_state(done, total, eval_every, ckpt_every, save_now, stop_signal)
+                    or done == lrs.filled):  # (or the rates must be refilled while idle)
                 continue  # nothing uses this step's state now: read it a step late
             queued = None
             finish(step, m, t0, params)
