@@ -353,3 +353,68 @@ def test_failed_job_exits_cleanly_when_one_process_is_slow_to_fail(tmp_path, com
         assert len(lines) == 1, err
     assert "does not exist" in job.err(0)
     assert "process 0 failed during data preparation" in job.err(1)
+
+
+# ---- preemption agreed without a per-step collective (cgpt.sharding.distributed.StepAgreement) -
+# A `sitecustomize` that records every process_allgather call (one line each) in $ALLGATHER_LOG.
+_COUNT_SITE = '''
+import builtins, os, sys
+_real_import = builtins.__import__
+def _counting_import(name, *args, **kwargs):
+    m = _real_import(name, *args, **kwargs)
+    mu = sys.modules.get("jax.experimental.multihost_utils")
+    if (mu is not None and hasattr(mu, "process_allgather")
+            and not getattr(mu, "_test_counted", False)):
+        mu._test_counted = True
+        real = mu.process_allgather
+        def counted(*a, **k):
+            with open(os.environ["ALLGATHER_LOG"], "a") as f:
+                f.write(sys._getframe(1).f_code.co_filename + "\\n")  # the caller
+            return real(*a, **k)
+        mu.process_allgather = counted
+    return m
+builtins.__import__ = _counting_import
+'''
+
+
+@pytest.mark.slow
+def test_signal_to_one_process_stops_the_job_at_one_step_without_per_step_collectives(
+        corpus, tmp_path, compile_cache):
+    """SIGUSR1 reaches process 1 only: both processes checkpoint the same step and stop with
+    the same message, and the whole run made only its few start-up process_allgather calls
+    (the old per-step preemption check made one per step)."""
+    steps = 400
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(_COUNT_SITE)
+    path = os.pathsep.join([str(site), os.environ.get("PYTHONPATH", str(REPO))])
+    env = {i: {"PYTHONPATH": path, "ALLGATHER_LOG": str(tmp_path / f"allgather{i}")}
+           for i in range(2)}
+    out = tmp_path / "run"
+    flags = _flags(corpus, tmp_path / "cache", out, "data_parallel")
+    flags[flags.index(f"--tokens={STEPS * BATCH * SEQ}")] = f"--tokens={steps * BATCH * SEQ}"
+    flags[flags.index("train.eval_every=10")] = "train.eval_every=1000"
+    flags[flags.index("train.ckpt_every=5")] = "train.ckpt_every=1000"
+    job = Job(flags, tmp_path / "logs", compile_cache, extra_env=env)
+    deadline = time.time() + 600
+    while time.time() < deadline:
+        assert all(p.poll() is None for p in job.procs), job.output()
+        try:
+            if len(_log(out)) >= 30:
+                break
+        except (OSError, json.JSONDecodeError):
+            pass
+        time.sleep(0.05)
+    job.procs[1].send_signal(signal.SIGUSR1)
+    assert job.wait() == [128 + signal.SIGUSR1] * 2, job.output()
+    stopped = [int(m) for i in range(2) for m in __import__("re").findall(
+        r"stopped by SIGUSR1 after checkpointing step (\d+)", job.err(i))]
+    assert len(stopped) == 2 and stopped[0] == stopped[1], job.output()
+    assert 30 <= stopped[0] < steps
+    assert sorted(p.name for p in (out / "checkpoints").iterdir() if p.name.isdigit()) == [
+        str(stopped[0])]
+    assert [r["step"] for r in _log(out)] == list(range(1, stopped[0] + 1))
+    for i in range(2):  # start-up (hosts, device memory) and Orbax's own, none from the loop
+        callers = (tmp_path / f"allgather{i}").read_text().splitlines()
+        assert len(callers) < stopped[0] // 2, callers
+        assert not [c for c in callers if c.endswith(("preempt.py", "loop.py"))], callers

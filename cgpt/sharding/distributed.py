@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import socket
 import sys
+import time
 from typing import Callable, NoReturn, TypeVar
 
 import jax
@@ -32,6 +33,7 @@ PEER_TIMEOUT_S = 100  # JAX's default heartbeat timeout
 WAIT_TIMEOUT_S = 7 * 24 * 3600  # for process 0's one-time work; a dead process 0 ends it sooner
 BARRIER_TIMEOUT_S = 600  # for barriers that every process reaches within seconds
 SHUTDOWN_TIMEOUT_S = 300  # JAX's exit barrier: a live process that is slow to finish gets this
+LEAVE_GRACE_S = 2.0  # process 0 outlives the others' exits by this much in `leave`
 _peer_timeout = PEER_TIMEOUT_S  # this job's, set by `initialize`
 
 
@@ -158,6 +160,9 @@ def leave(code: int) -> NoReturn:
             if index == 0:
                 for j in range(1, count):
                     client.blocking_key_value_get(f"cgpt/left/{j}", wait_ms)
+                # a process between its acknowledgement and its exit would see the service
+                # (ours) vanish and abort with a C++ stack: give it that moment (seen under load)
+                time.sleep(LEAVE_GRACE_S)
             else:
                 client.blocking_key_value_get("cgpt/leave/0", wait_ms)
                 client.key_value_set(f"cgpt/left/{index}", str(code))
@@ -241,3 +246,54 @@ def smallest_mib(nbytes: int) -> int:
 
     mib = multihost_utils.process_allgather(np.int32(min(nbytes >> 20, 2**31 - 1)))
     return int(np.min(mib)) << 20
+
+
+class StepAgreement:
+    """Processes agree on the step at which to act (checkpoint, stop) through the coordination
+    service's key-value store: no device collective, one small RPC per step.
+
+    `poll(step, due, signum)` runs once per step in every process with its own trigger state.
+    A process with a trigger publishes the step it is at; the others see that and publish theirs
+    at their next poll; once all have published, each acts at max(published) + MARGIN. The
+    margin makes that step reachable by all before any passes it: a process reads step k-1's
+    scalars (the result of a collective over every process) before it polls step k, so when it
+    polls step k every process has queued step k-1 and therefore made any publication from
+    step k-2 or earlier visible; the last publication, at step p, is seen by all by step p + 2.
+    Rounds are numbered, so a later trigger starts a fresh agreement.
+    """
+
+    MARGIN = 2
+    _instances = 0  # every process creates them in the same order: a fresh key space each
+
+    def __init__(self, client=None, index: int | None = None, count: int | None = None,
+                 key: str | None = None):
+        self.client = client if client is not None else _client()
+        self.index = jax.process_index() if index is None else index
+        self.count = jax.process_count() if count is None else count
+        StepAgreement._instances += 1
+        self.prefix = key or f"cgpt/agree/{StepAgreement._instances}"
+        self.round, self.mine, self.at = 0, None, None
+
+    def poll(self, step: int, due: bool, signum: int) -> tuple[bool, int] | None:
+        """The agreed (due, signum), any process's due and the largest signal, at the agreed
+        step; None at every other step."""
+        if self.at is None:
+            keys = f"{self.prefix}/{self.round}/"
+            got = dict(self.client.key_value_dir_get(keys))
+            if self.mine is None and (got or due or signum):
+                self.mine = step
+                self.client.key_value_set(f"{keys}{self.index}", f"{step} {int(due)} {signum}")
+                got[f"{keys}{self.index}"] = f"{step} {int(due)} {signum}"
+            if len(got) < self.count:
+                return None
+            vals = [tuple(map(int, v.split())) for v in got.values()]
+            self.at = (max(v[0] for v in vals) + self.MARGIN, any(v[1] for v in vals),
+                       max(v[2] for v in vals))
+        at, agreed_due, agreed_signum = self.at
+        if step < at:
+            return None
+        if step > at:
+            raise DistributedError(f"process {self.index} learned the agreed checkpoint step "
+                                   f"{at} only at step {step}: the processes are not in step")
+        self.round, self.mine, self.at = self.round + 1, None, None
+        return agreed_due, agreed_signum

@@ -253,7 +253,7 @@ def _loop(res, data, ckpts, outs, live, start, params, opt_state, step_fn, evalu
                     val_loss[k] = rec["val_loss"] = float(vl[k])
                 if done % tr[i].log_every == 0 or "val_loss" in rec or done > total - window:
                     logs[i].write(rec)
-            save_now, stop_signal = triggers.poll()
+            save_now, stop_signal = triggers.poll(step)
             saves = [k for k, i in enumerate(live) if active[k] and (
                 done % ckpt_every[i] == 0 or done == total or save_now)]
             if saves:

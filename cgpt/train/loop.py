@@ -21,7 +21,8 @@ from cgpt.errors import TrainError
 from cgpt.fileio import atomic_write_text, probe_writable
 from cgpt.sharding import distributed
 from cgpt.sharding.mesh import device_memory_bytes, job_nodes
-from cgpt.train import checkpoint, fit, metrics, optim, preempt, resume, rundir, setup, summary
+from cgpt.train import (ahead, checkpoint, fit, metrics, optim, preempt, resume, rundir, setup,
+                        summary)
 from cgpt.train.mfu import Throughput
 from cgpt.train.resolve import Resolved, resolve
 from cgpt.train.step import all_finite, make_step
@@ -120,41 +121,62 @@ def _train(run: RunConfig, out: Path, resuming: bool, progress: bool, launch: ru
     bar = tqdm(total=total, initial=start, disable=not (progress and writer), unit="step",
                dynamic_ncols=True, desc=f"{res.cfg.name} {res.tokens / 1e6:.3g}M tok")
     triggers = preempt.CheckpointTriggers(t.checkpoint_minutes).install()
+    reader = ahead.Reader(speed, res.tokens_per_step, start)
+
+    def logged(done: int) -> bool:  # every log_every steps, evaluations, the last steps
+        return (done % t.log_every == 0 or done % eval_every == 0 or done == total
+                or done > total - window)
+
+    lrs = ahead.LearningRates(res.recipe, logged, total, eval_every, ckpt_every)
+
+    def finish(step: int, m: dict, dispatched: float, state=None) -> None:
+        """Read `step`'s scalars (a step late unless `state`, its updated params, is passed for
+        an evaluation), stop on a non-finite one before any write, log it."""
+        nonlocal val_loss
+        loss, grad_norm = reader.read(step, m, dispatched)
+        if not (math.isfinite(loss) and math.isfinite(grad_norm)):  # before any write
+            what, note = ((f"loss is {loss}", "") if not math.isfinite(loss) else
+                          (f"grad_norm is {grad_norm}", f" (loss {loss:.4g})"))
+            raise resume.nonfinite_stop(what, step + 1, ckpt.steps(), out, note)
+        done = step + 1
+        if logged(done):
+            rec = {"step": done, "loss": loss, "grad_norm": grad_norm, "lr": lrs.pop(step),
+                   "tokens": done * res.tokens_per_step,
+                   "epoch": data.epoch_at(done, res.batch_size),
+                   "tokens_per_s": speed.tokens_per_s, "mfu": speed.mfu()}
+            if state is not None and (done % eval_every == 0 or done == total):
+                val_loss = rec["val_loss"] = evaluate(state)
+            log.write(rec)
+        bar.set_postfix(loss=f"{loss:.3f}", val=f"{val_loss:.3f}",
+                        tok_s=f"{speed.tokens_per_s:,.0f}", mfu=f"{speed.mfu():.1%}",
+                        refresh=False)
+        bar.update(1)
+
+    queued = None  # (step, metrics, dispatch time) of the step to read after the next dispatch
     try:
         for step in range(start, total):
             batch = data.train_batch(step, res.batch_size, rows=rows).reshape(
                 res.accum, -1, res.seq_len + 1)
+            if queued is None:  # the device is idle: the rates until the next read-at-once
+                lrs.fill(step)
             t0 = time.perf_counter()
             params, opt_state, m = step_fn(params, opt_state, strategy.shard_batch(batch, shape))
-            loss = float(m["loss"])  # waits for the step: honest timing and a NaN check
-            grad_norm = float(m["grad_norm"])
-            dt = time.perf_counter() - t0
-            if not (math.isfinite(loss) and math.isfinite(grad_norm)):  # before any write
-                what, note = ((f"loss is {loss}", "") if not math.isfinite(loss) else
-                              (f"grad_norm is {grad_norm}", f" (loss {loss:.4g})"))
-                raise resume.nonfinite_stop(what, step + 1, ckpt.steps(), out, note)
-            if step > start:  # the first step includes compilation
-                speed.add(dt, res.tokens_per_step)
+            if queued is not None:  # the previous step, read now that this one is queued
+                finish(*queued)
             done = step + 1
-            rec = {"step": done, "loss": loss, "grad_norm": grad_norm,
-                   "lr": optim.lr_at(res.recipe, step), "tokens": done * res.tokens_per_step,
-                   "epoch": data.epoch_at(done, res.batch_size),
-                   "tokens_per_s": speed.tokens_per_s, "mfu": speed.mfu()}
-            if done % eval_every == 0 or done == total:
-                val_loss = rec["val_loss"] = evaluate(params)
-            if done % t.log_every == 0 or "val_loss" in rec or done > total - window:
-                log.write(rec)
-            save_now, stop_signal = triggers.poll()  # scheduler signal or wall-clock interval
+            save_now, stop_signal = triggers.poll(step)  # scheduler signal or wall-clock interval
+            queued = (step, m, t0)
+            if not (ahead.needs_state(done, total, eval_every, ckpt_every, save_now, stop_signal)
+                    or done == lrs.filled):  # (or the rates must be refilled while idle)
+                continue  # nothing uses this step's state now: read it a step late
+            queued = None
+            finish(step, m, t0, params)
             if done % ckpt_every == 0 or done == total or save_now:
                 if not bool(all_finite((params, opt_state))):  # the last guard before disk
                     raise resume.nonfinite_stop("non-finite parameters or optimizer state",
                                                 done, ckpt.steps(), out)
                 ckpt.save(done, params, opt_state)
                 triggers.saved()
-            bar.set_postfix(loss=f"{loss:.3f}", val=f"{val_loss:.3f}",
-                            tok_s=f"{speed.tokens_per_s:,.0f}", mfu=f"{speed.mfu():.1%}",
-                            refresh=False)
-            bar.update(1)
             if stop_signal and done < total:
                 raise preempt.Preempted(stop_signal, done, out)
     finally:  # every closer runs even when a full disk fails several; the first error wins

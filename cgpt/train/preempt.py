@@ -6,7 +6,9 @@ signal a job asked for before its time limit (submitit: SIGUSR2; SIGUSR1 is the 
 choice elsewhere). On any of the three the loop checkpoints at the end of the current step and
 stops with `Preempted`, so a requeued job resumes where it stopped. `train.checkpoint_minutes`
 adds a checkpoint every so many minutes, so a crash never loses more than that. In a
-multi-process job the processes agree (any of them) before acting: Orbax saves collectively.
+multi-process job the processes agree (any of them) before acting, since Orbax saves
+collectively: through the coordination service's key-value store, a couple of steps after the
+trigger, with no device collective per step.
 """
 from __future__ import annotations
 
@@ -81,6 +83,7 @@ class CheckpointTriggers:
         self.signum = 0
         self.last = time.monotonic()
         self._old: dict = {}
+        self._agree = None  # a multi-process job's agreement, made at the first poll
 
     def _handle(self, signum, frame) -> None:
         self.signum = self.signum or signum
@@ -97,19 +100,28 @@ class CheckpointTriggers:
             signal.signal(s, h)
         self._old = {}
 
-    def poll(self) -> tuple[bool, int]:
-        """(checkpoint now, the stop signal or 0), the same answer in every process."""
+    def poll(self, step: int | None = None) -> tuple[bool, int]:
+        """(checkpoint now, the stop signal or 0) after `step`, the same answer in every process.
+
+        With one process the local state answers at once. In a multi-process job (`step`
+        required) the processes agree on a step a little later through the coordination
+        service (`cgpt.sharding.distributed.StepAgreement`), never by a device collective."""
         due = self.interval_s is not None and time.monotonic() - self.last >= self.interval_s
         signum = self.signum
-        import jax
+        if self._agree is None:
+            import jax
 
-        if jax.process_count() > 1:
-            import numpy as np
-            from jax.experimental import multihost_utils
+            if jax.process_count() == 1:
+                return due or bool(signum), signum
+            from cgpt.sharding.distributed import StepAgreement
 
-            got = multihost_utils.process_allgather(np.array([int(due), signum], np.int32))
-            got = np.asarray(got).reshape(-1, 2)
-            due, signum = bool(got[:, 0].any()), int(got[:, 1].max())
+            self._agree = StepAgreement()
+        if step is None:
+            raise ValueError("CheckpointTriggers.poll: a multi-process job must pass the step")
+        got = self._agree.poll(step, due, signum)
+        if got is None:
+            return False, 0
+        due, signum = got
         return due or bool(signum), signum
 
     def saved(self) -> None:
