@@ -57,6 +57,7 @@ class Job:
     pin: tuple = ()  # (slot, slots): local runs get their own share of the devices
     branch_from: str = ""  # "PARENT_DIR@STEP" for a cooldown branch (waits for the checkpoint)
     files: dict = field(default_factory=dict, hash=False)  # name -> text the run dir starts with
+    members: tuple = ()  # a fused group's Jobs, this one's first (cgpt.sweep.groups)
 
 
 # Launcher run as `python -c`: hold the run's lock for the whole training process (the fd is
@@ -84,7 +85,7 @@ except (OSError, AttributeError):
     pass
 if os.getppid() != parent:
     sys.exit("cgpt sweep: the sweep process exited before this run started")
-os.execv(sys.executable, [sys.executable, "-m", "cgpt", *argv])
+os.execv(sys.executable, [sys.executable, "-m", *argv])  # argv: module, then its args
 """
 
 _live: dict[str, subprocess.Popen] = {}  # run_id -> process (this process's runs)
@@ -182,6 +183,9 @@ def execute_run(job: Job) -> dict:
     multi-task SLURM job every task runs this; rank 0 owns the lock, log and status files,
     and all ranks inherit the SLURM environment that `jax.distributed.initialize` reads.
     """
+    if job.members:  # a fused group: one process trains them all
+        from cgpt.sweep.worker import execute_group
+        return execute_group(job)
     d = Path(job.run_dir)
     rank = proc_rank()
     for name, text in job.files.items():  # the directory may have been deleted since launch
@@ -202,7 +206,7 @@ def execute_run(job: Job) -> dict:
         extra, cpus = device_share(*job.pin)
         env.update(extra)
     cmd = [sys.executable, "-c", _LAUNCH, str(d / LOCK_FILE) if rank == 0 else "",
-           str(os.getpid()), ",".join(map(str, cpus)), *train_argv(job)]
+           str(os.getpid()), ",".join(map(str, cpus)), "cgpt", *train_argv(job)]
     t0 = time.time()
     with open(log, "a") as f:
         where = (f" [cpus {','.join(map(str, cpus))}]" if cpus else "") + (

@@ -31,15 +31,9 @@ from cgpt.config.model import ModelConfig
 from cgpt.errors import TrainError
 from cgpt.model import gpt as model
 from cgpt.train import optim
+from cgpt.train.members import MEMBER_DATA_KEYS, MEMBER_MODEL_KEYS, MEMBER_TRAIN_KEYS, \
+    SHARED_RECIPE_KEYS
 from cgpt.train.step import make_step
-
-# What may differ between the members of a fused group: everything else must be equal.
-MEMBER_MODEL_KEYS = ("name", "init_std", "out_init_std", "mup_init_std")  # init only
-MEMBER_DATA_KEYS = ("seed",)  # the batch order
-MEMBER_TRAIN_KEYS = ("seed", "peak_lr", "warmup_steps", "weight_decay", "clip_norm", "decay",
-                     "schedule", "decay_fraction", "end_lr_fraction", "log_every", "eval_every",
-                     "ckpt_every", "keep_checkpoints")
-SHARED_RECIPE_KEYS = ("total_steps", "batch_size", "adam_eps", "b1", "b2")
 
 
 def check_group(resolved: Sequence, names: Sequence[str]) -> None:

@@ -71,8 +71,6 @@ def train_fused(runs: Sequence[RunConfig], outs: Sequence[str | Path], resume: b
 
 def _train_fused(runs: list[RunConfig], outs: list[Path], resuming: bool, progress: bool,
                  launches: list[rundir.Launch]) -> list[dict | TrainError]:
-    from tqdm.auto import tqdm
-
     # ---- set up: each member resolved, the group checked, one compiled step -----------------
     wall0 = time.perf_counter()
     results: list[dict | TrainError | None] = [None] * len(runs)
@@ -94,8 +92,21 @@ def _train_fused(runs: list[RunConfig], outs: list[Path], resuming: bool, progre
     if not live:
         return results
     fused.check_group([res[i] for i in live], [str(outs[i]) for i in live])
+    # as many members per program as fit the device (as micro-batches are chosen); the rest
+    # train next, in this process, from the same compiled step
+    per, _ = members_that_fit(res[live[0]], len(live), memory[live[0]])
+    for c in range(0, len(live), per):
+        _train_chunk(live[c:c + per], res, saved, priors, fresh, memory, outs, launches,
+                     resuming, progress, results, wall0 if c == 0 else time.perf_counter())
+    return results
+
+
+def _train_chunk(live, res, saved, priors, fresh, memory, outs, launches, resuming, progress,
+                 results, wall0) -> None:
+    from tqdm.auto import tqdm
+
     r0 = res[live[0]]
-    cfg, total, M = r0.cfg, r0.total_steps, len(live)
+    cfg, M = r0.cfg, len(live)
     step_fn, bytes_ = _compile(r0, M, memory[live[0]])
     print(f"{cfg.name}: {M} runs fused into one program, micro-batch {r0.micro_batch} x "
           f"{r0.accum} accumulation step(s): {fmt_bytes(bytes_['total'])} on one device",
@@ -138,27 +149,62 @@ def _train_fused(runs: list[RunConfig], outs: list[Path], resuming: bool, progre
             wall_time_s=time.perf_counter() - wall0, start=start, data=data[i],
             placement=placement, changes=changes[i])
         summary.write(outs[i], results[i])
-    return results
+
+
+_COMPILED: dict = {}  # (shape key, members) -> (compiled step, bytes): a process reuses them
+
+
+def _compiled(r0, members: int):
+    """The fused step for `members` stacked states, compiled once per process and shape."""
+    key = (r0.cfg.replace(name="", init_std=0.0, out_init_std=None, mup_init_std=0.0),
+           r0.recipe.b1, r0.recipe.b2, r0.recipe.adam_eps, r0.total_steps, r0.accum,
+           r0.micro_batch, r0.seq_len, members)
+    if key not in _COMPILED:
+        cfg = r0.cfg
+        a_p, a_o = jax.eval_shape(lambda: fused.init_member(cfg, r0.recipe, 0))
+        grow = lambda x: jax.ShapeDtypeStruct((members, *x.shape), x.dtype)  # noqa: E731
+        a_hyper = fused.Hyper(
+            lr=jax.ShapeDtypeStruct((members, r0.total_steps + 1), jnp.float32),
+            weight_decay=jax.ShapeDtypeStruct((members,), jnp.float32),
+            clip_norm=jax.ShapeDtypeStruct((members,), jnp.float32))
+        a_batch = jax.ShapeDtypeStruct((members, r0.accum, r0.micro_batch, r0.seq_len + 1),
+                                       jnp.int32)
+        compiled = fused.make_fused_step(cfg, r0.recipe).lower(
+            jax.tree.map(grow, a_p), jax.tree.map(grow, a_o), a_batch, a_hyper,
+            jax.ShapeDtypeStruct((members,), jnp.bool_)).compile()
+        _COMPILED[key] = compiled, fit.step_bytes(compiled)
+    return _COMPILED[key]
+
+
+def members_that_fit(r0, members: int, memory: int) -> tuple[int, int]:
+    """(how many of `members` one fused program holds within `memory`, that program's bytes):
+    all of them if their compiled step fits; else from the bytes of 1 and of all members
+    (linear in the members: states, batches and activations are per member), checked by
+    compiling. A TrainError if not even one fits."""
+    usable = fit.usable_memory(memory)
+    b_all = _compiled(r0, members)[1]["total"]
+    if b_all <= usable:
+        return members, b_all
+    b_one = _compiled(r0, 1)[1]["total"]
+    if b_one > usable:
+        raise TrainError(f"one run of {r0.cfg.name} needs {fmt_bytes(b_one)} on one device but "
+                         f"{fmt_bytes(usable)} are usable; train it alone (--no-fuse) so that "
+                         "train can choose its micro-batch and remat, or on more devices")
+    per = max(1.0, (b_all - b_one) / (members - 1))
+    m = max(1, min(members - 1, int((usable - b_one) // per) + 1))
+    while m > 1 and _compiled(r0, m)[1]["total"] > usable:
+        m -= 1
+    return m, _compiled(r0, m)[1]["total"]
 
 
 def _compile(r0, members: int, memory: int):
     """The fused step compiled for `members` stacked states, and its bytes (`fit.step_bytes`);
     a TrainError if it does not fit the device."""
-    cfg = r0.cfg
-    a_p, a_o = jax.eval_shape(lambda: fused.init_member(cfg, r0.recipe, 0))
-    grow = lambda x: jax.ShapeDtypeStruct((members, *x.shape), x.dtype)  # noqa: E731
-    a_hyper = fused.Hyper(lr=jax.ShapeDtypeStruct((members, r0.total_steps + 1), jnp.float32),
-                          weight_decay=jax.ShapeDtypeStruct((members,), jnp.float32),
-                          clip_norm=jax.ShapeDtypeStruct((members,), jnp.float32))
-    a_batch = jax.ShapeDtypeStruct((members, r0.accum, r0.micro_batch, r0.seq_len + 1), jnp.int32)
-    compiled = fused.make_fused_step(cfg, r0.recipe).lower(
-        jax.tree.map(grow, a_p), jax.tree.map(grow, a_o), a_batch, a_hyper,
-        jax.ShapeDtypeStruct((members,), jnp.bool_)).compile()
-    b = fit.step_bytes(compiled)
+    compiled, b = _compiled(r0, members)
     if b["total"] > fit.usable_memory(memory):
-        raise TrainError(f"{members} fused runs of {cfg.name} need {fmt_bytes(b['total'])} on one "
-                         f"device but {fmt_bytes(fit.usable_memory(memory))} are usable; fuse "
-                         "fewer runs per group (or set train.micro_batch smaller)")
+        raise TrainError(f"{members} fused runs of {r0.cfg.name} need {fmt_bytes(b['total'])} "
+                         f"on one device but {fmt_bytes(fit.usable_memory(memory))} are usable; "
+                         "fuse fewer runs per group (or set train.micro_batch smaller)")
     return compiled, b
 
 
