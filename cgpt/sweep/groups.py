@@ -9,8 +9,11 @@ members one program holds is decided where micro-batches are, at the start of th
 device: the fused step is compiled for the whole group and, if it does not fit the device's
 memory, for fewer (`members_that_fit`); the group then trains in consecutive chunks.
 
-Not fused: cooldown branches (they start from a parent's checkpoint), runs on more than one
-device (the member axis beside a data/model mesh is not implemented), and `--no-fuse`.
+A fused job spreads its members over the devices it is given (`member_sharding`: each
+member's step on one device, no communication). Not fused: cooldown branches (they start
+from a parent's checkpoint), runs that each span several devices (slurm nodes x
+gpus_per_node > 1: a member axis beside their data/model mesh is not implemented), and
+everything under `--no-fuse`.
 """
 from __future__ import annotations
 

@@ -111,6 +111,9 @@ def execute_group(job: Job) -> dict:
             for m in members]}
     log = Path(job.run_dir) / LOG_FILE
     t0 = time.time()
+    for m in members[1:]:
+        with open(Path(m.run_dir) / LOG_FILE, "a") as f:
+            f.write(_header(m, members[0], len(members)))
     with open(log, "a") as f:
         f.write(_header(members[0], members[0], len(members)))
         f.flush()

@@ -74,7 +74,8 @@ def _train_fused(runs: list[RunConfig], outs: list[Path], resuming: bool, progre
     # ---- set up: each member resolved, the group checked, one compiled step -----------------
     wall0 = time.perf_counter()
     results: list[dict | TrainError | None] = [None] * len(runs)
-    devices = jax.devices()
+    devices = jax.devices()[:1]  # each member's own layout: one device (members spread over
+    # the devices instead: `member_sharding`)
     live, res, saved, priors, fresh, memory = [], {}, {}, {}, {}, {}
     for i, (run, out) in enumerate(zip(runs, outs)):
         fresh[i] = not (out / checkpoint.CONFIG_FILE).exists()
@@ -109,7 +110,8 @@ def _train_chunk(live, res, saved, priors, fresh, memory, outs, launches, resumi
     cfg, M = r0.cfg, len(live)
     step_fn, bytes_ = _compile(r0, M, memory[live[0]])
     print(f"{cfg.name}: {M} runs fused into one program, micro-batch {r0.micro_batch} x "
-          f"{r0.accum} accumulation step(s): {fmt_bytes(bytes_['total'])} on one device",
+          f"{r0.accum} accumulation step(s): {fmt_bytes(bytes_['total'])} per device, members on "
+          f"{_devices_of(member_sharding(M))} device(s)",
           file=sys.stderr, flush=True)
     data = {}
     for i in live:
@@ -138,7 +140,8 @@ def _train_chunk(live, res, saved, priors, fresh, memory, outs, launches, resumi
     # ---- the summaries ----------------------------------------------------------------------
     speed, params, val_loss = trained
     placement = {**SingleDevice(cfg).describe(), "micro_batch": r0.micro_batch, "accum": r0.accum,
-                 "remat": bool(cfg.remat), "bytes_per_device": bytes_["total"], "fused": M}
+                 "remat": bool(cfg.remat), "bytes_per_device": bytes_["total"], "fused": M,
+                 "member_devices": _devices_of(member_sharding(M))}
     for k, i in enumerate(live):
         if results[i] is not None:  # failed
             continue
@@ -162,18 +165,42 @@ def _compiled(r0, members: int):
     if key not in _COMPILED:
         cfg = r0.cfg
         a_p, a_o = jax.eval_shape(lambda: fused.init_member(cfg, r0.recipe, 0))
-        grow = lambda x: jax.ShapeDtypeStruct((members, *x.shape), x.dtype)  # noqa: E731
+        sh = member_sharding(members)
+        grow = lambda x: jax.ShapeDtypeStruct((members, *x.shape), x.dtype,  # noqa: E731
+                                              sharding=sh)
         a_hyper = fused.Hyper(
-            lr=jax.ShapeDtypeStruct((members, r0.total_steps + 1), jnp.float32),
-            weight_decay=jax.ShapeDtypeStruct((members,), jnp.float32),
-            clip_norm=jax.ShapeDtypeStruct((members,), jnp.float32))
+            lr=jax.ShapeDtypeStruct((members, r0.total_steps + 1), jnp.float32, sharding=sh),
+            weight_decay=jax.ShapeDtypeStruct((members,), jnp.float32, sharding=sh),
+            clip_norm=jax.ShapeDtypeStruct((members,), jnp.float32, sharding=sh))
         a_batch = jax.ShapeDtypeStruct((members, r0.accum, r0.micro_batch, r0.seq_len + 1),
-                                       jnp.int32)
+                                       jnp.int32, sharding=sh)
         compiled = fused.make_fused_step(cfg, r0.recipe).lower(
             jax.tree.map(grow, a_p), jax.tree.map(grow, a_o), a_batch, a_hyper,
-            jax.ShapeDtypeStruct((members,), jnp.bool_)).compile()
+            jax.ShapeDtypeStruct((members,), jnp.bool_, sharding=sh)).compile()
         _COMPILED[key] = compiled, fit.step_bytes(compiled)
     return _COMPILED[key]
+
+
+def member_sharding(members: int):
+    """The member axis spread over this process's devices (as many as divide the members):
+    each member's step stays on one device, so the program needs no communication; None on
+    one device. Every stacked input and state is placed with it."""
+    devs = jax.local_devices()
+    k = max(d for d in range(1, min(len(devs), members) + 1) if members % d == 0)
+    if k == 1:
+        return None
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    return NamedSharding(Mesh(np.array(devs[:k]), ("member",)), PartitionSpec("member"))
+
+
+def _devices_of(sh) -> int:
+    return 1 if sh is None else sh.mesh.size
+
+
+def _place(tree, sh):
+    """A stacked tree (or host array) on the member sharding (default device without one)."""
+    return jax.tree.map(jnp.asarray, tree) if sh is None else jax.device_put(tree, sh)
 
 
 def members_that_fit(r0, members: int, memory: int) -> tuple[int, int]:
@@ -230,8 +257,9 @@ def _start(res, ckpts, outs, live, resuming):
                              + ", ".join(f"{outs[i]}: {got[i]}" for i in live)
                              + "); resume them with --from-step at a step all of them keep")
         start = got[live[0]]
-    params = fused.stack([states[i][0] for i in live])
-    opt_state = fused.stack([states[i][1] for i in live])
+    sh = member_sharding(len(live))
+    params = _place(fused.stack([states[i][0] for i in live]), sh)
+    opt_state = _place(fused.stack([states[i][1] for i in live]), sh)
     return start, params, opt_state
 
 
@@ -239,7 +267,8 @@ def _loop(res, data, ckpts, outs, live, start, params, opt_state, step_fn, evalu
           tqdm, results):
     r0 = res[live[0]]
     total, B, T = r0.total_steps, r0.batch_size, r0.seq_len
-    hyper = fused.stack_hyper([res[i].recipe for i in live])
+    sh = member_sharding(len(live))
+    hyper = _place(fused.stack_hyper([res[i].recipe for i in live]), sh)
     lrs = np.asarray(hyper.lr)
     tr = {i: res[i].run.train for i in live}
     eval_every = {i: tr[i].eval_every or max(1, total // 10) for i in live}
@@ -271,8 +300,8 @@ def _loop(res, data, ckpts, outs, live, start, params, opt_state, step_fn, evalu
                     by_seed[s] = data[i].train_batch(step, B).reshape(r0.accum, -1, T + 1)
             batch = np.stack([by_seed[data[i].seed] for i in live])
             t0 = time.perf_counter()
-            params, opt_state, m = step_fn(params, opt_state, jnp.asarray(batch), hyper,
-                                         jnp.asarray(active))
+            params, opt_state, m = step_fn(params, opt_state, _place(batch, sh), hyper,
+                                           _place(active, sh))
             loss, gnorm, ok = (np.asarray(m[k]) for k in ("loss", "grad_norm", "ok"))
             dt = time.perf_counter() - t0
             for k, i in enumerate(live):
