@@ -183,9 +183,6 @@ def execute_run(job: Job) -> dict:
     multi-task SLURM job every task runs this; rank 0 owns the lock, log and status files,
     and all ranks inherit the SLURM environment that `jax.distributed.initialize` reads.
     """
-    if job.members:  # a fused group: one process trains them all
-        from cgpt.sweep.worker import execute_group
-        return execute_group(job)
     d = Path(job.run_dir)
     rank = proc_rank()
     for name, text in job.files.items():  # the directory may have been deleted since launch
@@ -312,8 +309,10 @@ def stop_local(grace_s: float = 20.0) -> None:
 
 
 # ---- executors -----------------------------------------------------------------------------
-def run_local(jobs: list[Job], parallel: int, finished, on_start=None) -> None:
-    """K worker threads; with K > 1 each run is pinned to its own slot of the devices."""
+def run_local(jobs: list[Job], parallel: int, finished, on_start=None,
+              runner=execute_run) -> None:
+    """K worker threads; with K > 1 each run is pinned to its own slot of the devices.
+    `runner(job)` runs one job (`cgpt.sweep.worker.execute_job` also runs fused groups)."""
     _stopping.clear()
     if parallel > 1 and jobs:
         device_share(0, parallel)  # fail now if K runs cannot each get a GPU
@@ -327,7 +326,7 @@ def run_local(jobs: list[Job], parallel: int, finished, on_start=None) -> None:
                     j, slot = pending.pop(0), free.pop(0)
                     if parallel > 1:
                         j = replace(j, pin=(slot, parallel))
-                    futs[pool.submit(execute_run, j)] = (slot, j)
+                    futs[pool.submit(runner, j)] = (slot, j)
                     if on_start:
                         on_start(j)
                 done, _ = wait(list(futs), return_when=FIRST_COMPLETED)
@@ -373,8 +372,9 @@ def _groups(jobs: list[Job], resources: dict[str, dict]) -> list[tuple[dict, lis
 
 def run_submitit(jobs: list[Job], resources: dict[str, dict], name: str, folder: Path,
                  parallel: int | None, executor: str, finished, poll_s: float,
-                 where: str = "spec") -> None:
-    """Submit `jobs` as SLURM job arrays (or submitit's local executor) and wait for them."""
+                 where: str = "spec", task: RunTask | None = None) -> None:
+    """Submit `jobs` as SLURM job arrays (or submitit's local executor) and wait for them;
+    `task`: the submitted callable (`cgpt.sweep.worker.GroupTask` also runs fused groups)."""
     import submitit
 
     if not jobs:
@@ -388,7 +388,7 @@ def run_submitit(jobs: list[Job], resources: dict[str, dict], name: str, folder:
             ex.update_parameters(**slurm_params(res, parallel, len(group), name))
         except (NameError, AssertionError, ValueError) as e:
             raise ValueError(f"{where}: bad slurm: setting ({e}); see docs/sweeps.md") from None
-        task = RunTask()
+        task = task or RunTask()
         grace = {GRACE_ENV: f"{requeue_grace(res):g}"}  # train compares its save time with it
         group = [replace(j, env={**j.env, **grace}) for j in group]
         with ex.batch():

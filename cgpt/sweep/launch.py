@@ -247,16 +247,18 @@ def launch(sweep: Sweep, out: Path, parallel: int | None = None, executor: str =
             write_results(sweep.runs, out)
             bar.set_postfix(failed=len(failures), refresh=True)
 
+        from cgpt.sweep.worker import GroupTask
         try:
             if executor == "local" and (parallel or 1) == 1:
                 from cgpt.sweep.worker import run_one_process
                 run_one_process(jobs, finished)  # one process: no start-up per run
             elif executor == "local":
-                run_local(jobs, parallel, finished)
+                from cgpt.sweep.worker import execute_job
+                run_local(jobs, parallel, finished, runner=execute_job)
             else:
                 resources = {r.run_id: r.slurm for r in todo}  # a group: its first run's
                 run_submitit(jobs, resources, sweep.name, out / ".submitit", parallel, executor,
-                             finished, poll_s, where=str(sweep.path))
+                             finished, poll_s, where=str(sweep.path), task=GroupTask())
         except KeyboardInterrupt:
             bar.close()
             write_results(sweep.runs, out)

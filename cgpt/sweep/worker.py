@@ -27,8 +27,8 @@ import time
 from pathlib import Path
 
 from cgpt.fileio import atomic_write_text
-from cgpt.sweep.executors import _LAUNCH, SIGNAL_EXITS, Job, _error_from_log, _live, \
-    _live_lock, _stopping, _wait_for_parent, proc_rank, train_argv
+from cgpt.sweep.executors import _LAUNCH, SIGNAL_EXITS, Job, RunTask, _error_from_log, _live, \
+    _live_lock, _stopping, _wait_for_parent, device_share, execute_run, proc_rank, train_argv
 from cgpt.sweep.state import FAILED_FILE, LOCK_FILE, LOG_FILE, RUN_FILE
 
 RESULT = "CGPT-RESULT "  # prefix of a result line on the worker's report channel
@@ -87,10 +87,12 @@ def _prepare(job: Job) -> None:
 
 
 # ---- parent side --------------------------------------------------------------------------
-def _spawn(jobs: list[Job], stdout, report: bool) -> subprocess.Popen:
-    env = dict(os.environ, PYTHONUNBUFFERED="1", **jobs[0].env)
+def _spawn(jobs: list[Job], stdout, report: bool, extra_env: dict | None = None,
+           cpus: list[int] | None = None) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **jobs[0].env, **(extra_env or {}))
     argv = ["cgpt.sweep.worker"] + (["--report"] if report else [])
-    proc = subprocess.Popen([sys.executable, "-c", _LAUNCH, "", str(os.getpid()), "", *argv],
+    proc = subprocess.Popen([sys.executable, "-c", _LAUNCH, "", str(os.getpid()),
+                             ",".join(map(str, cpus or [])), *argv],
                             stdin=subprocess.PIPE, stdout=stdout, stderr=None if report
                             else subprocess.STDOUT, env=env)
     proc.stdin.write(json.dumps([job_to_dict(j) for j in jobs]).encode())
@@ -111,16 +113,19 @@ def execute_group(job: Job) -> dict:
             for m in members]}
     log = Path(job.run_dir) / LOG_FILE
     t0 = time.time()
+    extra, cpus = device_share(*job.pin) if job.pin else ({}, [])
+    where = (f" [cpus {','.join(map(str, cpus))}]" if cpus else "") + "".join(
+        f" [{k}={v}]" for k, v in extra.items())
     for m in members[1:]:
         with open(Path(m.run_dir) / LOG_FILE, "a") as f:
-            f.write(_header(m, members[0], len(members)))
+            f.write(_header(m, members[0], len(members), where))
     with open(log, "a") as f:
-        f.write(_header(members[0], members[0], len(members)))
+        f.write(_header(members[0], members[0], len(members), where))
         f.flush()
         if _stopping.is_set():
             rc = None
         else:
-            proc = _spawn([job], f, report=False)
+            proc = _spawn([job], f, report=False, extra_env=extra, cpus=cpus)
             with _live_lock:
                 _live[job.run_id] = proc
             try:
@@ -135,6 +140,18 @@ def execute_group(job: Job) -> dict:
                for m in members]
     worst = next((r["status"] for r in results if r["status"] != "done"), "done")
     return {"run_id": job.run_id, "status": worst, "members": results}
+
+
+def execute_job(job: Job) -> dict:
+    """One job as its own process: a fused group (`execute_group`) or one run (`execute_run`)."""
+    return execute_group(job) if job.members else execute_run(job)
+
+
+class GroupTask(RunTask):
+    """The SLURM callable for jobs that may be fused groups (checkpoint/requeue: RunTask's)."""
+
+    def __call__(self, job: Job) -> dict:
+        return execute_job(job)
 
 
 def run_one_process(jobs: list[Job], finished) -> None:
