@@ -95,8 +95,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         runs = select(sweep.runs, args.only)
         print_table(sweep, out if out.is_dir() else None, runs, args.parallel or 1)
         groups = plan_groups(runs, not args.no_fuse)
+        # as the fit check: compiled for a spec with GPUs and estimate.device_memory; a local
+        # CPU job chooses its members per program from its compiled step when it starts
         fits = (fit_groups(groups, sweep.estimate.device_memory)
-                if not args.no_fit and any(len(g) > 1 for g in groups) else None)
+                if not args.no_fit and sweep.estimate.device_memory
+                and any(len(g) > 1 and "gpus_per_node" in g[0].slurm for g in groups) else None)
         print_groups(groups, not args.no_fuse, fits)
         if not args.no_fit:
             results, note = fit_results(sweep, runs)
