@@ -217,8 +217,8 @@ def test_members_spread_over_emulated_devices(corpus, cache, tmp_path):
             f"train_fused(pickle.load(open({str(tmp_path / 'runs.pkl')!r}, 'rb')), "
             f"{[str(p) for p in two]!r}, progress=False)\n")
     import os
-    env = dict(os.environ, JAX_PLATFORMS="cpu",
-               XLA_FLAGS=os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2")
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=os.environ.get("XLA_FLAGS", "")
+               + " --xla_force_host_platform_device_count=2")
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
     for a, b in zip(two, one):
