@@ -215,7 +215,7 @@ def test_members_spread_over_emulated_devices(corpus, cache, tmp_path):
     code = ("import jax, pickle, sys\nfrom cgpt.train.fused_loop import train_fused\n"
             "assert len(jax.devices()) == 2, jax.devices()\n"
             f"train_fused(pickle.load(open({str(tmp_path / 'runs.pkl')!r}, 'rb')), "
-            f"{[str(p) for p in two]!r}, progress=False)\n")
+            f"{[str(p) for p in two]!r}, progress=False, spread=True)\n")
     import os
     env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=os.environ.get("XLA_FLAGS", "")
                + " --xla_force_host_platform_device_count=2")

@@ -20,6 +20,7 @@ state (the update is masked inside the step), so the others go on unchanged.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Callable, Sequence
 
 import jax
@@ -150,8 +151,17 @@ def member(tree, i: int):
     return jax.tree.map(lambda x: x[i], tree)
 
 
+_init_params = jax.jit(model.init_params, static_argnums=0)  # one compile per shape
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _init_opt(recipe, cfg: ModelConfig, params):
+    return optim.make_optimizer(recipe, cfg).init(params)
+
+
 def init_member(cfg: ModelConfig, recipe, seed: int):
-    """(params, opt_state) exactly as a solo run initializes them (`SingleDevice`)."""
-    params = jax.jit(model.init_params, static_argnums=0)(cfg, seed)
-    opt_state = jax.jit(optim.make_optimizer(recipe, cfg).init)(params)
-    return params, opt_state
+    """(params, opt_state) exactly as a solo run initializes them (`SingleDevice`). The
+    optimizer's initial state (zero moments, zero counts) does not depend on the
+    hyperparameters, so a group may pass one member's recipe for all: one compile."""
+    params = _init_params(cfg, seed)
+    return params, _init_opt(recipe, cfg, params)

@@ -15,6 +15,7 @@ function of the step, so the rewound members retrain exactly what they had.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import json
 import math
 import sys
@@ -41,12 +42,22 @@ FAILED_FILE = "failed.json"  # = cgpt.sweep.state.FAILED_FILE (train never impor
 
 
 def train_fused(runs: Sequence[RunConfig], outs: Sequence[str | Path], resume: bool = False,
-                progress: bool = True) -> list[dict | TrainError]:
+                progress: bool = True, spread: bool | None = None) -> list[dict | TrainError]:
     """Train `runs` (one shape, see `cgpt.train.fused.check_group`) as one program into the
     run directories `outs`; returns each member's summary, or the TrainError that stopped it.
 
     Every directory is locked while this runs; a launch that fails before the configs are
-    written leaves nothing behind. Single process, one device (`train.mode=single`)."""
+    written leaves nothing behind. Single process; each member on one device, the members
+    spread over the devices when `spread` (default: on accelerators, not on CPU, whose
+    devices share the same cores and where one device keeps the solo runs' exact numerics)."""
+    token = _SPREAD.set(jax.default_backend() != "cpu" if spread is None else spread)
+    try:
+        return _train_fused_locked(runs, outs, resume, progress)
+    finally:
+        _SPREAD.reset(token)
+
+
+def _train_fused_locked(runs, outs, resume, progress):
     outs = [Path(o) for o in outs]
     if len(runs) != len(outs):
         raise TrainError(f"fused training got {len(runs)} configs but {len(outs)} --out "
@@ -161,7 +172,7 @@ def _compiled(r0, members: int):
     """The fused step for `members` stacked states, compiled once per process and shape."""
     key = (r0.cfg.replace(name="", init_std=0.0, out_init_std=None, mup_init_std=0.0),
            r0.recipe.b1, r0.recipe.b2, r0.recipe.adam_eps, r0.total_steps, r0.accum,
-           r0.micro_batch, r0.seq_len, members)
+           r0.micro_batch, r0.seq_len, members, _SPREAD.get())
     if key not in _COMPILED:
         cfg = r0.cfg
         a_p, a_o = jax.eval_shape(lambda: fused.init_member(cfg, r0.recipe, 0))
@@ -181,11 +192,14 @@ def _compiled(r0, members: int):
     return _COMPILED[key]
 
 
+_SPREAD: contextvars.ContextVar[bool] = contextvars.ContextVar("spread", default=False)
+
+
 def member_sharding(members: int):
     """The member axis spread over this process's devices (as many as divide the members):
     each member's step stays on one device, so the program needs no communication; None on
     one device. Every stacked input and state is placed with it."""
-    devs = jax.local_devices()
+    devs = jax.local_devices() if _SPREAD.get() else jax.local_devices()[:1]
     k = max(d for d in range(1, min(len(devs), members) + 1) if members % d == 0)
     if k == 1:
         return None
@@ -238,8 +252,8 @@ def _compile(r0, members: int, memory: int):
 def _start(res, ckpts, outs, live, resuming):
     """(start step, stacked params, stacked optimizer state). Resuming, every member restarts
     from the newest step all of them kept; later checkpoints are set aside (a rewind)."""
-    states = {i: fused.init_member(res[i].cfg, res[i].recipe, res[i].run.train.seed)
-              for i in live}
+    states = {i: fused.init_member(res[i].cfg, res[live[0]].recipe, res[i].run.train.seed)
+              for i in live}  # one optimizer init compiled (its state holds no hyperparameter)
     start = 0
     if resuming:
         common = set.intersection(*(set(ckpts[i].steps()) for i in live))
