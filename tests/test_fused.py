@@ -196,3 +196,38 @@ def test_mismatched_group_names_the_key_and_leaves_nothing(corpus, cache, tmp_pa
     with pytest.raises(TrainError, match=f"must share {key}: .*train the others"):
         train_fused(runs, outs, progress=False)
     assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.slow
+def test_members_spread_over_emulated_devices(corpus, cache, tmp_path):
+    """The member axis beside the devices: a group of 4 on 2 emulated CPU devices (2 members
+    each, no communication) logs what the same group logs on one device."""
+    import pickle
+    import subprocess
+    import sys
+
+    runs = [_run(corpus, cache, data_seed=k % 2, seed=k, steps=6, peak_lr=1e-3 * (k + 1))
+            for k in range(4)]
+    one = [tmp_path / f"one{k}" for k in range(4)]
+    two = [tmp_path / f"two{k}" for k in range(4)]
+    train_fused(runs, one, progress=False)
+    (tmp_path / "runs.pkl").write_bytes(pickle.dumps(runs))
+    code = ("import jax, pickle, sys\nfrom cgpt.train.fused_loop import train_fused\n"
+            "assert len(jax.devices()) == 2, jax.devices()\n"
+            f"train_fused(pickle.load(open({str(tmp_path / 'runs.pkl')!r}, 'rb')), "
+            f"{[str(p) for p in two]!r}, progress=False, spread=True)\n")
+    import os
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=os.environ.get("XLA_FLAGS", "")
+               + " --xla_force_host_platform_device_count=2")
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for a, b in zip(two, one):
+        ma, mb = (rundir.read_metrics(d / "metrics.jsonl") for d in (a, b))
+        assert [r["step"] for r in ma] == [r["step"] for r in mb]
+        for x, y in zip(ma, mb):
+            # another compiled program (2 members per device): ulps, relative 1e-6
+            assert abs(x["loss"] - y["loss"]) <= 1e-6 * y["loss"] and abs(
+                x.get("val_loss", 0) - y.get("val_loss", 0)) <= 1e-6 * y["loss"]
+        sa, sb = (json.loads((d / "summary.json").read_text()) for d in (a, b))
+        assert sa["placement"]["member_devices"] == 2 and sb["placement"]["member_devices"] == 1
+        _assert_close_params(_params(a), _params(b))

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from cgpt.sweep.fitcheck import fit_results, print_fit
+from cgpt.sweep.groups import fit_groups, plan_groups, print_groups
 from cgpt.sweep.launch import EXECUTORS, ON_CHANGE, launch, print_table
 from cgpt.sweep.spec import load_sweep, select
 
@@ -49,6 +50,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="--suggest: the compute to forecast (default 100x the largest run)")
     p.add_argument("--budget-flops", type=float,
                    help="--suggest: compute for the new runs, 6ND (default: the sweep's own)")
+    p.add_argument("--no-fuse", action="store_true",
+                   help="train every run as its own job; by default runs of one shape that "
+                   "differ only in seed, data order or optimizer hyperparameters train as one "
+                   "vmapped program per group (--dry-run lists the groups)")
     p.add_argument("--no-compile-cache", action="store_true",
                    help="do not share JAX's persistent compilation cache (DIR/.jax_cache) "
                    "between the runs")
@@ -91,6 +96,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         print_table(sweep, out if out.is_dir() else None, runs, args.parallel or 1)
         from cgpt.sweep.resources import print_resources
         print_resources(sweep, runs)
+        groups = plan_groups(runs, not args.no_fuse)
+        # as the fit check: compiled for a spec with GPUs and estimate.device_memory; a local
+        # CPU job chooses its members per program from its compiled step when it starts
+        fits = (fit_groups(groups, sweep.estimate.device_memory)
+                if not args.no_fit and sweep.estimate.device_memory
+                and any(len(g) > 1 and "gpus_per_node" in g[0].slurm for g in groups) else None)
+        print_groups(groups, not args.no_fuse, fits)
         if not args.no_fit:
             results, note = fit_results(sweep, runs)
             if results is not None:
@@ -99,7 +111,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                 print(note)
         return 0
     return launch(sweep, out, parallel=args.parallel, executor=args.executor, only=args.only,
-                  on_change=args.on_change,
+                  on_change=args.on_change, fuse=not args.no_fuse,
                   compile_cache=None if args.no_compile_cache else "default")
 
 

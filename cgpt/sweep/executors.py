@@ -57,6 +57,7 @@ class Job:
     pin: tuple = ()  # (slot, slots): local runs get their own share of the devices
     branch_from: str = ""  # "PARENT_DIR@STEP" for a cooldown branch (waits for the checkpoint)
     files: dict = field(default_factory=dict, hash=False)  # name -> text the run dir starts with
+    members: tuple = ()  # a fused group's Jobs, this one's first (cgpt.sweep.groups)
 
 
 # Launcher run as `python -c`: hold the run's lock for the whole training process (the fd is
@@ -84,7 +85,7 @@ except (OSError, AttributeError):
     pass
 if os.getppid() != parent:
     sys.exit("cgpt sweep: the sweep process exited before this run started")
-os.execv(sys.executable, [sys.executable, "-m", "cgpt", *argv])
+os.execv(sys.executable, [sys.executable, "-m", *argv])  # argv: module, then its args
 """
 
 _live: dict[str, subprocess.Popen] = {}  # run_id -> process (this process's runs)
@@ -202,7 +203,7 @@ def execute_run(job: Job) -> dict:
         extra, cpus = device_share(*job.pin)
         env.update(extra)
     cmd = [sys.executable, "-c", _LAUNCH, str(d / LOCK_FILE) if rank == 0 else "",
-           str(os.getpid()), ",".join(map(str, cpus)), *train_argv(job)]
+           str(os.getpid()), ",".join(map(str, cpus)), "cgpt", *train_argv(job)]
     t0 = time.time()
     with open(log, "a") as f:
         where = (f" [cpus {','.join(map(str, cpus))}]" if cpus else "") + (
@@ -308,8 +309,10 @@ def stop_local(grace_s: float = 20.0) -> None:
 
 
 # ---- executors -----------------------------------------------------------------------------
-def run_local(jobs: list[Job], parallel: int, finished, on_start=None) -> None:
-    """K worker threads; with K > 1 each run is pinned to its own slot of the devices."""
+def run_local(jobs: list[Job], parallel: int, finished, on_start=None,
+              runner=execute_run) -> None:
+    """K worker threads; with K > 1 each run is pinned to its own slot of the devices.
+    `runner(job)` runs one job (`cgpt.sweep.worker.execute_job` also runs fused groups)."""
     _stopping.clear()
     if parallel > 1 and jobs:
         device_share(0, parallel)  # fail now if K runs cannot each get a GPU
@@ -323,7 +326,7 @@ def run_local(jobs: list[Job], parallel: int, finished, on_start=None) -> None:
                     j, slot = pending.pop(0), free.pop(0)
                     if parallel > 1:
                         j = replace(j, pin=(slot, parallel))
-                    futs[pool.submit(execute_run, j)] = (slot, j)
+                    futs[pool.submit(runner, j)] = (slot, j)
                     if on_start:
                         on_start(j)
                 done, _ = wait(list(futs), return_when=FIRST_COMPLETED)
@@ -369,8 +372,9 @@ def _groups(jobs: list[Job], resources: dict[str, dict]) -> list[tuple[dict, lis
 
 def run_submitit(jobs: list[Job], resources: dict[str, dict], name: str, folder: Path,
                  parallel: int | None, executor: str, finished, poll_s: float,
-                 where: str = "spec") -> None:
-    """Submit `jobs` as SLURM job arrays (or submitit's local executor) and wait for them."""
+                 where: str = "spec", task: RunTask | None = None) -> None:
+    """Submit `jobs` as SLURM job arrays (or submitit's local executor) and wait for them;
+    `task`: the submitted callable (`cgpt.sweep.worker.GroupTask` also runs fused groups)."""
     import submitit
 
     if not jobs:
@@ -384,7 +388,7 @@ def run_submitit(jobs: list[Job], resources: dict[str, dict], name: str, folder:
             ex.update_parameters(**slurm_params(res, parallel, len(group), name))
         except (NameError, AssertionError, ValueError) as e:
             raise ValueError(f"{where}: bad slurm: setting ({e}); see docs/sweeps.md") from None
-        task = RunTask()
+        task = task or RunTask()
         grace = {GRACE_ENV: f"{requeue_grace(res):g}"}  # train compares its save time with it
         group = [replace(j, env={**j.env, **grace}) for j in group]
         with ex.batch():

@@ -15,6 +15,7 @@ import yaml
 
 from cgpt.fileio import probe_writable
 from cgpt.sweep.executors import Job, run_local, run_submitit
+from cgpt.sweep.groups import group_jobs, plan_groups
 from cgpt.sweep.spec import Run, Sweep, fmt_count, fmt_time, missing_required, select
 from cgpt.sweep.state import LOG_FILE, SUPERSEDED_DIR, config_change, prepare_run_dir, read_json, \
     run_files, run_state, supersede, write_results
@@ -160,8 +161,12 @@ def _check_identity(sweep: Sweep, runs: list[Run], out: Path, on_change: str) ->
 
 def launch(sweep: Sweep, out: Path, parallel: int | None = None, executor: str = "local",
            only: str | None = None, poll_s: float = 10.0, report: bool = True,
-           on_change: str = "error", compile_cache: Path | None | str = "default") -> int:
+           on_change: str = "error", compile_cache: Path | None | str = "default",
+           fuse: bool = True) -> int:
     """Run every selected run that is not done; returns 0 if all are done, else 1 (130: ^C).
+
+    fuse: same-shape runs train as one fused program per group (`cgpt.sweep.groups`); a
+    local sequential sweep trains all its jobs in one worker process (`cgpt.sweep.worker`).
 
     compile_cache: a directory for JAX's persistent compilation cache shared by the runs
     ("default": DIR/.jax_cache), or None for none.
@@ -209,17 +214,27 @@ def launch(sweep: Sweep, out: Path, parallel: int | None = None, executor: str =
             todo.sort(key=lambda r: (r.branch_from is not None,  # parents before branches
                                      -sweep.estimate.seconds(r.steps, r.flops)))
         env = compile_cache_env(Path(cache).resolve() if cache else None)
-        jobs = [Job(r.run_id, str(prepare_run_dir(r, out).resolve()),
+        by_id = {r.run_id: Job(r.run_id, str(prepare_run_dir(r, out).resolve()),
                     resume=(out / r.run_id / "config.yaml").exists(), env=env,
                     files=run_files(r),
                     branch_from=f"{(out / r.branch_from[0]).resolve()}@{r.branch_from[1]}"
-                    if r.branch_from else "") for r in todo]
+                    if r.branch_from else "") for r in todo}
+        groups = plan_groups(todo, fuse)
+        jobs = group_jobs(groups, by_id)
+        if any(len(g) > 1 for g in groups):
+            print(f"fused: {sum(len(g) for g in groups if len(g) > 1)} runs in "
+                  f"{sum(len(g) > 1 for g in groups)} group(s) of one shape, each one program "
+                  "(--no-fuse: one process per run)")
 
         failures: dict[str, str] = {}
         bar = tqdm(total=len(runs), initial=n_done, unit="run", desc=f"sweep {sweep.name}",
                    dynamic_ncols=True)
 
         def finished(res: dict) -> None:
+            if "members" in res:  # a fused group: one result per run
+                for m in res["members"]:
+                    finished(m)
+                return
             if res["status"] == "failed":
                 failures[res["run_id"]] = res["error"]
                 bar.write(f"FAILED {res['run_id']}: {res['error']}  "
@@ -232,13 +247,18 @@ def launch(sweep: Sweep, out: Path, parallel: int | None = None, executor: str =
             write_results(sweep.runs, out)
             bar.set_postfix(failed=len(failures), refresh=True)
 
+        from cgpt.sweep.worker import GroupTask
         try:
-            if executor == "local":
-                run_local(jobs, parallel or 1, finished)
+            if executor == "local" and (parallel or 1) == 1:
+                from cgpt.sweep.worker import run_one_process
+                run_one_process(jobs, finished)  # one process: no start-up per run
+            elif executor == "local":
+                from cgpt.sweep.worker import execute_job
+                run_local(jobs, parallel, finished, runner=execute_job)
             else:
-                resources = {r.run_id: r.slurm for r in todo}
+                resources = {r.run_id: r.slurm for r in todo}  # a group: its first run's
                 run_submitit(jobs, resources, sweep.name, out / ".submitit", parallel, executor,
-                             finished, poll_s, where=str(sweep.path))
+                             finished, poll_s, where=str(sweep.path), task=GroupTask())
         except KeyboardInterrupt:
             bar.close()
             write_results(sweep.runs, out)

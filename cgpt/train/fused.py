@@ -20,6 +20,7 @@ state (the update is masked inside the step), so the others go on unchanged.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Callable, Sequence
 
 import jax
@@ -31,15 +32,9 @@ from cgpt.config.model import ModelConfig
 from cgpt.errors import TrainError
 from cgpt.model import gpt as model
 from cgpt.train import optim
+from cgpt.train.members import MEMBER_DATA_KEYS, MEMBER_MODEL_KEYS, MEMBER_TRAIN_KEYS, \
+    SHARED_RECIPE_KEYS
 from cgpt.train.step import make_step
-
-# What may differ between the members of a fused group: everything else must be equal.
-MEMBER_MODEL_KEYS = ("name", "init_std", "out_init_std", "mup_init_std")  # init only
-MEMBER_DATA_KEYS = ("seed",)  # the batch order
-MEMBER_TRAIN_KEYS = ("seed", "peak_lr", "warmup_steps", "weight_decay", "clip_norm", "decay",
-                     "schedule", "decay_fraction", "end_lr_fraction", "log_every", "eval_every",
-                     "ckpt_every", "keep_checkpoints")
-SHARED_RECIPE_KEYS = ("total_steps", "batch_size", "adam_eps", "b1", "b2")
 
 
 def check_group(resolved: Sequence, names: Sequence[str]) -> None:
@@ -156,8 +151,17 @@ def member(tree, i: int):
     return jax.tree.map(lambda x: x[i], tree)
 
 
+_init_params = jax.jit(model.init_params, static_argnums=0)  # one compile per shape
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _init_opt(recipe, cfg: ModelConfig, params):
+    return optim.make_optimizer(recipe, cfg).init(params)
+
+
 def init_member(cfg: ModelConfig, recipe, seed: int):
-    """(params, opt_state) exactly as a solo run initializes them (`SingleDevice`)."""
-    params = jax.jit(model.init_params, static_argnums=0)(cfg, seed)
-    opt_state = jax.jit(optim.make_optimizer(recipe, cfg).init)(params)
-    return params, opt_state
+    """(params, opt_state) exactly as a solo run initializes them (`SingleDevice`). The
+    optimizer's initial state (zero moments, zero counts) does not depend on the
+    hyperparameters, so a group may pass one member's recipe for all: one compile."""
+    params = _init_params(cfg, seed)
+    return params, _init_opt(recipe, cfg, params)

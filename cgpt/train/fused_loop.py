@@ -15,6 +15,7 @@ function of the step, so the rewound members retrain exactly what they had.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import json
 import math
 import sys
@@ -40,12 +41,22 @@ FAILED_FILE = "failed.json"  # = cgpt.sweep.state.FAILED_FILE (train never impor
 
 
 def train_fused(runs: Sequence[RunConfig], outs: Sequence[str | Path], resume: bool = False,
-                progress: bool = True) -> list[dict | TrainError]:
+                progress: bool = True, spread: bool | None = None) -> list[dict | TrainError]:
     """Train `runs` (one shape, see `cgpt.train.fused.check_group`) as one program into the
     run directories `outs`; returns each member's summary, or the TrainError that stopped it.
 
     Every directory is locked while this runs; a launch that fails before the configs are
-    written leaves nothing behind. Single process, one device (`train.mode=single`)."""
+    written leaves nothing behind. Single process; each member on one device, the members
+    spread over the devices when `spread` (default: on accelerators, not on CPU, whose
+    devices share the same cores and where one device keeps the solo runs' exact numerics)."""
+    token = _SPREAD.set(jax.default_backend() != "cpu" if spread is None else spread)
+    try:
+        return _train_fused_locked(runs, outs, resume, progress)
+    finally:
+        _SPREAD.reset(token)
+
+
+def _train_fused_locked(runs, outs, resume, progress):
     outs = [Path(o) for o in outs]
     if len(runs) != len(outs):
         raise TrainError(f"fused training got {len(runs)} configs but {len(outs)} --out "
@@ -70,12 +81,11 @@ def train_fused(runs: Sequence[RunConfig], outs: Sequence[str | Path], resume: b
 
 def _train_fused(runs: list[RunConfig], outs: list[Path], resuming: bool, progress: bool,
                  launches: list[rundir.Launch]) -> list[dict | TrainError]:
-    from tqdm.auto import tqdm
-
     # ---- set up: each member resolved, the group checked, one compiled step -----------------
     wall0 = time.perf_counter()
     results: list[dict | TrainError | None] = [None] * len(runs)
-    devices = jax.devices()
+    devices = jax.devices()[:1]  # each member's own layout: one device (members spread over
+    # the devices instead: `member_sharding`)
     live, res, saved, priors, fresh, memory = [], {}, {}, {}, {}, {}
     for i, (run, out) in enumerate(zip(runs, outs)):
         fresh[i] = not (out / checkpoint.CONFIG_FILE).exists()
@@ -93,11 +103,25 @@ def _train_fused(runs: list[RunConfig], outs: list[Path], resuming: bool, progre
     if not live:
         return results
     fused.check_group([res[i] for i in live], [str(outs[i]) for i in live])
+    # as many members per program as fit the device (as micro-batches are chosen); the rest
+    # train next, in this process, from the same compiled step
+    per, _ = members_that_fit(res[live[0]], len(live), memory[live[0]])
+    for c in range(0, len(live), per):
+        _train_chunk(live[c:c + per], res, saved, priors, fresh, memory, outs, launches,
+                     resuming, progress, results, wall0 if c == 0 else time.perf_counter())
+    return results
+
+
+def _train_chunk(live, res, saved, priors, fresh, memory, outs, launches, resuming, progress,
+                 results, wall0) -> None:
+    from tqdm.auto import tqdm
+
     r0 = res[live[0]]
-    cfg, total, M = r0.cfg, r0.total_steps, len(live)
+    cfg, M = r0.cfg, len(live)
     step_fn, bytes_ = _compile(r0, M, memory[live[0]])
     print(f"{cfg.name}: {M} runs fused into one program, micro-batch {r0.micro_batch} x "
-          f"{r0.accum} accumulation step(s): {fmt_bytes(bytes_['total'])} on one device",
+          f"{r0.accum} accumulation step(s): {fmt_bytes(bytes_['total'])} per device, members on "
+          f"{_devices_of(member_sharding(M))} device(s)",
           file=sys.stderr, flush=True)
     data = {}
     for i in live:
@@ -126,7 +150,8 @@ def _train_fused(runs: list[RunConfig], outs: list[Path], resuming: bool, progre
     # ---- the summaries ----------------------------------------------------------------------
     speed, params, val_loss = trained
     placement = {**SingleDevice(cfg).describe(), "micro_batch": r0.micro_batch, "accum": r0.accum,
-                 "remat": bool(cfg.remat), "bytes_per_device": bytes_["total"], "fused": M}
+                 "remat": bool(cfg.remat), "bytes_per_device": bytes_["total"], "fused": M,
+                 "member_devices": _devices_of(member_sharding(M))}
     for k, i in enumerate(live):
         if results[i] is not None:  # failed
             continue
@@ -137,35 +162,97 @@ def _train_fused(runs: list[RunConfig], outs: list[Path], resuming: bool, progre
             wall_time_s=time.perf_counter() - wall0, start=start, data=data[i],
             placement=placement, changes=changes[i])
         summary.write(outs[i], results[i])
-    return results
+
+
+_COMPILED: dict = {}  # (shape key, members) -> (compiled step, bytes): a process reuses them
+
+
+def _compiled(r0, members: int):
+    """The fused step for `members` stacked states, compiled once per process and shape."""
+    key = (r0.cfg.replace(name="", init_std=0.0, out_init_std=None, mup_init_std=0.0),
+           r0.recipe.b1, r0.recipe.b2, r0.recipe.adam_eps, r0.total_steps, r0.accum,
+           r0.micro_batch, r0.seq_len, members, _SPREAD.get())
+    if key not in _COMPILED:
+        cfg = r0.cfg
+        a_p, a_o = jax.eval_shape(lambda: fused.init_member(cfg, r0.recipe, 0))
+        sh = member_sharding(members)
+        grow = lambda x: jax.ShapeDtypeStruct((members, *x.shape), x.dtype,  # noqa: E731
+                                              sharding=sh)
+        a_hyper = fused.Hyper(
+            lr=jax.ShapeDtypeStruct((members, r0.total_steps + 1), jnp.float32, sharding=sh),
+            weight_decay=jax.ShapeDtypeStruct((members,), jnp.float32, sharding=sh),
+            clip_norm=jax.ShapeDtypeStruct((members,), jnp.float32, sharding=sh))
+        a_batch = jax.ShapeDtypeStruct((members, r0.accum, r0.micro_batch, r0.seq_len + 1),
+                                       jnp.int32, sharding=sh)
+        compiled = fused.make_fused_step(cfg, r0.recipe).lower(
+            jax.tree.map(grow, a_p), jax.tree.map(grow, a_o), a_batch, a_hyper,
+            jax.ShapeDtypeStruct((members,), jnp.bool_, sharding=sh)).compile()
+        _COMPILED[key] = compiled, fit.step_bytes(compiled)
+    return _COMPILED[key]
+
+
+_SPREAD: contextvars.ContextVar[bool] = contextvars.ContextVar("spread", default=False)
+
+
+def member_sharding(members: int):
+    """The member axis spread over this process's devices (as many as divide the members):
+    each member's step stays on one device, so the program needs no communication; None on
+    one device. Every stacked input and state is placed with it."""
+    devs = jax.local_devices() if _SPREAD.get() else jax.local_devices()[:1]
+    k = max(d for d in range(1, min(len(devs), members) + 1) if members % d == 0)
+    if k == 1:
+        return None
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    return NamedSharding(Mesh(np.array(devs[:k]), ("member",)), PartitionSpec("member"))
+
+
+def _devices_of(sh) -> int:
+    return 1 if sh is None else sh.mesh.size
+
+
+def _place(tree, sh):
+    """A stacked tree (or host array) on the member sharding (default device without one)."""
+    return jax.tree.map(jnp.asarray, tree) if sh is None else jax.device_put(tree, sh)
+
+
+def members_that_fit(r0, members: int, memory: int) -> tuple[int, int]:
+    """(how many of `members` one fused program holds within `memory`, that program's bytes):
+    all of them if their compiled step fits; else from the bytes of 1 and of all members
+    (linear in the members: states, batches and activations are per member), checked by
+    compiling. A TrainError if not even one fits."""
+    usable = fit.usable_memory(memory)
+    b_all = _compiled(r0, members)[1]["total"]
+    if b_all <= usable:
+        return members, b_all
+    b_one = _compiled(r0, 1)[1]["total"]
+    if b_one > usable:
+        raise TrainError(f"one run of {r0.cfg.name} needs {fmt_bytes(b_one)} on one device but "
+                         f"{fmt_bytes(usable)} are usable; train it alone (--no-fuse) so that "
+                         "train can choose its micro-batch and remat, or on more devices")
+    per = max(1.0, (b_all - b_one) / (members - 1))
+    m = max(1, min(members - 1, int((usable - b_one) // per) + 1))
+    while m > 1 and _compiled(r0, m)[1]["total"] > usable:
+        m -= 1
+    return m, _compiled(r0, m)[1]["total"]
 
 
 def _compile(r0, members: int, memory: int):
     """The fused step compiled for `members` stacked states, and its bytes (`fit.step_bytes`);
     a TrainError if it does not fit the device."""
-    cfg = r0.cfg
-    a_p, a_o = jax.eval_shape(lambda: fused.init_member(cfg, r0.recipe, 0))
-    grow = lambda x: jax.ShapeDtypeStruct((members, *x.shape), x.dtype)  # noqa: E731
-    a_hyper = fused.Hyper(lr=jax.ShapeDtypeStruct((members, r0.total_steps + 1), jnp.float32),
-                          weight_decay=jax.ShapeDtypeStruct((members,), jnp.float32),
-                          clip_norm=jax.ShapeDtypeStruct((members,), jnp.float32))
-    a_batch = jax.ShapeDtypeStruct((members, r0.accum, r0.micro_batch, r0.seq_len + 1), jnp.int32)
-    compiled = fused.make_fused_step(cfg, r0.recipe).lower(
-        jax.tree.map(grow, a_p), jax.tree.map(grow, a_o), a_batch, a_hyper,
-        jax.ShapeDtypeStruct((members,), jnp.bool_)).compile()
-    b = fit.step_bytes(compiled)
+    compiled, b = _compiled(r0, members)
     if b["total"] > fit.usable_memory(memory):
-        raise TrainError(f"{members} fused runs of {cfg.name} need {fmt_bytes(b['total'])} on one "
-                         f"device but {fmt_bytes(fit.usable_memory(memory))} are usable; fuse "
-                         "fewer runs per group (or set train.micro_batch smaller)")
+        raise TrainError(f"{members} fused runs of {r0.cfg.name} need {fmt_bytes(b['total'])} "
+                         f"on one device but {fmt_bytes(fit.usable_memory(memory))} are usable; "
+                         "fuse fewer runs per group (or set train.micro_batch smaller)")
     return compiled, b
 
 
 def _start(res, ckpts, outs, live, resuming):
     """(start step, stacked params, stacked optimizer state). Resuming, every member restarts
     from the newest step all of them kept; later checkpoints are set aside (a rewind)."""
-    states = {i: fused.init_member(res[i].cfg, res[i].recipe, res[i].run.train.seed)
-              for i in live}
+    states = {i: fused.init_member(res[i].cfg, res[live[0]].recipe, res[i].run.train.seed)
+              for i in live}  # one optimizer init compiled (its state holds no hyperparameter)
     start = 0
     if resuming:
         common = set.intersection(*(set(ckpts[i].steps()) for i in live))
@@ -183,8 +270,9 @@ def _start(res, ckpts, outs, live, resuming):
                              + ", ".join(f"{outs[i]}: {got[i]}" for i in live)
                              + "); resume them with --from-step at a step all of them keep")
         start = got[live[0]]
-    params = fused.stack([states[i][0] for i in live])
-    opt_state = fused.stack([states[i][1] for i in live])
+    sh = member_sharding(len(live))
+    params = _place(fused.stack([states[i][0] for i in live]), sh)
+    opt_state = _place(fused.stack([states[i][1] for i in live]), sh)
     return start, params, opt_state
 
 
@@ -192,7 +280,8 @@ def _loop(res, data, ckpts, outs, live, start, params, opt_state, step_fn, evalu
           tqdm, results):
     r0 = res[live[0]]
     total, B, T = r0.total_steps, r0.batch_size, r0.seq_len
-    hyper = fused.stack_hyper([res[i].recipe for i in live])
+    sh = member_sharding(len(live))
+    hyper = _place(fused.stack_hyper([res[i].recipe for i in live]), sh)
     lrs = np.asarray(hyper.lr)
     tr = {i: res[i].run.train for i in live}
     eval_every = {i: tr[i].eval_every or max(1, total // 10) for i in live}
@@ -224,8 +313,8 @@ def _loop(res, data, ckpts, outs, live, start, params, opt_state, step_fn, evalu
                     by_seed[s] = data[i].train_batch(step, B).reshape(r0.accum, -1, T + 1)
             batch = np.stack([by_seed[data[i].seed] for i in live])
             t0 = time.perf_counter()
-            params, opt_state, m = step_fn(params, opt_state, jnp.asarray(batch), hyper,
-                                         jnp.asarray(active))
+            params, opt_state, m = step_fn(params, opt_state, _place(batch, sh), hyper,
+                                           _place(active, sh))
             loss, gnorm, ok = (np.asarray(m[k]) for k in ("loss", "grad_norm", "ok"))
             dt = time.perf_counter() - t0
             for k, i in enumerate(live):

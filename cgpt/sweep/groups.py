@@ -1,0 +1,114 @@
+"""Which runs of a sweep train together: fused groups of one shape (issue #21).
+
+Runs that share everything a program is compiled from (model shape, data, sequence length,
+batch, step count, execution mode) and differ only in what a fused member may differ in
+(`cgpt.train.members`: seed, data order, peak LR, warmup, schedule, weight decay, clipping,
+init scales) become one job: one process trains them as one vmapped program
+(`cgpt.train.fused_loop.train_fused`), each member still its own run directory. How many
+members one program holds is decided where micro-batches are, at the start of the job on its
+device: the fused step is compiled for the whole group and, if it does not fit the device's
+memory, for fewer (`members_that_fit`); the group then trains in consecutive chunks.
+
+A fused job spreads its members over the devices it is given (`member_sharding`: each
+member's step on one device, no communication). Not fused: cooldown branches (they start
+from a parent's checkpoint), runs that each span several devices (slurm nodes x
+gpus_per_node > 1: a member axis beside their data/model mesh is not implemented), and
+everything under `--no-fuse`.
+"""
+from __future__ import annotations
+
+import json
+import math
+import sys
+
+from cgpt.sweep.executors import Job
+from cgpt.sweep.spec import Run
+from cgpt.train.members import shared_part
+
+
+def fuse_key(run: Run) -> str | None:
+    """The group a run can train in (None: it trains alone)."""
+    t = run.config.train
+    if run.branch_from is not None or run.devices > 1 or t.mode not in ("auto", "single"):
+        return None
+    return json.dumps(shared_part(run.config.to_dict()), sort_keys=True, default=str)
+
+
+def plan_groups(runs: list[Run], fuse: bool = True) -> list[list[Run]]:
+    """`runs` split into groups (each trains as one job), in the order of each group's first
+    run; without `fuse` every run is its own group."""
+    groups: dict[object, list[Run]] = {}
+    for k, r in enumerate(runs):
+        key = fuse_key(r) if fuse else None
+        groups.setdefault(key if key is not None else ("alone", k), []).append(r)
+    return list(groups.values())
+
+
+def group_jobs(groups: list[list[Run]], jobs: dict[str, Job]) -> list[Job]:
+    """One Job per group: a lone run's own, or the first member's carrying all `members`."""
+    out = []
+    for g in groups:
+        first = jobs[g[0].run_id]
+        out.append(first if len(g) == 1 else Job(
+            first.run_id, first.run_dir, any(jobs[r.run_id].resume for r in g), env=first.env,
+            files=first.files, members=tuple(jobs[r.run_id] for r in g)))
+    return out
+
+
+def print_groups(groups: list[list[Run]], fuse: bool, fits: dict | None = None,
+                 file=None) -> None:
+    """The --dry-run's group table: which runs train as one program, and (`fits`, from
+    `members_that_fit`) how many members one program holds on the device."""
+    file = file or sys.stdout
+    fused = [g for g in groups if len(g) > 1]
+    if not fuse:
+        print(f"\nfusion off (--no-fuse): {len(groups)} jobs, one run each", file=file)
+        return
+    print(f"\nfused groups: {len(groups)} jobs for {sum(map(len, groups))} runs "
+          f"({len(fused)} fused group(s) of {sum(map(len, fused))} runs; --no-fuse: one job "
+          "per run)", file=file)
+    for g in groups:
+        if len(g) == 1:
+            continue
+        fit = (fits or {}).get(g[0].run_id)
+        if fit is None:
+            how = "members per program: chosen at start from the compiled fused step's memory"
+        elif "error" in fit:
+            how = f"fit not checked: {fit['error']}"
+        else:
+            chunks = math.ceil(len(g) / fit["members"])
+            how = (f"{fit['members']} member(s) per program fit ({fit['bytes_per_program']} of "
+                   f"{fit['usable']} usable) -> {chunks} program(s) in the job")
+        print(f"  {g[0].model}: {len(g)} runs, {g[0].steps} steps: "
+              f"{', '.join(r.run_id for r in g)}\n    {how}", file=file)
+
+
+def fit_groups(groups: list[list[Run]], device_memory: int | None) -> dict[str, dict]:
+    """For the dry run: each fused group's members per program, from its fused step compiled
+    here (on this machine's backend, standing in for the devices) against `device_memory`
+    (default: this machine's)."""
+    from cgpt.config.units import fmt_bytes
+    from cgpt.sharding.mesh import device_memory_bytes
+    from cgpt.train import fit
+    from cgpt.train.fused_loop import members_that_fit
+    from cgpt.train.resolve import resolve
+
+    import jax
+
+    out = {}
+    memory = device_memory or device_memory_bytes()
+    for g in groups:
+        if len(g) < 2:
+            continue
+        try:
+            r = resolve(g[0].config, jax.devices()[:1], device_memory=memory)
+            r = r.fitted(r.micro_batch, bool(r.cfg.remat))
+            m, b = members_that_fit(r, len(g), memory)
+            out[g[0].run_id] = {"members": m, "bytes_per_program": fmt_bytes(b),
+                                "usable": fmt_bytes(fit.usable_memory(memory))}
+        except Exception as e:  # noqa: BLE001 - a dry run reports it and goes on
+            out[g[0].run_id] = {"error": f"{type(e).__name__}: {e}"}
+    return out
+
+
+__all__ = ["fuse_key", "plan_groups", "group_jobs", "print_groups", "fit_groups"]

@@ -1,0 +1,328 @@
+"""Training several jobs in one process: fused groups, and a local sweep's runs one after another.
+
+`python -m cgpt.sweep.worker [--report]` reads a JSON list of `Job`s on stdin and trains them
+in this one process, in order: a lone run as `cgpt train` would (`cgpt.train.loop.train`), a
+fused group with `cgpt.train.fused_loop.train_fused`. One interpreter start, one import of
+JAX and the model, compiled steps reused across same-shape jobs (and JAX's persistent
+compilation cache across processes, as before). Every run directory is locked while its job
+trains, and ends up as a `cgpt train` process would leave it: `train.log` (the job's output,
+a fused group's in its first member's log), summary.json or failed.json.
+
+The sweep uses it two ways (`cgpt.sweep.executors`): `execute_group` runs one fused group as
+one process (local --parallel K slots, SLURM: one job per group), and `run_one_process`
+runs all of a local sequential sweep's jobs in one worker, restarting a worker for the rest
+if one dies (a crashed job is failed, as a crashed `cgpt train` is).
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from cgpt.fileio import atomic_write_text
+from cgpt.sweep.executors import _LAUNCH, SIGNAL_EXITS, Job, RunTask, _error_from_log, _live, \
+    _live_lock, _stopping, _wait_for_parent, device_share, execute_run, proc_rank, train_argv
+from cgpt.sweep.state import FAILED_FILE, LOCK_FILE, LOG_FILE, RUN_FILE
+
+RESULT = "CGPT-RESULT "  # prefix of a result line on the worker's report channel
+
+
+def job_to_dict(job: Job) -> dict:
+    return dataclasses.asdict(job)
+
+
+def job_from_dict(d: dict) -> Job:
+    return Job(**{**d, "pin": tuple(d.get("pin") or ()),
+                  "members": tuple(job_from_dict(m) for m in d.get("members") or ())})
+
+
+def _header(job: Job, first: Job, n: int, where: str = "") -> str:
+    fused = (f" (fused with {n - 1} other run(s) into one program; its output is in "
+             f"{Path(first.run_dir) / LOG_FILE})" if n > 1 and job is not first else
+             f" ({n} runs fused into one program)" if n > 1 else "")
+    return (f"==== cgpt sweep {time.strftime('%Y-%m-%d %H:%M:%S')}: python -m cgpt "
+            f"{' '.join(train_argv(job))}{where}{fused}\n")
+
+
+def outcome(job: Job, rc: int | None, t0: float, log: Path) -> dict:
+    """One run's result after its process (or in-process job) ended with `rc`, read from its
+    directory; a failure writes failed.json (unless the job wrote its own, e.g. a non-finite
+    loss of one fused member)."""
+    d = Path(job.run_dir)
+    res = {"run_id": job.run_id, "returncode": rc, "error": "",
+           "seconds": round(time.time() - t0, 1)}
+    if (d / "summary.json").exists():
+        return {**res, "status": "done"}
+    if _stopping.is_set() or rc in (130, -signal.SIGINT) or rc in SIGNAL_EXITS:
+        return {**res, "status": "interrupted"}
+    try:
+        own = json.loads((d / FAILED_FILE).read_text()).get("error")
+    except (OSError, ValueError, AttributeError):
+        own = None
+    err = own or _error_from_log(log)
+    if rc is not None and rc < 0:
+        err = f"killed by signal {signal.Signals(-rc).name}; {err}"
+    elif rc == 0 and not own:
+        err = f"exited 0 without writing summary.json; {err}"
+    if proc_rank() == 0:
+        atomic_write_text(d / FAILED_FILE, json.dumps(
+            {**res, "status": "failed", "error": err, "log": str(log)}, indent=2))
+    return {**res, "status": "failed", "error": err}
+
+
+def _prepare(job: Job) -> None:
+    d = Path(job.run_dir)
+    for name, text in job.files.items():  # the directory may have been deleted since launch
+        if not (d / name).exists():
+            atomic_write_text(d / name, text)
+    if proc_rank() == 0:
+        (d / FAILED_FILE).unlink(missing_ok=True)
+
+
+# ---- parent side --------------------------------------------------------------------------
+def _spawn(jobs: list[Job], stdout, report: bool, extra_env: dict | None = None,
+           cpus: list[int] | None = None) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **jobs[0].env, **(extra_env or {}))
+    argv = ["cgpt.sweep.worker"] + (["--report"] if report else [])
+    proc = subprocess.Popen([sys.executable, "-c", _LAUNCH, "", str(os.getpid()),
+                             ",".join(map(str, cpus or [])), *argv],
+                            stdin=subprocess.PIPE, stdout=stdout, stderr=None if report
+                            else subprocess.STDOUT, env=env)
+    proc.stdin.write(json.dumps([job_to_dict(j) for j in jobs]).encode())
+    proc.stdin.close()
+    return proc
+
+
+def execute_group(job: Job) -> dict:
+    """A fused group as one worker process with its output in the first member's train.log;
+    {'run_id', 'status', 'members': [one result per run]} (never raises on failure)."""
+    members = list(job.members)
+    for m in members:
+        _prepare(m)
+    if job.branch_from and not _wait_for_parent(job):
+        return {"run_id": job.run_id, "status": "failed", "members": [
+            {"run_id": m.run_id, "status": "failed", "returncode": None,
+             "error": f"parent {job.branch_from} did not produce its checkpoint"}
+            for m in members]}
+    log = Path(job.run_dir) / LOG_FILE
+    t0 = time.time()
+    extra, cpus = device_share(*job.pin) if job.pin else ({}, [])
+    where = (f" [cpus {','.join(map(str, cpus))}]" if cpus else "") + "".join(
+        f" [{k}={v}]" for k, v in extra.items())
+    for m in members[1:]:
+        with open(Path(m.run_dir) / LOG_FILE, "a") as f:
+            f.write(_header(m, members[0], len(members), where))
+    with open(log, "a") as f:
+        f.write(_header(members[0], members[0], len(members), where))
+        f.flush()
+        if _stopping.is_set():
+            rc = None
+        else:
+            proc = _spawn([job], f, report=False, extra_env=extra, cpus=cpus)
+            with _live_lock:
+                _live[job.run_id] = proc
+            try:
+                rc = proc.wait()
+            finally:
+                with _live_lock:
+                    _live.pop(job.run_id, None)
+    if rc in SIGNAL_EXITS and "SLURM_JOB_ID" in os.environ:  # as execute_run: await requeue
+        time.sleep(float(os.environ.get("CGPT_REQUEUE_WAIT_S", "600")))
+    results = [outcome(m, rc, t0, log) if rc is not None else
+               {"run_id": m.run_id, "status": "interrupted", "error": "", "returncode": None}
+               for m in members]
+    worst = next((r["status"] for r in results if r["status"] != "done"), "done")
+    return {"run_id": job.run_id, "status": worst, "members": results}
+
+
+def execute_job(job: Job) -> dict:
+    """One job as its own process: a fused group (`execute_group`) or one run (`execute_run`)."""
+    return execute_group(job) if job.members else execute_run(job)
+
+
+class GroupTask(RunTask):
+    """The SLURM callable for jobs that may be fused groups (checkpoint/requeue: RunTask's)."""
+
+    def __call__(self, job: Job) -> dict:
+        return execute_job(job)
+
+
+def run_one_process(jobs: list[Job], finished) -> None:
+    """Every job in one worker process, one after another; `finished(result)` per job as it
+    ends. A worker that dies fails the job it was training; a new one takes the rest."""
+    from cgpt.sweep.executors import stop_local
+
+    _stopping.clear()
+    pending = list(jobs)
+    try:
+        while pending and not _stopping.is_set():
+            proc = _spawn(pending, subprocess.PIPE, report=True)
+            with _live_lock:
+                _live["<worker>"] = proc
+            try:
+                for line in proc.stdout:
+                    text = line.decode(errors="replace")
+                    if text.startswith(RESULT):
+                        res = json.loads(text[len(RESULT):])
+                        pending = [j for j in pending if j.run_id != res["run_id"]]
+                        finished(res)
+                rc = proc.wait()
+            finally:
+                with _live_lock:
+                    _live.pop("<worker>", None)
+            if pending and not _stopping.is_set() and rc not in (130, -signal.SIGINT):
+                job = pending.pop(0)  # the one it was training when it died
+                res = [outcome(m, rc or 1, time.time(), Path(job.run_dir) / LOG_FILE)
+                       for m in list(job.members) or [job]]
+                finished(res[0] if not job.members else
+                         {"run_id": job.run_id, "status": "failed", "members": res})
+            elif pending:
+                raise KeyboardInterrupt  # the worker was interrupted: so is the sweep
+    except KeyboardInterrupt:
+        stop_local()
+        raise
+
+
+# ---- worker side --------------------------------------------------------------------------
+def _errors_as_lines(fn) -> int:
+    """Run `fn`, mapping its errors to `cgpt train`'s exit codes and one-line messages."""
+    from cgpt.data.batches import DataError
+    from cgpt.errors import LoadError, TrainError
+    from cgpt.sharding.distributed import DistributedError
+    from cgpt.train.preempt import Preempted
+    from cgpt.train.rundir import RunDirError
+
+    try:
+        fn()
+        return 0
+    except Preempted as e:
+        print(f"cgpt train: {e}", file=sys.stderr)
+        return e.exit_code
+    except (ValueError, TrainError, LoadError, DataError, RunDirError, DistributedError) as e:
+        print(f"cgpt train: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("cgpt train: interrupted; rerun with --resume to continue", file=sys.stderr)
+        return 130
+    except OSError as e:
+        print(f"cgpt train: error: {e.filename + ': ' if e.filename else ''}"
+              f"{e.strerror or e}; fix or remove it and rerun", file=sys.stderr)
+        return 2
+    except Exception:  # noqa: BLE001 - one job's crash fails that job, the others go on
+        import traceback
+        traceback.print_exc()
+        return 1
+
+
+def _config(job: Job):
+    from cgpt.config.run import from_dict, load_yaml
+
+    path = Path(job.run_dir) / RUN_FILE
+    return from_dict(load_yaml(str(path)), str(path))
+
+
+def _train_here(job: Job) -> None:
+    members = list(job.members) or [job]
+    resume = job.resume or any((Path(m.run_dir) / "config.yaml").exists() for m in members)
+    if len(members) > 1:
+        from cgpt.train.fused_loop import train_fused
+
+        train_fused([_config(m) for m in members], [m.run_dir for m in members], resume=resume,
+                    progress=False)
+        return
+    from cgpt.train.loop import train
+
+    run, branch_from = _config(job), None
+    if job.branch_from:
+        from cgpt.train.branch import branch_run, parse_spec, precheck
+
+        branch_from = parse_spec(job.branch_from)
+        run = branch_run(branch_from[0], run)
+        precheck(branch_from, run)
+    train(run, Path(job.run_dir), resume=resume, progress=False, branch_from=branch_from)
+
+
+@contextlib.contextmanager
+def _output_to(log: Path):
+    """fds 1 and 2 (ours, JAX's and XLA's) appended to `log` for the job."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        os.close(saved[0])
+        os.close(saved[1])
+
+
+def run_job(job: Job, redirect: bool) -> list[dict]:
+    """Train one job here: lock its run directories, train, release; one result per run."""
+    members = list(job.members) or [job]
+    log, t0, locks = Path(job.run_dir) / LOG_FILE, time.time(), []
+    try:
+        for m in members:
+            if redirect:
+                _prepare(m)
+            fd = os.open(Path(m.run_dir) / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+            locks.append(fd)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                return [{"run_id": x.run_id, "status": "failed", "returncode": None,
+                         "error": f"{Path(m.run_dir) / LOCK_FILE} is held: another process "
+                         "is training this run"} for x in members]
+        if redirect:
+            for m in members:
+                with open(Path(m.run_dir) / LOG_FILE, "a") as f:
+                    f.write(_header(m, members[0], len(members),
+                                    f" [in the sweep's worker process, pid {os.getpid()}]"))
+            if job.branch_from and not _wait_for_parent(job):
+                return [{"run_id": job.run_id, "status": "failed", "returncode": None,
+                         "error": f"parent {job.branch_from} did not produce its checkpoint"}]
+            with _output_to(log):
+                rc = _errors_as_lines(lambda: _train_here(job))
+        else:
+            rc = _errors_as_lines(lambda: _train_here(job))
+        return [outcome(m, rc, t0, log) for m in members]
+    finally:
+        for fd in locks:
+            os.close(fd)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    report = "--report" in argv
+    jobs = [job_from_dict(d) for d in json.load(sys.stdin)]
+    channel = os.dup(1) if report else None
+    if report:  # our own output goes to the sweep's stderr between jobs, not the channel
+        os.dup2(2, 1)
+    for job in jobs:
+        results = run_job(job, redirect=report)
+        if channel is not None:
+            res = results[0] if not job.members else {
+                "run_id": job.run_id, "members": results,
+                "status": next((r["status"] for r in results if r["status"] != "done"), "done")}
+            os.write(channel, (RESULT + json.dumps(res) + "\n").encode())
+        if any(r["status"] == "interrupted" for r in results):
+            return 130
+    return max((0 if r.get("status") == "done" else 1 for r in results), default=0) \
+        if not report and jobs else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
