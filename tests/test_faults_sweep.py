@@ -188,20 +188,24 @@ def test_truncated_summary_is_not_done_and_the_relaunch_writes_it(tmp_path, caps
 
 
 def test_run_directory_deleted_mid_sweep_is_made_again(tmp_path, monkeypatch):
-    """The second run's directory is deleted while the first trains: the sweep used to stop
-    with a traceback and never attempt that run."""
+    """A run's directory is deleted after the launch made it and before its training process
+    starts: the sweep used to stop with a traceback and never attempt that run. Exercised on
+    both local paths: runs fused into one worker process, and --no-fuse."""
+    from cgpt.sweep import worker
+
     s = sw.load_sweep(_sweep_spec(tmp_path, [0, 1]))
-    out = tmp_path / "out"
-    real = executors.execute_run
+    real = worker._spawn
+    for fuse in (True, False):
+        out = tmp_path / f"out-{fuse}"
 
-    def deleting(job):
-        if job.run_id == s.runs[0].run_id:
-            shutil.rmtree(out / s.runs[1].run_id)
-        return real(job)
+        def deleting(jobs, *a, **k):
+            for j in jobs:
+                shutil.rmtree(j.run_dir, ignore_errors=True)
+            return real(jobs, *a, **k)
 
-    monkeypatch.setattr(executors, "execute_run", deleting)
-    assert sw.launch(s, out, report=False, compile_cache=None) == 0
-    assert set(_status(out).values()) == {"done"}
+        monkeypatch.setattr(worker, "_spawn", deleting)
+        assert sw.launch(s, out, report=False, compile_cache=None, fuse=fuse) == 0
+        assert set(_status(out).values()) == {"done"}
 
 
 # ---- 9: damaged data files ------------------------------------------------------------------
