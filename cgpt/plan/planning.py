@@ -7,6 +7,7 @@ import math
 import time
 from typing import Any, NamedTuple
 
+from cgpt.config.model import remat_value
 from cgpt.config.units import parse_bytes
 from cgpt.plan.hlo import hlo_totals
 
@@ -113,7 +114,7 @@ def plan_run(run, device_memory: int | str, cpu_devices, mode_flags: bool = Fals
         "mesh": dict(strategy.mesh.shape) if strategy.mesh is not None else {},
         "num_devices": n,
         "n_params": cfg.num_params(), "batch": p.batch_size, "seq_len": T,
-        "micro_batch": p.micro_batch, "accum": p.accum, "remat": bool(cfg.remat),
+        "micro_batch": p.micro_batch, "accum": p.accum, "remat": remat_value(cfg.remat),
         "dtype": cfg.compute_dtype, "platform": platform, "attention": cfg.attention,
         "per_device_bytes": {
             "params": shard_bytes(a_params), "optimizer": shard_bytes(a_opt), "temp": b["temp"],

@@ -1,6 +1,7 @@
 """`cgpt plan`'s text report of one plan (the dict `cgpt.plan.planning.plan` returns)."""
 from __future__ import annotations
 
+from cgpt.config.model import remat_value
 from cgpt.config.units import fmt_bytes
 from cgpt.train.fit import HEADROOM
 
@@ -13,14 +14,14 @@ def format_plan(r: dict) -> str:
     tried = r["fit"]["tried"]
     how = (f"searched {' and '.join(s.replace('_', '-') for s in searched)} over "
            f"{len(tried)} compiled step(s): "
-           + ", ".join(f"{c['micro_batch']}/{'on' if c['remat'] else 'off'} "
+           + ", ".join(f"{c['micro_batch']}/{remat_value(c['remat'])} "
                        f"{fmt_bytes(c['total'])}" for c in tried)) if searched else "as given"
     lines = [
         f"{r['model']} ({r['n_params'] / 1e9:.3g}B params), {r['mode']} on {mesh} "
         f"({r['num_devices']} devices of a {r['platform']}); batch {r['batch']} x "
         f"{r['seq_len']} tokens, {r['dtype']}, {r['attention']} attention",
         f"step          micro-batch {r['micro_batch']} x {r['accum']} accumulation steps, "
-        f"remat {'on' if r['remat'] else 'off'} ({how})",
+        f"remat {remat_value(r['remat'])} ({how})",
         "per device:",
         f"  params      {fmt_bytes(b['params'])}",
         f"  optimizer   {fmt_bytes(b['optimizer'])}",
