@@ -164,17 +164,9 @@ def search(micros: Sequence[int], per_replica: int, compile_fn: Callable[[int, b
     return done(rest[hi], r)
 
 
-# XLA's CPU compiler widens bf16 collectives to f32 (its float-normalization-bf16 pass), so a
-# step planned for an accelerator on CPU devices would show every bf16 weight gather as f32;
-# without the pass the compiled HLO keeps the dtypes an accelerator would move.
-ACCELERATOR_DTYPES = {"xla_disable_hlo_passes": "float-normalization-bf16"}
-
-
-def compile_step(strategy, step: Callable, cfg, optimizer, plan,
-                 compiler_options: dict | None = None) -> Any:
+def compile_step(strategy, step: Callable, cfg, optimizer, plan) -> Any:
     """`step` jitted with the strategy's shardings, lowered on abstract state and a batch
-    [accum, micro_batch x replicas, T+1], compiled: the executable `train` runs.
-    `compiler_options`: XLA's, e.g. `ACCELERATOR_DTYPES` when planning for another platform."""
+    [accum, micro_batch x replicas, T+1], compiled: the executable `train` runs."""
     import jax
     import jax.numpy as jnp
 
@@ -191,7 +183,7 @@ def compile_step(strategy, step: Callable, cfg, optimizer, plan,
         jitted = jax.jit(step, donate_argnums=(0, 1))
         batch_sharding = jax.tree.leaves(a_params)[0].sharding
     a_batch = jax.ShapeDtypeStruct(shape, jnp.int32, sharding=batch_sharding)
-    return jitted.lower(a_params, a_opt, a_batch).compile(compiler_options)
+    return jitted.lower(a_params, a_opt, a_batch).compile()
 
 
 
@@ -213,11 +205,7 @@ def fit_step(res, strategy, optimizer, device_memory: int):
         r = res.fitted(m, remat)
         strategy.prepare(r)
         return compile_step(strategy, make_step(r.cfg, optimizer, strategy.loss), r.cfg,
-                            optimizer, r, options)
-
-    # planning for an accelerator on CPU devices: keep the dtypes its collectives would move
-    options = (ACCELERATOR_DTYPES if res.platform not in (None, "cpu")
-               and backend.current_platform() == "cpu" else None)
+                            optimizer, r)
 
     choice, compiled = search(micros or [per_replica], per_replica, compile_one, device_memory,
                               res.cfg.remat, bool(t.micro_batch),
