@@ -331,9 +331,11 @@ def cross_entropy(logits: jax.Array, targets: jax.Array) -> jax.Array:
 # The [B, T, V] f32 logits are the step's largest buffer (3.3 GB for 8 x 2048 tokens at a
 # 50k vocabulary), and autodiff of `cross_entropy(head(...))` holds them three times (padded
 # matmul output, sliced copy, gradient). `chunked_cross_entropy` computes them C sequence
-# positions at a time and, in its own backward, recomputes each chunk's logits from the saved
-# log-sum-exp instead of storing them (the blockwise cross-entropy of levanter and MaxText):
-# one chunk's [B, C, V] logits live at a time, forward and backward.
+# positions at a time and, when differentiated, takes each chunk's gradients right there
+# (softmax - onehot: the loss is a scalar, so only the cotangent's scale is left for the
+# backward), as levanter's blockwise and Liger's fused cross-entropy do: one chunk's
+# [B, C, V] logits live at a time, nothing is recomputed, and the residuals are dx [B, T, d]
+# and dw [V, d].
 def _chunks(x: jax.Array, targets: jax.Array, chunk: int):
     """x [B, T, d], targets [B, T] -> [n, B, C, ...] chunks (T padded to n x C) and the mask
     of real positions [n, 1, C]."""
@@ -346,12 +348,39 @@ def _chunks(x: jax.Array, targets: jax.Array, chunk: int):
     return xs, ts, valid
 
 
-def _chunk_logits(xc, w, vocab: int, mult: float) -> jax.Array:
-    """One chunk's f32 logits [B, C, padded V], the padded columns at -inf."""
-    z = _logits(xc, w) * mult
-    if w.shape[0] != vocab:
-        z = jnp.where(jnp.arange(w.shape[0]) < vocab, z, -jnp.inf)
-    return z
+def _chunked_ce(x, w, targets, vocab: int, mult: float, chunk: int, grads: bool):
+    """(mean loss, (dx, dw) of the mean loss, or None): the logits (x @ w^T) x mult over the
+    first `vocab` columns, `chunk` positions at a time, matmuls in x's dtype, f32 accumulation."""
+    xs, ts, valid = _chunks(x, targets, chunk)
+    wc = w.astype(x.dtype)  # cast once, not per chunk
+    cols = jnp.arange(w.shape[0])
+    scale = mult / targets.size
+
+    def body(carry, c):
+        total, dw = carry
+        xc, tc, vc = c
+        z = _logits(xc, wc) * mult
+        if w.shape[0] != vocab:  # the padded columns out of the softmax
+            z = jnp.where(cols < vocab, z, -jnp.inf)
+        lse = jax.nn.logsumexp(z, axis=-1)
+        tgt = jnp.take_along_axis(z, tc[..., None], axis=-1)[..., 0]
+        total = total + jnp.sum(jnp.where(vc, lse - tgt, 0.0))
+        if not grads:
+            return (total, dw), None
+        p = jnp.exp(z - lse[..., None])  # softmax; d loss / d z = (p - onehot) / N
+        dz = jnp.where(vc[..., None], jnp.where(cols == tc[..., None], p - 1.0, p), 0.0)
+        dz = (dz * scale).astype(x.dtype)
+        dxc = jnp.einsum("bcv,vd->bcd", dz, wc, preferred_element_type=jnp.float32)
+        dw = dw + jnp.einsum("bcv,bcd->vd", dz, xc, preferred_element_type=jnp.float32)
+        return (total, dw), dxc.astype(x.dtype)
+
+    dw0 = jnp.zeros(w.shape if grads else (), jnp.float32)
+    (total, dw), dxs = jax.lax.scan(body, (jnp.zeros((), jnp.float32), dw0), (xs, ts, valid))
+    if not grads:
+        return total / targets.size, None
+    B, T = targets.shape
+    dx = dxs.swapaxes(0, 1).reshape(B, -1, x.shape[-1])[:, :T]
+    return total / targets.size, (dx, dw.astype(w.dtype))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
@@ -359,44 +388,16 @@ def chunked_cross_entropy(x: jax.Array, w: jax.Array, targets: jax.Array, vocab:
                           mult: float, chunk: int) -> jax.Array:
     """Mean cross-entropy of the logits (x @ w^T) x mult over the first `vocab` columns, for
     x [B, T, d] (compute dtype), w [padded V, d], targets [B, T]: `chunk` positions at a time."""
-    return _chunked_ce_fwd(x, w, targets, vocab, mult, chunk)[0]
+    return _chunked_ce(x, w, targets, vocab, mult, chunk, grads=False)[0]
 
 
 def _chunked_ce_fwd(x, w, targets, vocab, mult, chunk):
-    xs, ts, valid = _chunks(x, targets, chunk)
-    wc = w.astype(x.dtype)  # cast once, not per chunk
-
-    def body(total, c):
-        xc, tc, vc = c
-        z = _chunk_logits(xc, wc, vocab, mult)
-        lse = jax.nn.logsumexp(z, axis=-1)
-        tgt = jnp.take_along_axis(z, tc[..., None], axis=-1)[..., 0]
-        return total + jnp.sum(jnp.where(vc, lse - tgt, 0.0)), lse
-
-    total, lse = jax.lax.scan(body, jnp.zeros((), jnp.float32), (xs, ts, valid))
-    return total / targets.size, (x, w, targets, lse)
+    return _chunked_ce(x, w, targets, vocab, mult, chunk, grads=True)
 
 
 def _chunked_ce_bwd(vocab, mult, chunk, res, g):
-    x, w, targets, lse = res
-    xs, ts, valid = _chunks(x, targets, chunk)
-    wc = w.astype(x.dtype)
-    scale = g * mult / targets.size
-
-    def body(dw, c):
-        xc, tc, vc, lse_c = c
-        p = jnp.exp(_chunk_logits(xc, wc, vocab, mult) - lse_c[..., None])  # softmax
-        onehot = jnp.arange(w.shape[0]) == tc[..., None]
-        dz = (jnp.where(vc[..., None], jnp.where(onehot, p - 1.0, p), 0.0) * scale
-              ).astype(x.dtype)
-        dxc = jnp.einsum("bcv,vd->bcd", dz, wc, preferred_element_type=jnp.float32)
-        dw = dw + jnp.einsum("bcv,bcd->vd", dz, xc, preferred_element_type=jnp.float32)
-        return dw, dxc.astype(x.dtype)
-
-    dw, dxs = jax.lax.scan(body, jnp.zeros(w.shape, jnp.float32), (xs, ts, valid, lse))
-    B, T = targets.shape
-    dx = dxs.swapaxes(0, 1).reshape(B, -1, x.shape[-1])[:, :T]
-    return dx, dw.astype(w.dtype), None
+    dx, dw = res
+    return (dx * g).astype(dx.dtype), (dw * g).astype(dw.dtype), None
 
 
 chunked_cross_entropy.defvjp(_chunked_ce_fwd, _chunked_ce_bwd)
