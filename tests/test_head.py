@@ -112,14 +112,17 @@ def test_policies_keep_the_named_values():
     params = model.init_params(cfg, 0)
     x = jnp.ones((2, T, cfg.d_model))
 
-    def kept(r):
-        res = saved_residuals(lambda p, x: model.apply_layers(p["h"], x, cfg.replace(remat=r)),
-                              params, x)
-        return " ".join(str(why) for _, why in res)
+    layer = jax.tree.map(lambda a: a[0], params["h"])
+
+    def kept(r):  # what one checkpointed block keeps for the backward (as apply_layers does)
+        block = jax.checkpoint(lambda p, x: model.block(p, x, cfg),
+                               policy=remat.remat_policy(r), prevent_cse=False)
+        return " ".join(str(why) for _, why in saved_residuals(block, layer, x))
 
     save_attn, save_dots, full = kept("save_attn"), kept("save_dots"), kept("full")
     assert f"named '{remat.ATTENTION}'" in save_attn and f"named '{remat.MATMUL}'" in save_attn
     assert "named" not in save_dots and "named" not in full
+    assert "dot_general" in save_dots and "dot_general" not in full
     # cuDNN's fused attention forward (output and softmax statistics) is kept by save_attn
     cudnn = type("P", (), {"name": "dot_product_attention_fwd_wrapper"})()
     assert remat.remat_policy("save_attn")(cudnn) is True
