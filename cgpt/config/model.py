@@ -15,7 +15,7 @@ from typing import NamedTuple
 COMPUTE_DTYPES = ("auto", "float32", "bfloat16")
 ATTENTIONS = ("auto", "chunked", "xla", "cudnn")
 EMBEDDINGS = (("wte",), ("wpe",))  # the token and position tables (the LM head is tied to wte)
-# The remat ladder, most memory first (policies in `cgpt.model.gpt.remat_policy`); the old
+# The remat ladder, most memory first (policies in `cgpt.model.remat.remat_policy`); the old
 # booleans keep their meaning: false was "save_dots", true "full".
 REMATS = ("none", "save_attn", "save_dots", "full")
 TOKENS_PER_PARAM = 20  # Chinchilla-optimal (Hoffmann et al. 2022), as for every Cerebras-GPT model
@@ -65,7 +65,7 @@ class ModelConfig:
     compute_dtype: str = "auto"
     attention: str = "auto"  # "chunked" | "xla" | "cudnn" (jax.nn.dot_product_attention)
     vocab_multiple: int | None = None  # pad the LM head's vocabulary to a multiple of this
-    # Backward pass, a rung of the remat ladder `REMATS` (see `cgpt.model.gpt.remat_policy`):
+    # Backward pass, a rung of the remat ladder `REMATS` (see `cgpt.model.remat.remat_policy`):
     # "none" keeps everything, "save_attn" the matmul and attention outputs, "save_dots" the
     # weight matmuls' outputs (the old false), "full" only each layer's input (the old true).
     # None: `train` and `plan` climb the platform's ladder and take the first rung whose step

@@ -12,7 +12,7 @@ usable memory (the device's memory less HEADROOM):
                 steps, and under weight streaming fewer re-gathers of every layer's weights;
   remat         the platform's ladder (`backend.Kernels.remat_ladder`), most memory first:
                 on GPU/TPU none -> save_attn -> full, on CPU save_dots -> full (see
-                `cgpt.model.gpt.remat_policy`); a higher rung recomputes more of each layer
+                `cgpt.model.remat.remat_policy`); a higher rung recomputes more of each layer
                 in the backward pass and keeps less of it.
 
 Among the accumulating candidates memory falls with the micro-batch (accumulating adds one
