@@ -337,10 +337,11 @@ def cross_entropy(logits: jax.Array, targets: jax.Array) -> jax.Array:
 # [B, C, V] logits live at a time, nothing is recomputed, and the residuals are dx [B, T, d]
 # and dw [V, d].
 def _chunks(x: jax.Array, targets: jax.Array, chunk: int):
-    """x [B, T, d], targets [B, T] -> [n, B, C, ...] chunks (T padded to n x C) and the mask
-    of real positions [n, 1, C]."""
+    """x [B, T, d], targets [B, T] -> [n, B, C, ...] chunks of at most `chunk` positions, as
+    even as they come (T padded to n x C, C <= chunk), and the mask of real ones [n, 1, C]."""
     B, T = targets.shape
     n = -(-T // chunk)
+    chunk = -(-T // n)
     pad = n * chunk - T
     xs = jnp.pad(x, ((0, 0), (0, pad), (0, 0))).reshape(B, n, chunk, -1).swapaxes(0, 1)
     ts = jnp.pad(targets, ((0, 0), (0, pad))).reshape(B, n, chunk).swapaxes(0, 1)
@@ -348,18 +349,23 @@ def _chunks(x: jax.Array, targets: jax.Array, chunk: int):
     return xs, ts, valid
 
 
-def _chunked_ce(x, w, targets, vocab: int, mult: float, chunk: int, grads: bool):
+def _chunked_ce(x, w, targets, vocab: int, mult: float, chunk: int, constrain: Constrain,
+                grads: bool):
     """(mean loss, (dx, dw) of the mean loss, or None): the logits (x @ w^T) x mult over the
-    first `vocab` columns, `chunk` positions at a time, matmuls in x's dtype, f32 accumulation."""
+    first `vocab` columns, `chunk` positions at a time, matmuls in x's dtype, f32 accumulation.
+    `constrain` pins the layouts in the loop, where GSPMD's propagation is weak: the weight
+    cast once and gathered whole (in bf16), each chunk split over the batch like x."""
     xs, ts, valid = _chunks(x, targets, chunk)
-    wc = w.astype(x.dtype)  # cast once, not per chunk
+    wc = constrain(w.astype(x.dtype), ("act_vocab", "act_embed"))
+    rows = ("act_batch", "act_seq", "act_embed")
     cols = jnp.arange(w.shape[0])
     scale = mult / targets.size
 
     def body(carry, c):
         total, dw = carry
         xc, tc, vc = c
-        z = _logits(xc, wc) * mult
+        xc = constrain(xc, rows)
+        z = constrain(_logits(xc, wc) * mult, ("act_batch", "act_seq", "act_vocab"))
         if w.shape[0] != vocab:  # the padded columns out of the softmax
             z = jnp.where(cols < vocab, z, -jnp.inf)
         lse = jax.nn.logsumexp(z, axis=-1)
@@ -372,7 +378,7 @@ def _chunked_ce(x, w, targets, vocab: int, mult: float, chunk: int, grads: bool)
         dz = (dz * scale).astype(x.dtype)
         dxc = jnp.einsum("bcv,vd->bcd", dz, wc, preferred_element_type=jnp.float32)
         dw = dw + jnp.einsum("bcv,bcd->vd", dz, xc, preferred_element_type=jnp.float32)
-        return (total, dw), dxc.astype(x.dtype)
+        return (total, dw), constrain(dxc.astype(x.dtype), rows)
 
     dw0 = jnp.zeros(w.shape if grads else (), jnp.float32)
     (total, dw), dxs = jax.lax.scan(body, (jnp.zeros((), jnp.float32), dw0), (xs, ts, valid))
@@ -383,19 +389,20 @@ def _chunked_ce(x, w, targets, vocab: int, mult: float, chunk: int, grads: bool)
     return total / targets.size, (dx, dw.astype(w.dtype))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6))
 def chunked_cross_entropy(x: jax.Array, w: jax.Array, targets: jax.Array, vocab: int,
-                          mult: float, chunk: int) -> jax.Array:
+                          mult: float, chunk: int,
+                          constrain: Constrain = _no_constraint) -> jax.Array:
     """Mean cross-entropy of the logits (x @ w^T) x mult over the first `vocab` columns, for
     x [B, T, d] (compute dtype), w [padded V, d], targets [B, T]: `chunk` positions at a time."""
-    return _chunked_ce(x, w, targets, vocab, mult, chunk, grads=False)[0]
+    return _chunked_ce(x, w, targets, vocab, mult, chunk, constrain, grads=False)[0]
 
 
-def _chunked_ce_fwd(x, w, targets, vocab, mult, chunk):
-    return _chunked_ce(x, w, targets, vocab, mult, chunk, grads=True)
+def _chunked_ce_fwd(x, w, targets, vocab, mult, chunk, constrain=_no_constraint):
+    return _chunked_ce(x, w, targets, vocab, mult, chunk, constrain, grads=True)
 
 
-def _chunked_ce_bwd(vocab, mult, chunk, res, g):
+def _chunked_ce_bwd(vocab, mult, chunk, constrain, res, g):
     dx, dw = res
     return (dx * g).astype(dx.dtype), (dw * g).astype(dw.dtype), None
 
@@ -404,7 +411,7 @@ chunked_cross_entropy.defvjp(_chunked_ce_fwd, _chunked_ce_bwd)
 
 
 def head_loss(params: Params, x: jax.Array, targets: jax.Array, cfg: ModelConfig,
-              chunk: int | None = None) -> jax.Array:
+              chunk: int | None = None, constrain: Constrain = _no_constraint) -> jax.Array:
     """Mean cross-entropy of `head(params, x)` against targets [B, T]. `chunk` (default the
     platform's `backend.Kernels.loss_chunk`; 0: unchunked, the CPU's) positions at a time
     through `chunked_cross_entropy`, else `cross_entropy(head(...))` as written."""
@@ -413,11 +420,12 @@ def head_loss(params: Params, x: jax.Array, targets: jax.Array, cfg: ModelConfig
         return cross_entropy(head(params, x, cfg), targets)
     h = layer_norm(x, in_dtype(params["ln_f"], x.dtype), cfg.ln_eps)
     return chunked_cross_entropy(h, _head_weight(params, cfg), targets, cfg.vocab_size,
-                                 cfg.logits_mult, chunk)
+                                 cfg.logits_mult, chunk, constrain)
 
 
 def loss_fn(params: Params, tokens: jax.Array, cfg: ModelConfig,
             constrain: Constrain = _no_constraint) -> jax.Array:
     """tokens [B, T+1]: predict tokens[:, 1:] from tokens[:, :-1]."""
     x = embed(params, tokens[:, :-1], cfg, 0, constrain)
-    return head_loss(params, apply_layers(params["h"], x, cfg, constrain), tokens[:, 1:], cfg)
+    x = apply_layers(params["h"], x, cfg, constrain)
+    return head_loss(params, x, tokens[:, 1:], cfg, constrain=constrain)
