@@ -34,9 +34,9 @@ def _fake(per_token: int, remat_saving: float = 0.5, accum_buffer: int = 0):
     gradient buffer once it accumulates), recording what was compiled."""
     calls = []
 
-    def compile_fn(m: int, remat: bool):
+    def compile_fn(m: int, remat: str):
         calls.append((m, remat))
-        act = m * per_token * (remat_saving if remat else 1)
+        act = m * per_token * (remat_saving if remat == "full" else 1)
         return FakeCompiled(int(1000 + act + (accum_buffer if m < 90 else 0)))
 
     return compile_fn, calls
@@ -45,8 +45,8 @@ def _fake(per_token: int, remat_saving: float = 0.5, accum_buffer: int = 0):
 def test_first_candidate_that_fits_is_the_only_compile():
     compile_fn, calls = _fake(per_token=10)
     choice, compiled = fit.search(fit.divisors_desc(90), 90, compile_fn, device_memory=10**6)
-    assert (choice.micro_batch, choice.accum, choice.remat, choice.fits) == (90, 1, False, True)
-    assert calls == [(90, False)] and compiled.total == 1900
+    assert (choice.micro_batch, choice.accum, choice.remat, choice.fits) == (90, 1, "save_dots", True)
+    assert calls == [(90, "save_dots")] and compiled.total == 1900
 
 
 def test_remat_before_accumulation_then_bisection():
@@ -54,14 +54,14 @@ def test_remat_before_accumulation_then_bisection():
     compile_fn, calls = _fake(per_token=100)
     choice, _ = fit.search(fit.divisors_desc(90), 90, compile_fn,
                            device_memory=int(6000 / (1 - fit.HEADROOM)))
-    assert calls == [(90, False), (90, True)]
-    assert (choice.micro_batch, choice.remat) == (90, True)
+    assert calls == [(90, "save_dots"), (90, "full")]
+    assert (choice.micro_batch, choice.remat) == (90, "full")
     # a tighter budget: bisect the divisors with remat on, then retry remat off there
     compile_fn, calls = _fake(per_token=100, accum_buffer=200)
     usable = 1000 + 200 + 15 * 100  # remat off fits at 15 sequences, remat on at 30
     choice, _ = fit.search(fit.divisors_desc(90), 90, compile_fn,
                            device_memory=int(usable / (1 - fit.HEADROOM)) + 1)
-    assert (choice.micro_batch, choice.accum, choice.remat) == (30, 3, True)
+    assert (choice.micro_batch, choice.accum, choice.remat) == (30, 3, "full")
     assert len(calls) <= 2 + 1 + 4 + 1  # full batch x2, the smallest, log2(11) steps, remat off
     assert choice.fits and len(choice.tried) == len(calls)
     # every divisor larger than the choice was either compiled and too big, or skipped
@@ -73,21 +73,21 @@ def test_given_micro_batch_and_remat_are_only_checked():
     compile_fn, calls = _fake(per_token=100)
     choice, _ = fit.search([45], 90, compile_fn, device_memory=10**9, remat=False,
                            micro_given=True)
-    assert calls == [(45, False)] and (choice.micro_batch, choice.accum) == (45, 2)
+    assert calls == [(45, "save_dots")] and (choice.micro_batch, choice.accum) == (45, 2)
     choice, _ = fit.search([45], 90, compile_fn, device_memory=5000, remat=False,
                            micro_given=True)
     assert not choice.fits
     msg = choice.error("13B on 8 devices")
-    assert msg.startswith("13B on 8 devices: the step as set (micro-batch 45, remat off) needs")
-    assert "a smaller train.micro_batch" in msg and "model.remat=true" in msg
+    assert msg.startswith("13B on 8 devices: the step as set (micro-batch 45, remat save_dots) needs")
+    assert "a smaller train.micro_batch" in msg and "model.remat=full" in msg
 
 
 def test_nothing_fits_names_the_numbers_and_the_fix():
     compile_fn, _ = _fake(per_token=100)
     choice, _ = fit.search(fit.divisors_desc(90), 90, compile_fn, device_memory=1000)
-    assert not choice.fits and (choice.micro_batch, choice.remat) == (1, True)
+    assert not choice.fits and (choice.micro_batch, choice.remat) == (1, "full")
     msg = choice.error("13B (12.9B params), weight_streaming on 8 devices")
-    assert "micro-batch 1, remat on" in msg and "per device" in msg and "usable" in msg
+    assert "micro-batch 1, remat full" in msg and "per device" in msg and "usable" in msg
     assert "more devices" in msg and "slurm.nodes" in msg and "compute_dtype=bfloat16" in msg
 
 
@@ -117,7 +117,7 @@ def full_step():
 
 def test_plan_defaults_are_trains(full_step):
     r = full_step
-    assert (r["micro_batch"], r["accum"], r["remat"]) == (8, 1, False)
+    assert (r["micro_batch"], r["accum"], r["remat"]) == (8, 1, "save_dots")
     assert r["fit"]["searched"] == ["micro_batch", "remat"] and len(r["fit"]["tried"]) == 1
     run = from_dict({"preset": "tiny-116k"})
     assert run.model.remat is None and run.train.micro_batch is None  # train: also searched
@@ -139,7 +139,7 @@ def test_small_device_memory_forces_accumulation(full_step, accumulating):
     r, memory = accumulating, accumulating["device_memory"]
     assert r["fits"] and r["accum"] > 1 and r["micro_batch"] * r["accum"] == 8
     assert r["per_device_bytes"]["total"] <= r["usable_memory"] < full
-    assert r["fit"]["tried"][0] == {"micro_batch": 8, "remat": False, "total": full}
+    assert r["fit"]["tried"][0] == {"micro_batch": 8, "remat": "save_dots", "total": full}
     # an explicit micro-batch is honoured (and only checked)
     given = _plan(device_memory=memory, micro_batch=8, remat=False)
     assert (given["micro_batch"], given["accum"], given["fits"]) == (8, 1, False)

@@ -55,13 +55,19 @@ class Kernels:
     attention: str  # "chunked" | "xla" | "cudnn"
     vocab_multiple: int  # the LM head's vocabulary is padded to a multiple of this
     custom_dense_backward: bool  # cgpt.model.gpt.dense's hand-written backward (a CPU tuning)
+    # the loss's sequence positions per chunk (cgpt.model.gpt.chunked_cross_entropy); 0: the
+    # whole [B, T, V] f32 logits at once (CPU: its results as measured before chunking)
+    loss_chunk: int = 0
+    # the remat rungs `cgpt.train.fit` climbs, most memory first; on CPU "save_dots" is both
+    # faster and smaller than keeping everything ("none"), so its ladder starts there
+    remat_ladder: tuple[str, ...] = ("save_dots", "full")
 
 
 _DEFAULTS = {
     "cpu": Kernels("cpu", "float32", "chunked", 1, True),
-    "gpu": Kernels("gpu", "bfloat16", "cudnn", 128, False),
-    "rocm": Kernels("rocm", "bfloat16", "xla", 128, False),
-    "tpu": Kernels("tpu", "bfloat16", "xla", 128, False),
+    "gpu": Kernels("gpu", "bfloat16", "cudnn", 128, False, 512, ("none", "save_attn", "full")),
+    "rocm": Kernels("rocm", "bfloat16", "xla", 128, False, 512, ("none", "save_attn", "full")),
+    "tpu": Kernels("tpu", "bfloat16", "xla", 128, False, 512, ("none", "save_attn", "full")),
 }
 
 
@@ -112,8 +118,9 @@ def kernels(cfg: ModelConfig, platform: str | None = None) -> Kernels:
                              "model.attention=xla or auto")
         attention = "xla"
     multiple = d.vocab_multiple if cfg.vocab_multiple is None else cfg.vocab_multiple
+    chunk = d.loss_chunk if getattr(cfg, "loss_chunk", None) is None else cfg.loss_chunk
     return dataclasses.replace(d, compute_dtype=dtype, attention=attention,
-                               vocab_multiple=multiple)
+                               vocab_multiple=multiple, loss_chunk=chunk)
 
 
 def resolve(cfg: ModelConfig, platform: str | None = None,
@@ -150,7 +157,7 @@ def for_platform(cfg: ModelConfig, platform: str, compile_on: str | None = None)
     if attention == "cudnn" and compile_on is not None and _platform_name(compile_on) != "gpu":
         attention = "xla"
     return cfg.replace(compute_dtype=k.compute_dtype, attention=attention,
-                       vocab_multiple=k.vocab_multiple)
+                       vocab_multiple=k.vocab_multiple, loss_chunk=k.loss_chunk)
 
 
 def gpu_allocator(environ) -> float:

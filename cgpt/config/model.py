@@ -15,6 +15,9 @@ from typing import NamedTuple
 COMPUTE_DTYPES = ("auto", "float32", "bfloat16")
 ATTENTIONS = ("auto", "chunked", "xla", "cudnn")
 EMBEDDINGS = (("wte",), ("wpe",))  # the token and position tables (the LM head is tied to wte)
+# The remat ladder, most memory first (policies in `cgpt.model.remat.remat_policy`); the old
+# booleans keep their meaning: false was "save_dots", true "full".
+REMATS = ("none", "save_attn", "save_dots", "full")
 TOKENS_PER_PARAM = 20  # Chinchilla-optimal (Hoffmann et al. 2022), as for every Cerebras-GPT model
 
 
@@ -62,10 +65,16 @@ class ModelConfig:
     compute_dtype: str = "auto"
     attention: str = "auto"  # "chunked" | "xla" | "cudnn" (jax.nn.dot_product_attention)
     vocab_multiple: int | None = None  # pad the LM head's vocabulary to a multiple of this
-    # Backward pass: True recomputes each layer from its input; False keeps the weight
-    # matmuls' outputs and recomputes the rest (elementwise ops, attention). None: `train`
-    # and `plan` choose (off when the step fits the devices, `cgpt.train.fit`); elsewhere off.
-    remat: bool | None = None
+    # Backward pass, a rung of the remat ladder `REMATS` (see `cgpt.model.remat.remat_policy`):
+    # "none" keeps everything, "save_attn" the matmul and attention outputs, "save_dots" the
+    # weight matmuls' outputs (the old false), "full" only each layer's input (the old true).
+    # None: `train` and `plan` climb the platform's ladder and take the first rung whose step
+    # fits (`cgpt.train.fit`); elsewhere "save_dots".
+    remat: str | None = None
+    # The loss's head and cross-entropy in chunks of this many sequence positions, so the
+    # f32 logits are never all held (`cgpt.model.gpt.chunked_cross_entropy`); 0: unchunked.
+    # None: the platform's (`cgpt.config.backend`).
+    loss_chunk: int | None = None
 
     def __post_init__(self) -> None:
         for f in ("n_layer", "d_model", "n_head", "vocab_size", "n_ctx"):
@@ -100,6 +109,11 @@ class ModelConfig:
                 not isinstance(self.vocab_multiple, int) or self.vocab_multiple < 1):
             raise ValueError(f"ModelConfig.vocab_multiple must be a positive int or null (the "
                              f"platform's choice), got {self.vocab_multiple!r}")
+        object.__setattr__(self, "remat", None if self.remat is None else remat_value(self.remat))
+        if self.loss_chunk is not None and (isinstance(self.loss_chunk, bool) or not isinstance(
+                self.loss_chunk, int) or self.loss_chunk < 0):
+            raise ValueError(f"ModelConfig.loss_chunk must be a non-negative int (0: unchunked) "
+                             f"or null (the platform's choice), got {self.loss_chunk!r}")
         if not self.ln_eps > 0:
             raise ValueError(f"ModelConfig.ln_eps must be > 0, got {self.ln_eps}")
 
@@ -204,6 +218,26 @@ class ModelConfig:
         if bad:
             raise ValueError(f"unknown ModelConfig key(s) {bad}; valid: {sorted(names)}")
         return cls(**d)
+
+
+def remat_value(remat: str | bool | None) -> str:
+    """A `model.remat` setting as its ladder rung: the old booleans (config.yaml files and
+    summaries written before the ladder) keep their meaning, None is "save_dots"."""
+    if remat is None or remat is False:
+        return "save_dots"
+    if remat is True:
+        return "full"
+    if isinstance(remat, str) and remat.strip().lower() in REMATS:
+        return remat.strip().lower()
+    raise ValueError(f"ModelConfig.remat={remat!r}; use one of {', '.join(REMATS)} (or the old "
+                     "true = full, false = save_dots), or null to let train choose")
+
+
+def recomputes_forward(remat: str | bool | None) -> bool:
+    """Whether a remat setting recomputes the layers' whole forward pass in the backward
+    (`full`; +1/3 of the layers' FLOPs, more gathers): what the cost model and the analytic
+    bytes count. The other rungs recompute only elementwise work, counted as none."""
+    return remat_value(remat) == "full"
 
 
 # ---- the seven published models (modelzoo yaml; 2.7B is 32 heads x 80) -------------------

@@ -134,7 +134,8 @@ def _coerce(section: str, cls, values: dict):
 
 
 MIN_VOCAB = 257
-EXECUTION_KEYS = ("name", "compute_dtype", "remat", "attention", "vocab_multiple")  # how it runs, not what
+EXECUTION_KEYS = ("name", "compute_dtype", "remat", "attention", "vocab_multiple",
+                  "loss_chunk")  # how it runs, not what
 
 
 def _reshaped_name(base: ModelConfig, model: ModelConfig, given: dict) -> str:

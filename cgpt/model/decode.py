@@ -11,8 +11,8 @@ import jax
 import jax.numpy as jnp
 
 from cgpt.config.model import ModelConfig
-from cgpt.model.gpt import Params, attend, block_rest, compute_dtype, embed, head, linear,\
-    qkv_heads
+from cgpt.model.gpt import Params, attend, block_rest, compute_dtype, embed, head, in_dtype, \
+    linear, qkv_heads
 
 
 def _linear(x: jax.Array, p: Params) -> jax.Array:
@@ -64,7 +64,7 @@ def apply_layers(layers: Params | list, x: jax.Array, cfg: ModelConfig, cache: d
     if not isinstance(layers, list):
         layers = unstack(layers)
     for i, p in enumerate(layers):
-        x, cache = block(p, x, cfg, cache, i, start)
+        x, cache = block(in_dtype(p, x.dtype), x, cfg, cache, i, start)  # as gpt.apply_layers
     return x, cache
 
 

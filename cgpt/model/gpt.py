@@ -15,14 +15,17 @@ are chosen in `cgpt.config.backend`; KV-cache decoding lives in `cgpt.model.deco
 """
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
 
 from cgpt.config import backend
 from cgpt.config.model import ModelConfig, ParamSpec
+from cgpt.model.remat import ATTENTION, MATMUL, NO_REMAT, remat_policy
 
 Params = dict  # nested dict of arrays, the layout of `nnx.state(GPT).to_pure_dict()`
 # `constrain(x, logical_axes)` lets the sharding layer pin activations; identity by default.
@@ -107,12 +110,25 @@ def compute_dtype(cfg: ModelConfig) -> jnp.dtype:
 
 
 def layer_norm(x: jax.Array, p: Params, eps: float) -> jax.Array:
-    """LayerNorm computed in f32 whatever the compute dtype."""
+    """LayerNorm: statistics in f32 whatever the compute dtype, the affine in the weights'
+    dtype (bf16 once `in_dtype` cast them), so a sharded bf16 scale is gathered as bf16."""
     xf = x.astype(jnp.float32)
     mean = xf.mean(-1, keepdims=True)
     var = jnp.square(xf - mean).mean(-1, keepdims=True)
-    y = (xf - mean) * jax.lax.rsqrt(var + eps) * p["scale"] + p["bias"]
-    return y.astype(x.dtype)
+    y = (xf - mean) * jax.lax.rsqrt(var + eps)
+    if p["scale"].dtype != jnp.float32:
+        y = y.astype(p["scale"].dtype)
+    return (y * p["scale"] + p["bias"]).astype(x.dtype)
+
+
+def in_dtype(p: Params, dtype) -> Params:
+    """A layer's weights cast to the compute dtype where they lie, before anything gathers
+    them: under weight streaming (and FSDP) the per-layer all-gathers then move bf16, half
+    the bytes, while the f32 master stays sharded; the gradients come back through the cast
+    as f32. Identity in f32."""
+    if dtype == jnp.float32:
+        return p
+    return jax.tree.map(lambda a: a.astype(dtype), p)
 
 
 def gelu(x: jax.Array) -> jax.Array:
@@ -150,8 +166,8 @@ def linear(x: jax.Array, p: Params) -> jax.Array:
     platform measured it faster (`backend.Kernels.custom_dense_backward`)."""
     kernel, bias = p["kernel"].astype(x.dtype), p["bias"].astype(x.dtype)
     if backend.defaults(backend.current_platform()).custom_dense_backward:
-        return dense(x, kernel, bias)
-    return x @ kernel + bias
+        return checkpoint_name(dense(x, kernel, bias), MATMUL)
+    return checkpoint_name(x @ kernel + bias, MATMUL)
 
 
 LinearFn = Callable[[jax.Array, Params], jax.Array]
@@ -188,9 +204,9 @@ def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, cfg: ModelConfig)
     flash attention); scores and softmax in f32 in every one."""
     kind = backend.kernels(cfg).attention
     if kind == "chunked":
-        return _chunked_attention(q, k, v, cfg)
-    return jax.nn.dot_product_attention(q, k, v, scale=cfg.attn_scale, is_causal=True,
-                                        implementation=kind)
+        return checkpoint_name(_chunked_attention(q, k, v, cfg), ATTENTION)
+    return checkpoint_name(jax.nn.dot_product_attention(
+        q, k, v, scale=cfg.attn_scale, is_causal=True, implementation=kind), ATTENTION)
 
 
 def qkv_heads(p: Params, x: jax.Array, cfg: ModelConfig, lin: LinearFn = linear):
@@ -223,10 +239,10 @@ def block(p: Params, x: jax.Array, cfg: ModelConfig,
 
 def embed(params: Params, ids: jax.Array, cfg: ModelConfig, start: jax.Array | int = 0,
           constrain: Constrain = _no_constraint) -> jax.Array:
-    T = ids.shape[1]
-    pos = jax.lax.dynamic_slice_in_dim(params["wpe"], start, T, axis=0)
-    x = (params["wte"][ids] + pos[None]) * cfg.embed_mult
-    return constrain(x.astype(compute_dtype(cfg)), ("act_batch", "act_seq", "act_embed"))
+    T, dtype = ids.shape[1], compute_dtype(cfg)
+    pos = jax.lax.dynamic_slice_in_dim(in_dtype(params["wpe"], dtype), start, T, axis=0)
+    x = (in_dtype(params["wte"], dtype)[ids] + pos[None]) * cfg.embed_mult
+    return constrain(x.astype(dtype), ("act_batch", "act_seq", "act_embed"))
 
 
 def apply_layers(layers: Params, x: jax.Array, cfg: ModelConfig,
@@ -234,33 +250,60 @@ def apply_layers(layers: Params, x: jax.Array, cfg: ModelConfig,
     """Scan the stacked blocks over x. `layers` may hold any contiguous slice of the stack."""
 
     def body(x, p):
-        return block(p, x, cfg, constrain=constrain), None
+        return block(in_dtype(p, x.dtype), x, cfg, constrain=constrain), None
 
-    # remat=True keeps only each layer's input. remat=False keeps the weight matmuls' outputs
-    # and recomputes the elementwise ops and attention in the backward pass: less memory than
-    # keeping everything, and faster on XLA's CPU backend, where writing and re-reading the
-    # stacked residuals cost more than recomputing them (cpu-19m step 2.02 -> 1.73 s).
-    policy = None if cfg.remat else jax.checkpoint_policies.dots_with_no_batch_dims_saveable
-    body = jax.checkpoint(body, policy=policy, prevent_cse=False)
+    policy = remat_policy(cfg.remat)
+    if policy is not NO_REMAT:
+        body = jax.checkpoint(body, policy=policy, prevent_cse=False)
     return jax.lax.scan(body, x, layers)[0]
 
 
-def head(params: Params, x: jax.Array, cfg: ModelConfig) -> jax.Array:
-    """Final LN and the tied LM head (no bias); float32 logits [..., vocab_size].
+def _head_weight(params: Params, cfg: ModelConfig) -> jax.Array:
+    """The tied LM head's weight [padded vocab, d] (still in the parameters' dtype).
 
-    On accelerators the matmul runs over the vocabulary padded with zero rows to a multiple
-    of 128 (`backend.Kernels.vocab_multiple`: 50257 -> 50304 fills the tensor-core tiles);
-    the padded columns are sliced off here, so no loss, gradient or returned logit sees them.
-    """
-    x = layer_norm(x, params["ln_f"], cfg.ln_eps)
+    On accelerators the vocabulary is padded with zero rows to a multiple of 128
+    (`backend.Kernels.vocab_multiple`: 50257 -> 50304 fills the tensor-core tiles); the
+    padded columns of the logits are dropped (`head`) or masked out of the loss."""
     wte = params["wte"]
-    V = wte.shape[0]
     padded = backend.padded_vocab(cfg)
-    if padded != V:
-        wte = jnp.pad(wte, ((0, padded - V), (0, 0)))
-    logits = jnp.einsum("btd,vd->btv", x, wte.astype(x.dtype),
-                        preferred_element_type=jnp.float32)
-    return logits[..., :V] * cfg.logits_mult
+    return wte if padded == wte.shape[0] else jnp.pad(wte, ((0, padded - wte.shape[0]), (0, 0)))
+
+
+def _logits(x: jax.Array, w: jax.Array) -> jax.Array:
+    """x [..., d] @ w [V, d]^T in x's dtype with f32 accumulation: f32 logits."""
+    return jnp.einsum("...d,vd->...v", x, w.astype(x.dtype), preferred_element_type=jnp.float32)
+
+
+@jax.custom_vjp
+def _head_matmul(x: jax.Array, w: jax.Array) -> jax.Array:
+    """`_logits` whose backward also runs in x's dtype (bf16) with f32 accumulation:
+    autodiff would multiply the f32 cotangent by the bf16 operands in f32."""
+    return _logits(x, w)
+
+
+def _head_matmul_fwd(x, w):
+    return _logits(x, w), (x, w)
+
+
+def _head_matmul_bwd(res, g):
+    x, w = res
+    g = g.astype(x.dtype)
+    dx = jnp.einsum("...v,vd->...d", g, w.astype(x.dtype), preferred_element_type=jnp.float32)
+    dw = jnp.einsum("...v,...d->vd", g, x, preferred_element_type=jnp.float32)
+    return dx.astype(x.dtype), dw.astype(w.dtype)
+
+
+_head_matmul.defvjp(_head_matmul_fwd, _head_matmul_bwd)
+
+
+def head(params: Params, x: jax.Array, cfg: ModelConfig) -> jax.Array:
+    """Final LN and the tied LM head (no bias); float32 logits [..., vocab_size] (the padded
+    vocabulary's extra columns sliced off, so no loss, gradient or returned logit sees them).
+    In bf16 the matmuls run in bf16 with f32 accumulation, forward and backward."""
+    x = layer_norm(x, in_dtype(params["ln_f"], x.dtype), cfg.ln_eps)
+    w = _head_weight(params, cfg)
+    logits = _logits(x, w) if x.dtype == jnp.float32 else _head_matmul(x, w)
+    return logits[..., :cfg.vocab_size] * cfg.logits_mult
 
 
 def forward(params: Params, ids: jax.Array, cfg: ModelConfig, cache: dict | None = None,
@@ -284,8 +327,105 @@ def cross_entropy(logits: jax.Array, targets: jax.Array) -> jax.Array:
     return jnp.mean(logz - tgt)
 
 
+# ---- the loss: the head and cross-entropy chunked over the sequence ---------------------
+# The [B, T, V] f32 logits are the step's largest buffer (3.3 GB for 8 x 2048 tokens at a
+# 50k vocabulary), and autodiff of `cross_entropy(head(...))` holds them three times (padded
+# matmul output, sliced copy, gradient). `chunked_cross_entropy` computes them C sequence
+# positions at a time and, when differentiated, takes each chunk's gradients right there
+# (softmax - onehot: the loss is a scalar, so only the cotangent's scale is left for the
+# backward), as levanter's blockwise and Liger's fused cross-entropy do: one chunk's
+# [B, C, V] logits live at a time, nothing is recomputed, and the residuals are dx [B, T, d]
+# and dw [V, d].
+def _chunks(x: jax.Array, targets: jax.Array, chunk: int):
+    """x [B, T, d], targets [B, T] -> [n, B, C, ...] chunks of at most `chunk` positions, as
+    even as they come (T padded to n x C, C <= chunk), and the mask of real ones [n, 1, C]."""
+    B, T = targets.shape
+    n = -(-T // chunk)
+    chunk = -(-T // n)
+    pad = n * chunk - T
+    xs = jnp.pad(x, ((0, 0), (0, pad), (0, 0))).reshape(B, n, chunk, -1).swapaxes(0, 1)
+    ts = jnp.pad(targets, ((0, 0), (0, pad))).reshape(B, n, chunk).swapaxes(0, 1)
+    valid = (jnp.arange(n * chunk) < T).reshape(n, 1, chunk)
+    return xs, ts, valid
+
+
+def _chunked_ce(x, w, targets, vocab: int, mult: float, chunk: int, constrain: Constrain,
+                grads: bool):
+    """(mean loss, (dx, dw) of the mean loss, or None): the logits (x @ w^T) x mult over the
+    first `vocab` columns, `chunk` positions at a time, matmuls in x's dtype, f32 accumulation.
+    `constrain` pins the layouts in the loop, where GSPMD's propagation is weak: the weight
+    cast once and gathered whole (in bf16), each chunk split over the batch like x."""
+    xs, ts, valid = _chunks(x, targets, chunk)
+    wc = constrain(w.astype(x.dtype), ("act_vocab", "act_embed"))
+    rows = ("act_batch", "act_seq", "act_embed")
+    cols = jnp.arange(w.shape[0])
+    scale = mult / targets.size
+
+    def body(carry, c):
+        total, dw = carry
+        xc, tc, vc = c
+        xc = constrain(xc, rows)
+        z = constrain(_logits(xc, wc) * mult, ("act_batch", "act_seq", "act_vocab"))
+        if w.shape[0] != vocab:  # the padded columns out of the softmax
+            z = jnp.where(cols < vocab, z, -jnp.inf)
+        lse = jax.nn.logsumexp(z, axis=-1)
+        tgt = jnp.take_along_axis(z, tc[..., None], axis=-1)[..., 0]
+        total = total + jnp.sum(jnp.where(vc, lse - tgt, 0.0))
+        if not grads:
+            return (total, dw), None
+        p = jnp.exp(z - lse[..., None])  # softmax; d loss / d z = (p - onehot) / N
+        dz = jnp.where(vc[..., None], jnp.where(cols == tc[..., None], p - 1.0, p), 0.0)
+        dz = (dz * scale).astype(x.dtype)
+        dxc = jnp.einsum("bcv,vd->bcd", dz, wc, preferred_element_type=jnp.float32)
+        dw = dw + jnp.einsum("bcv,bcd->vd", dz, xc, preferred_element_type=jnp.float32)
+        return (total, dw), constrain(dxc.astype(x.dtype), rows)
+
+    dw0 = jnp.zeros(w.shape if grads else (), jnp.float32)
+    (total, dw), dxs = jax.lax.scan(body, (jnp.zeros((), jnp.float32), dw0), (xs, ts, valid))
+    if not grads:
+        return total / targets.size, None
+    B, T = targets.shape
+    dx = dxs.swapaxes(0, 1).reshape(B, -1, x.shape[-1])[:, :T]
+    return total / targets.size, (dx, dw.astype(w.dtype))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6))
+def chunked_cross_entropy(x: jax.Array, w: jax.Array, targets: jax.Array, vocab: int,
+                          mult: float, chunk: int,
+                          constrain: Constrain = _no_constraint) -> jax.Array:
+    """Mean cross-entropy of the logits (x @ w^T) x mult over the first `vocab` columns, for
+    x [B, T, d] (compute dtype), w [padded V, d], targets [B, T]: `chunk` positions at a time."""
+    return _chunked_ce(x, w, targets, vocab, mult, chunk, constrain, grads=False)[0]
+
+
+def _chunked_ce_fwd(x, w, targets, vocab, mult, chunk, constrain=_no_constraint):
+    return _chunked_ce(x, w, targets, vocab, mult, chunk, constrain, grads=True)
+
+
+def _chunked_ce_bwd(vocab, mult, chunk, constrain, res, g):
+    dx, dw = res
+    return (dx * g).astype(dx.dtype), (dw * g).astype(dw.dtype), None
+
+
+chunked_cross_entropy.defvjp(_chunked_ce_fwd, _chunked_ce_bwd)
+
+
+def head_loss(params: Params, x: jax.Array, targets: jax.Array, cfg: ModelConfig,
+              chunk: int | None = None, constrain: Constrain = _no_constraint) -> jax.Array:
+    """Mean cross-entropy of `head(params, x)` against targets [B, T]. `chunk` (default the
+    platform's `backend.Kernels.loss_chunk`; 0: unchunked, the CPU's) positions at a time
+    through `chunked_cross_entropy`, else `cross_entropy(head(...))` as written."""
+    chunk = backend.kernels(cfg).loss_chunk if chunk is None else chunk
+    if not chunk:
+        return cross_entropy(head(params, x, cfg), targets)
+    h = layer_norm(x, in_dtype(params["ln_f"], x.dtype), cfg.ln_eps)
+    return chunked_cross_entropy(h, _head_weight(params, cfg), targets, cfg.vocab_size,
+                                 cfg.logits_mult, chunk, constrain)
+
+
 def loss_fn(params: Params, tokens: jax.Array, cfg: ModelConfig,
             constrain: Constrain = _no_constraint) -> jax.Array:
     """tokens [B, T+1]: predict tokens[:, 1:] from tokens[:, :-1]."""
-    logits, _ = forward(params, tokens[:, :-1], cfg, constrain=constrain)
-    return cross_entropy(logits, tokens[:, 1:])
+    x = embed(params, tokens[:, :-1], cfg, 0, constrain)
+    x = apply_layers(params["h"], x, cfg, constrain)
+    return head_loss(params, x, tokens[:, 1:], cfg, constrain=constrain)

@@ -11,6 +11,7 @@ usable memory (remat off first, then on, as `cgpt.train.fit` orders them). Rough
 """
 from __future__ import annotations
 
+from cgpt.config.model import recomputes_forward
 from cgpt.config.units import parse_bytes
 
 
@@ -51,7 +52,9 @@ def plan_analytic(run, device_memory: int | str, devices: int, nodes: int = 1,
     per_replica = res.batch_size // res.replicas
     micros = ([t.micro_batch] if t.micro_batch else
               [m for m in range(per_replica, 0, -1) if per_replica % m == 0])
-    remats = [cfg.remat] if cfg.remat is not None else [False, True]
+    ladder = backend.kernels(cfg, platform).remat_ladder  # the memory model tells full or not
+    remats = ([cfg.remat] if cfg.remat is not None else
+              list(dict.fromkeys((ladder[0], "full"))))
     tried, chosen = [], None
     for m in micros:
         for r in remats:
@@ -65,7 +68,8 @@ def plan_analytic(run, device_memory: int | str, devices: int, nodes: int = 1,
     m, remat = pick["micro_batch"], pick["remat"]
     n_params = cfg.num_params()
     axes = node_axes(res.mesh, nodes, res.mode)
-    moved = axis_bytes(cfg, res.mode, res.mesh, nodes, res.batch_size, T, m, remat)
+    moved = axis_bytes(cfg, res.mode, res.mesh, nodes, res.batch_size, T, m,
+                       recomputes_forward(remat))
     for a in axes:
         axes[a]["bytes_per_step"] = moved.get(a, 0)
     return {
@@ -74,7 +78,7 @@ def plan_analytic(run, device_memory: int | str, devices: int, nodes: int = 1,
         "num_devices": devices, "nodes": nodes, "devices_per_node": devices // nodes,
         "axes": axes, "crosses_nodes": [a for a, v in axes.items() if v["crosses_nodes"]],
         "n_params": n_params, "batch": res.batch_size, "seq_len": T, "micro_batch": m,
-        "accum": per_replica // m, "remat": bool(remat), "dtype": cfg.compute_dtype,
+        "accum": per_replica // m, "remat": remat, "dtype": cfg.compute_dtype,
         "platform": platform, "attention": cfg.attention,
         "per_device_bytes": {"total": pick["total"]},
         "state_bytes": 12 * n_params,  # what a checkpoint holds: f32 weights, Adam mu and nu
@@ -97,7 +101,7 @@ def _predicted_s(cfg, res, micro: int, remat: bool, platform: str, gpus_per_node
     if hw is None:
         return None
     return cost.step_cost(cfg, res.mode, res.mesh, res.batch_size, res.seq_len, micro,
-                          bool(remat), hw).total_s
+                          recomputes_forward(remat), hw).total_s
 
 
 def _bubble(mode: str, mesh: dict[str, int], micro: int) -> float | None:
@@ -165,7 +169,7 @@ def node_table(models: list[tuple[str, int]], node_counts: list[int], gpus_per_n
             mesh = ",".join(f"{k}={v}" for k, v in r["mesh"].items())
             bad = [a for a in r["crosses_nodes"] if a not in ("data", "stage")]
             cells.append(f"{short[r['mode']]} {mesh}: {r['micro_batch']} × {r['accum']}, remat "
-                         f"{'on' if r['remat'] else 'off'}, ~{fmt_bytes(r['per_device_bytes']['total'])} "
+                         f"{r['remat']}, ~{fmt_bytes(r['per_device_bytes']['total'])} "
                          f"{'✓' if r['fits'] else '✗'}"
                          + (f", {r['step_s_predicted']:.3g} s" if r["step_s_predicted"] else "")
                          + (f", **{'+'.join(bad)} crosses nodes**" if bad else ""))

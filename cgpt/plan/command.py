@@ -39,6 +39,7 @@ import os
 import subprocess
 import sys
 
+from cgpt.config.model import REMATS
 from cgpt.config.units import parse_bytes
 from cgpt.plan.planning import plan, plan_run
 from cgpt.plan.report import format_analytic, format_plan
@@ -70,9 +71,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--platform", default="gpu", choices=("gpu", "tpu", "rocm", "cpu"),
                    help="the devices planned for (default gpu): their dtype, attention and "
                         "vocabulary padding (cgpt.config.backend); compiled on emulated CPU devices")
-    p.add_argument("--remat", choices=("on", "off"),
-                   help="recompute each layer in the backward pass (default: off if the step "
-                        "fits, as train chooses)")
+    p.add_argument("--remat", choices=("on", "off", *REMATS),
+                   help="a rung of the remat ladder (on = full, off = save_dots; default: the "
+                        "first of the platform's ladder whose step fits, as train chooses)")
     p.add_argument("--no-remat", action="store_true", help="the same as --remat off")
     p.add_argument("--host-offload", action="store_true",
                    help="removed (weights are not streamed from pinned host memory): an error")
@@ -136,10 +137,10 @@ def _cpu_devices(n: int):
     return cpu[:n] if len(cpu) >= n else None
 
 
-def _remat(args) -> bool | None:
+def _remat(args) -> bool | str | None:
     if args.no_remat and args.remat == "on":
         raise ValueError("--no-remat contradicts --remat on; give one")
-    return False if args.no_remat else {"on": True, "off": False}.get(args.remat)
+    return False if args.no_remat else {"on": True, "off": False}.get(args.remat, args.remat)
 
 
 # ---- many runs in one process (the sweep's --dry-run) ---------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+from cgpt.config.model import recomputes_forward
 from cgpt.sharding import auto, cost
 from cgpt.sharding.axes import parse_mesh
 
@@ -27,7 +28,7 @@ def cost_report(cfg, remat_asked: bool | None, mode: str, mesh: dict[str, int], 
                               activation_scale=cost.activation_scale(model))
 
     chosen = cost.step_cost(model, mode, mesh, plan.batch_size, seq_len, plan.micro_batch,
-                            bool(cfg.remat), hw, micro_batches=micro_batches)
+                            recomputes_forward(cfg.remat), hw, micro_batches=micro_batches)
     best = cost.cheapest(model, mode, mesh, plan.batch_size, seq_len, memory, hw, need)
     ranking: list[cost.StepCost] = []
     if requested_mode == "auto":

@@ -132,3 +132,35 @@ def hlo_totals(text: str) -> dict:
         walk(parsed["entry"], 1, False)
     return {"collective_bytes": dict(by_kind), "collective_bytes_in_loops": dict(in_loop),
             "collective_ops": dict(count), "dot_flops": flops}
+
+
+def partitioned_hlo(lowered) -> str:
+    """The HLO text of `lowered` (a `jax.jit(...).lower(...)`) right after SPMD partitioning:
+    the collectives with the dtypes the program asks for. XLA's CPU compiler later widens
+    bf16 collectives to f32 (its float-normalization-bf16 pass, which cannot be turned off:
+    its CPU dots need it), so the final CPU HLO would show an accelerator's bf16 gathers as f32."""
+    import glob
+    import os
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        lowered.compile({"xla_dump_to": d, "xla_dump_hlo_pass_re": "spmd-partitioning"})
+        files = sorted(glob.glob(os.path.join(d, "*after_spmd-partitioning*.txt")))
+        if not files:
+            raise RuntimeError(f"XLA wrote no HLO after SPMD partitioning into {d}")
+        with open(files[-1]) as f:
+            return f.read()
+
+
+def collective_dtypes(text: str) -> dict[tuple[str, str], int]:
+    """{(collective, result dtype): how many} in an HLO text, e.g. ("all-gather", "f32")."""
+    count: dict[tuple[str, str], int] = defaultdict(int)
+    for raw in text.splitlines():
+        m = _INSTR.match(raw)
+        op_m = _OP.search(m.group(2)) if m else None
+        if not op_m or op_m.group(1).removesuffix("-start") not in COLLECTIVES \
+                or op_m.group(1).endswith("-done"):
+            continue
+        for dt, _ in _shapes(m.group(2)[:op_m.start(1)]):
+            count[(op_m.group(1).removesuffix("-start"), dt)] += 1
+    return dict(count)

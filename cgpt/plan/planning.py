@@ -7,6 +7,8 @@ import math
 import time
 from typing import Any, NamedTuple
 
+from cgpt.config.model import remat_value
+from cgpt.config.model import recomputes_forward
 from cgpt.config.units import parse_bytes
 from cgpt.plan import cudnn
 from cgpt.plan.costs import cost_report
@@ -124,7 +126,7 @@ def plan_run(run, device_memory: int | str, cpu_devices, mode_flags: bool = Fals
     n = strategy.num_devices
     axes = node_axes(dict(strategy.mesh.shape), nodes, strategy.mode)
     moved = axis_bytes(cfg, strategy.mode, dict(strategy.mesh.shape), nodes, p.batch_size, T,
-                       p.micro_batch, bool(cfg.remat))
+                       p.micro_batch, recomputes_forward(cfg.remat))
     for a in axes:  # analytic, beside the compiled collective bytes (all axes together)
         axes[a]["bytes_per_step"] = moved.get(a, 0)
     micro_batches = (strategy.micro_batches_for(p.micro_batch * p.replicas)
@@ -135,7 +137,7 @@ def plan_run(run, device_memory: int | str, cpu_devices, mode_flags: bool = Fals
         "mesh": dict(strategy.mesh.shape) if strategy.mesh is not None else {},
         "num_devices": n,
         "n_params": cfg.num_params(), "batch": p.batch_size, "seq_len": T,
-        "micro_batch": p.micro_batch, "accum": p.accum, "remat": bool(cfg.remat),
+        "micro_batch": p.micro_batch, "accum": p.accum, "remat": remat_value(cfg.remat),
         "dtype": cfg.compute_dtype, "platform": platform, "attention": cfg.attention,
         # the platform's attention kernel (cuDNN's is checked by rule: cgpt.plan.cudnn)
         "platform_attention": kernel, "cudnn_layout": cudnn_layout,

@@ -1,6 +1,7 @@
 """`cgpt plan`'s text report of one plan (the dict `cgpt.plan.planning.plan` returns)."""
 from __future__ import annotations
 
+from cgpt.config.model import remat_value
 from cgpt.config.units import fmt_bytes
 from cgpt.plan.analytic import crossing_note, fmt_axes
 from cgpt.plan.costs import format_cost
@@ -15,14 +16,14 @@ def format_plan(r: dict) -> str:
     tried = r["fit"]["tried"]
     how = (f"searched {' and '.join(s.replace('_', '-') for s in searched)} over "
            f"{len(tried)} compiled step(s): "
-           + ", ".join(f"{c['micro_batch']}/{'on' if c['remat'] else 'off'} "
+           + ", ".join(f"{c['micro_batch']}/{remat_value(c['remat'])} "
                        f"{fmt_bytes(c['total'])}" for c in tried)) if searched else "as given"
     lines = [
         f"{r['model']} ({r['n_params'] / 1e9:.3g}B params), {r['mode']} on {mesh} "
         f"({r['num_devices']} devices of a {r['platform']}); batch {r['batch']} x "
         f"{r['seq_len']} tokens, {r['dtype']}, {r['attention']} attention",
         f"step          micro-batch {r['micro_batch']} x {r['accum']} accumulation steps, "
-        f"remat {'on' if r['remat'] else 'off'} ({how})",
+        f"remat {remat_value(r['remat'])} ({how})",
         "per device:",
         f"  params      {fmt_bytes(b['params'])}",
         f"  optimizer   {fmt_bytes(b['optimizer'])}",
@@ -61,7 +62,7 @@ def format_analytic(r: dict) -> str:
         f"({r['num_devices']} devices = {r['nodes']} node(s) x {r['devices_per_node']}); batch "
         f"{r['batch']} x {r['seq_len']} tokens (analytic, not compiled: cgpt.plan.analytic)",
         f"step          micro-batch {r['micro_batch']} x {r['accum']} accumulation steps, remat "
-        f"{'on' if r['remat'] else 'off'}",
+        f"{r['remat']}",
         f"per device    ~{fmt_bytes(r['per_device_bytes']['total'])} of "
         f"{fmt_bytes(r['usable_memory'])} usable ({fmt_bytes(r['device_memory'])} less "
         f"{HEADROOM:.0%}): {'fits' if r['fits'] else 'does NOT fit'}",

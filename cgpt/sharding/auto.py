@@ -39,7 +39,7 @@ def logits_bytes(cfg: ModelConfig, rows: int, seq_len: int) -> int:
 def activation_bytes(cfg: ModelConfig, layers: int, rows: int, seq_len: int) -> int:
     """What `layers` layers keep for the backward pass, plus one layer's full set."""
     full = 16 * cfg.d_model + 2 * cfg.n_head * seq_len
-    per_token = layers * cfg.d_model * (1 if cfg.remat else 9) + full
+    per_token = layers * cfg.d_model * (1 if cfg.remat == "full" else 9) + full
     return 4 * rows * seq_len * per_token
 
 

@@ -43,7 +43,7 @@ from typing import Callable
 
 from cgpt.config import flops
 from cgpt.config.hardware import spec_peak
-from cgpt.config.model import ModelConfig
+from cgpt.config.model import ModelConfig, recomputes_forward
 from cgpt.sharding.axes import replica_axes
 from cgpt.sharding.nodes import crossing_axes
 
@@ -287,7 +287,7 @@ def step_cost(cfg: ModelConfig, mode: str, axes: dict[str, int], batch: int, seq
 
 def predict_fit(mode: str, axes: dict[str, int], batch: int, memory: int,
                 need: Callable[[str, dict, int, bool], int], micro_batch: int | None = None,
-                remat: bool | None = None) -> tuple[int, bool]:
+                remat: str | bool | None = None) -> tuple[int, bool]:
     """(micro-batch, remat) `cgpt.train.fit.search` would pick, with `need(mode, axes, rows,
     remat)` (auto's memory model) in place of the compiled step: the full per-replica batch
     with remat off, then on; else the largest micro-batch that fits with remat on, and remat
@@ -295,7 +295,7 @@ def predict_fit(mode: str, axes: dict[str, int], batch: int, memory: int,
     per, _ = micro_and_replicas(mode, axes, batch, micro_batch)
     micros = [micro_batch] if micro_batch else sorted(
         (d for d in range(1, per + 1) if per % d == 0), reverse=True)
-    remats = [False, True] if remat is None else [bool(remat)]
+    remats = [False, True] if remat is None else [recomputes_forward(remat)]
     usable = int(memory * (1 - FIT_HEADROOM))
 
     def fits(m: int, r: bool) -> bool:

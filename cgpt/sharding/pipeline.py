@@ -96,6 +96,6 @@ def pipelined_loss(cfg: ModelConfig, mesh: Mesh, micro_batches: Callable[[int], 
         y = gpipe(params["h"], x, cfg, mesh)
         y = y.swapaxes(0, 1).reshape(B, T, d)
         y = constrain(y, ("act_batch", "act_seq", "act_embed"))
-        return model.cross_entropy(model.head(params, y, cfg), tokens[:, 1:])
+        return model.head_loss(params, y, tokens[:, 1:], cfg, constrain=constrain)
 
     return loss

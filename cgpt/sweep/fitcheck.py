@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sys
 
+from cgpt.config.model import remat_value
 from cgpt.config.units import fmt_bytes
 from cgpt.sweep.spec import Run, Sweep
 
@@ -39,17 +40,17 @@ def print_fit(runs: list[Run], results: list[dict], file=None) -> None:
     file = file or sys.stdout
     print("\nfit per run (train step compiled for its devices; cgpt.plan.command):", file=file)
     print(f"{'run_id':34s} {'devices':>7s} {'mode':17s} {'mesh':15s} {'micro x acc':>11s} "
-          f"{'remat':>5s} {'per device':>10s} {'usable':>8s} {'fits':>4s}", file=file)
+          f"{'remat':>9s} {'per device':>10s} {'usable':>8s} {'fits':>4s}", file=file)
     errors = []
     for run, r in zip(runs, results):
         if "error" in r:
             errors.append((run.run_id, r["error"]))
-            print(f"{run.run_id:34s} {run.devices:7d} {'-':17s} {'-':15s} {'-':>11s} {'-':>5s} "
+            print(f"{run.run_id:34s} {run.devices:7d} {'-':17s} {'-':15s} {'-':>11s} {'-':>9s} "
                   f"{'-':>10s} {'-':>8s} {'no':>4s}  (error below)", file=file)
             continue
         mesh = ",".join(f"{k}={v}" for k, v in r["mesh"].items())
         print(f"{run.run_id:34s} {r['num_devices']:7d} {r['mode']:17s} {mesh:15s} "
-              f"{r['micro_batch']:>5d} x {r['accum']:<3d} {'on' if r['remat'] else 'off':>5s} "
+              f"{r['micro_batch']:>5d} x {r['accum']:<3d} {remat_value(r['remat']):>9s} "
               f"{fmt_bytes(r['per_device_bytes']['total']):>10s} {fmt_bytes(r['usable_memory']):>8s} "
               f"{'yes' if r['fits'] else 'NO':>4s}", file=file)
     for rid, err in errors:

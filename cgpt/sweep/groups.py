@@ -21,6 +21,7 @@ import json
 import math
 import sys
 
+from cgpt.config.model import remat_value
 from cgpt.sweep.executors import Job
 from cgpt.sweep.spec import Run
 from cgpt.train.members import shared_part
@@ -102,7 +103,7 @@ def fit_groups(groups: list[list[Run]], device_memory: int | None) -> dict[str, 
             continue
         try:
             r = resolve(g[0].config, jax.devices()[:1], device_memory=memory)
-            r = r.fitted(r.micro_batch, bool(r.cfg.remat))
+            r = r.fitted(r.micro_batch, remat_value(r.cfg.remat))
             m, b = members_that_fit(r, len(g), memory)
             out[g[0].run_id] = {"members": m, "bytes_per_program": fmt_bytes(b),
                                 "usable": fmt_bytes(fit.usable_memory(memory))}

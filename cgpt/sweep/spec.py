@@ -29,8 +29,8 @@ SPEC_KEYS = ("name", "description", "base", "models", "grid", "per_model", "filt
 GRID_KEYS = ("model", "tokens", "tokens_per_param", "flops", "seed", "overrides", "branches")
 # Placement may change between launches of one run (checkpoints restore into any layout),
 # so it is not part of a run's identity (the same rule as `cgpt train --resume`).
-# model.remat, like train.micro_batch, is chosen per device by `train` (cgpt.train.fit)
-EXECUTION_MODEL_KEYS = ("remat",)
+# model.remat (chosen per device, like micro_batch) and loss_chunk: how, not what, it trains
+EXECUTION_MODEL_KEYS = ("remat", "loss_chunk")
 
 
 # ---- the throughput model behind --dry-run's time estimate --------------------------------

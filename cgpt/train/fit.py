@@ -10,22 +10,26 @@ usable memory (the device's memory less HEADROOM):
 
   micro-batch   the divisors of the per-replica batch, largest first: fewer accumulation
                 steps, and under weight streaming fewer re-gathers of every layer's weights;
-  remat         off, then on, at each micro-batch: remat costs one more forward pass per
-                layer but keeps only each layer's input for the backward pass.
+  remat         the platform's ladder (`backend.Kernels.remat_ladder`), most memory first:
+                on GPU/TPU none -> save_attn -> full, on CPU save_dots -> full (see
+                `cgpt.model.remat.remat_policy`); a higher rung recomputes more of each layer
+                in the backward pass and keeps less of it.
 
 Among the accumulating candidates memory falls with the micro-batch (accumulating adds one
-gradient buffer, so the first of them can need more than the full batch), so after the two
-full-batch candidates the search bisects those with remat on, then retries remat off at the
-micro-batch it found: a handful of compiles, not one per divisor. The first candidate is what `train` ran before
-this search existed (no accumulation, remat off); where it fits, as for every CPU preset, the
-search costs that one compile and the compiled step is the one trained. A micro-batch or
-remat the user set is kept and only checked.
+gradient buffer, so the first of them can need more than the full batch), so after the
+full-batch candidates (one per rung) the search bisects those on the top rung, then retries
+the lower rungs at the micro-batch it found: a handful of compiles, not one per divisor. On
+CPU the first candidate is what `train` ran before this search existed (no accumulation,
+save_dots, the old "remat off"); where it fits, as for every CPU preset, the search costs
+that one compile and the compiled step is the one trained. A micro-batch or remat the user
+set is kept and only checked.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+from cgpt.config.model import remat_value
 from cgpt.config.units import fmt_bytes
 
 HEADROOM = 0.10  # of device memory kept free: the runtime's own buffers, fragmentation, and
@@ -48,7 +52,7 @@ def step_bytes(compiled) -> dict[str, int]:
 @dataclass(frozen=True)
 class Candidate:
     micro_batch: int
-    remat: bool
+    remat: str  # a rung of the ladder (`cgpt.config.model.REMATS`)
     bytes: dict
 
 
@@ -58,7 +62,7 @@ class Choice:
 
     micro_batch: int
     accum: int
-    remat: bool
+    remat: str
     bytes: dict  # step_bytes of the chosen step
     device_memory: int
     tried: tuple[Candidate, ...] = field(default=())
@@ -83,7 +87,7 @@ class Choice:
         how = ("as set" if self.micro_given and self.remat_given else
                f"chosen from {len(self.tried)} compiled candidate(s)")
         return (f"micro-batch {self.micro_batch} x {self.accum} accumulation step(s), remat "
-                f"{'on' if self.remat else 'off'} ({how}): {fmt_bytes(self.bytes['total'])} per "
+                f"{self.remat} ({how}): {fmt_bytes(self.bytes['total'])} per "
                 f"device of {fmt_bytes(self.usable)} usable ({fmt_bytes(self.device_memory)} less "
                 f"{HEADROOM:.0%} headroom)")
 
@@ -96,15 +100,15 @@ class Choice:
         if self.micro_given and self.micro_batch > 1:
             fixes.append("a smaller train.micro_batch (or leave it unset: train then picks "
                          "the largest that fits)")
-        if self.remat_given and not self.remat:
-            fixes.append("model.remat=true (or leave it unset)")
+        if self.remat_given and self.remat != "full":
+            fixes.append("model.remat=full (or leave it unset)")
         if b["argument"] - b["alias"] > self.usable or not fixes:
             fixes.append("more devices (more GPUs, or slurm.nodes), a mode that shards the "
                          "weights and optimizer state (train.mode=weight_streaming or "
                          "layer_pipelined), bf16 compute (model.compute_dtype=bfloat16), or a "
                          "shorter data.seq_len")
         return (f"{what}: {step} (micro-batch {self.micro_batch}, remat "
-                f"{'on' if self.remat else 'off'}) needs {fmt_bytes(b['total'])} per device "
+                f"{self.remat}) needs {fmt_bytes(b['total'])} per device "
                 f"(arguments: parameters, optimizer state and batch {fmt_bytes(b['argument'])}; temp "
                 f"{fmt_bytes(b['temp'])}) but {fmt_bytes(self.usable)} are usable ({fmt_bytes(self.device_memory)} "
                 f"per device less {HEADROOM:.0%} headroom); use " + "; or ".join(fixes))
@@ -115,24 +119,26 @@ def divisors_desc(n: int) -> list[int]:
 
 
 def search(micros: Sequence[int], per_replica: int, compile_fn: Callable[[int, bool], Any],
-           device_memory: int, remat: bool | None = None,
-           micro_given: bool = False) -> tuple[Choice, Any]:
+           device_memory: int, remat: str | bool | None = None,
+           micro_given: bool = False,
+           ladder: Sequence[str] = ("save_dots", "full")) -> tuple[Choice, Any]:
     """(choice, compiled step) for the preferred candidate that fits; if none does, the
     smallest one tried (its `fits` is False). `micros`: allowed micro-batches, largest first;
-    `compile_fn(micro_batch, remat)` returns the compiled step."""
-    remats = [False, True] if remat is None else [bool(remat)]
+    `ladder`: the remat rungs to climb when `remat` is None, most memory first;
+    `compile_fn(micro_batch, remat rung)` returns the compiled step."""
+    remats = [remat_value(r) for r in ladder] if remat is None else [remat_value(remat)]
     usable = usable_memory(device_memory)
     tried: list[Candidate] = []
     compiled: dict[tuple[int, bool], Any] = {}
 
-    def fits(m: int, r: bool) -> bool:
+    def fits(m: int, r: str) -> bool:
         if (m, r) not in compiled:
             compiled[(m, r)] = compile_fn(m, r)
             tried.append(Candidate(m, r, step_bytes(compiled[(m, r)])))
         return next(c for c in tried if (c.micro_batch, c.remat) == (m, r)).bytes["total"] \
             <= usable
 
-    def done(m: int, r: bool) -> tuple[Choice, Any]:
+    def done(m: int, r: str) -> tuple[Choice, Any]:
         c = next(c for c in tried if (c.micro_batch, c.remat) == (m, r))
         return Choice(m, per_replica // m, r, c.bytes, device_memory, tuple(tried),
                       micro_given, remat is not None), compiled[(m, r)]
@@ -152,8 +158,9 @@ def search(micros: Sequence[int], per_replica: int, compile_fn: Callable[[int, b
             hi = mid
         else:
             lo = mid + 1
-    if r and len(remats) == 2 and fits(rest[hi], False):
-        return done(rest[hi], False)
+    for lower in remats[:-1]:  # the lower rungs (less recomputation) at that micro-batch
+        if fits(rest[hi], lower):
+            return done(rest[hi], lower)
     return done(rest[hi], r)
 
 
@@ -182,9 +189,11 @@ def compile_step(strategy, step: Callable, cfg, optimizer, plan) -> Any:
 
 def fit_step(res, strategy, optimizer, device_memory: int):
     """(the fitted `Resolved`, its compiled step, the `Choice`): the largest micro-batch, and
-    remat off before on, whose compiled step fits `device_memory` per device. A
+    the lowest rung of the platform's remat ladder, whose compiled step fits `device_memory`
+    per device. A
     train.micro_batch or model.remat that is set is kept and only checked. If nothing fits,
     the choice is the smallest step tried and its `fits` is False."""
+    from cgpt.config import backend
     from cgpt.train.step import make_step
 
     t, per_replica = res.run.train, res.batch_size // res.replicas
@@ -192,14 +201,15 @@ def fit_step(res, strategy, optimizer, device_memory: int):
         m for m in divisors_desc(per_replica) if not (
             res.mode == "layer_pipelined" and t.micro_batches and m % t.micro_batches)]
 
-    def compile_one(m: int, remat: bool):
+    def compile_one(m: int, remat: str):
         r = res.fitted(m, remat)
         strategy.prepare(r)
         return compile_step(strategy, make_step(r.cfg, optimizer, strategy.loss), r.cfg,
                             optimizer, r)
 
     choice, compiled = search(micros or [per_replica], per_replica, compile_one, device_memory,
-                              res.cfg.remat, bool(t.micro_batch))
+                              res.cfg.remat, bool(t.micro_batch),
+                              backend.defaults(res.platform or "cpu").remat_ladder)
     fitted = res.fitted(choice.micro_batch, choice.remat)
     strategy.prepare(fitted)
     return fitted, compiled, choice

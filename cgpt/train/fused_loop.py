@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from cgpt.config.units import fmt_bytes
+from cgpt.config.model import remat_value
 from cgpt.config.run import RunConfig, parse_bytes
 from cgpt.errors import TrainError
 from cgpt.fileio import atomic_write_text, probe_writable
@@ -98,7 +99,7 @@ def _train_fused(runs: list[RunConfig], outs: list[Path], resuming: bool, progre
         memory[i] = (parse_bytes(t.device_memory, "train.device_memory") if t.device_memory
                      else device_memory_bytes())
         r = resolve(saved[i], devices, device_memory=memory[i])
-        res[i] = r.fitted(r.micro_batch, bool(r.cfg.remat))  # no search: one shape, checked below
+        res[i] = r.fitted(r.micro_batch, remat_value(r.cfg.remat))  # no search: one shape, checked below
         live.append(i)
     if not live:
         return results
@@ -150,7 +151,7 @@ def _train_chunk(live, res, saved, priors, fresh, memory, outs, launches, resumi
     # ---- the summaries ----------------------------------------------------------------------
     speed, params, val_loss = trained
     placement = {**SingleDevice(cfg).describe(), "micro_batch": r0.micro_batch, "accum": r0.accum,
-                 "remat": bool(cfg.remat), "bytes_per_device": bytes_["total"], "fused": M,
+                 "remat": remat_value(cfg.remat), "bytes_per_device": bytes_["total"], "fused": M,
                  "member_devices": _devices_of(member_sharding(M))}
     for k, i in enumerate(live):
         if results[i] is not None:  # failed
