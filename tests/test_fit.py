@@ -69,6 +69,25 @@ def test_remat_before_accumulation_then_bisection():
                if c.micro_batch > choice.micro_batch)
 
 
+def test_cost_fn_trades_the_forward_recompute_for_a_smaller_micro_batch():
+    """With a cost model (GPUs), full remat at the largest micro-batch that fits it competes
+    with the largest smaller micro-batch on the rung below: the faster wins. Without one
+    (CPU), the search is memory-only, as before."""
+    usable = 1000 + 200 + 15 * 100  # the rung below fits at 15 sequences, full remat at 30
+    memory = int(usable / (1 - fit.HEADROOM)) + 1
+    cheap_low = lambda m, r: (4 / 3 if r == "full" else 1.0)  # noqa: E731 - recompute: +1/3
+    compile_fn, calls = _fake(per_token=100, accum_buffer=200)
+    choice, _ = fit.search(fit.divisors_desc(90), 90, compile_fn, memory, cost_fn=cheap_low)
+    assert (choice.micro_batch, choice.accum, choice.remat) == (15, 6, "save_dots")
+    assert choice.fits and len(calls) <= 2 + 1 + 4 + 1 + 1 + 4  # + the lower rung's bisection
+    dear_low = lambda m, r: 1.0 if r == "full" else 2.0  # noqa: E731 - e.g. re-gathers
+    compile_fn, _ = _fake(per_token=100, accum_buffer=200)
+    choice, _ = fit.search(fit.divisors_desc(90), 90, compile_fn, memory, cost_fn=dear_low)
+    assert (choice.micro_batch, choice.remat) == (30, "full")
+    compile_fn, _ = _fake(per_token=100, accum_buffer=200)
+    assert fit.search(fit.divisors_desc(90), 90, compile_fn, memory)[0].remat == "full"
+
+
 def test_given_micro_batch_and_remat_are_only_checked():
     compile_fn, calls = _fake(per_token=100)
     choice, _ = fit.search([45], 90, compile_fn, device_memory=10**9, remat=False,

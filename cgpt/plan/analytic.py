@@ -64,6 +64,17 @@ def plan_analytic(run, device_memory: int | str, devices: int, nodes: int = 1,
                 chosen = tried[-1]
         if chosen:
             break
+    if chosen and chosen["remat"] == "full" and len(remats) > 1:  # as the fit on a GPU: a
+        # smaller micro-batch without the forward's recomputation, where that is faster
+        m0 = chosen["micro_batch"]
+        low = next(({"micro_batch": m, "remat": remats[0], "total": need} for m in micros
+                    if m < m0 and (need := footprint(cfg.replace(remat=remats[0]), res.mode,
+                                                     res.mesh, nodes, m, T)) <= usable), None)
+        secs = [_predicted_s(cfg, res, c["micro_batch"], c["remat"], platform, devices // nodes)
+                for c in (low, chosen)] if low else []
+        if secs and None not in secs and secs[0] < secs[1]:
+            tried.append(low)
+            chosen = low
     pick = chosen or min(tried, key=lambda c: c["total"])
     m, remat = pick["micro_batch"], pick["remat"]
     n_params = cfg.num_params()

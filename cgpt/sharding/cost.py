@@ -287,11 +287,14 @@ def step_cost(cfg: ModelConfig, mode: str, axes: dict[str, int], batch: int, seq
 
 def predict_fit(mode: str, axes: dict[str, int], batch: int, memory: int,
                 need: Callable[[str, dict, int, bool], int], micro_batch: int | None = None,
-                remat: str | bool | None = None) -> tuple[int, bool]:
+                remat: str | bool | None = None,
+                cost_of: Callable[[int, bool], float] | None = None) -> tuple[int, bool]:
     """(micro-batch, remat) `cgpt.train.fit.search` would pick, with `need(mode, axes, rows,
     remat)` (auto's memory model) in place of the compiled step: the full per-replica batch
     with remat off, then on; else the largest micro-batch that fits with remat on, and remat
-    off there if that fits too. When nothing fits: the smallest, remat on."""
+    off there if that fits too, or (with `cost_of`, as the fit on a GPU) the largest smaller
+    micro-batch without remat where that is faster. When nothing fits: the smallest, remat
+    on."""
     per, _ = micro_and_replicas(mode, axes, batch, micro_batch)
     micros = [micro_batch] if micro_batch else sorted(
         (d for d in range(1, per + 1) if per % d == 0), reverse=True)
@@ -308,7 +311,14 @@ def predict_fit(mode: str, axes: dict[str, int], batch: int, memory: int,
     found = next((m for m in micros[1:] if fits(m, r)), None)  # fit.search bisects: same m
     if found is None:
         return micros[-1], r
-    return (found, False) if r and len(remats) == 2 and fits(found, False) else (found, r)
+    if not (r and len(remats) == 2):
+        return found, r
+    if fits(found, False):
+        return found, False
+    low = next((m for m in micros if m < found and fits(m, False)), None)
+    if cost_of is not None and low is not None and cost_of(low, False) < cost_of(found, True):
+        return low, False
+    return found, r
 
 
 def rank(cfg: ModelConfig, cands: list[tuple[str, dict[str, int], int]], batch: int,
@@ -319,7 +329,9 @@ def rank(cfg: ModelConfig, cands: list[tuple[str, dict[str, int], int]], batch: 
     order (today's preference)."""
     costs = []
     for mode, axes, footprint in cands:
-        m, r = predict_fit(mode, axes, batch, memory, need, micro_batch, cfg.remat)
+        m, r = predict_fit(mode, axes, batch, memory, need, micro_batch, cfg.remat,
+                           lambda m, r, mode=mode, axes=axes: step_cost(
+                               cfg, mode, axes, batch, seq_len, m, r, hw).total_s)
         costs.append(step_cost(cfg, mode, axes, batch, seq_len, m, r, hw,
                                need=footprint, fits=footprint <= memory))
     order = sorted(range(len(costs)), key=lambda i: (not costs[i].fits, costs[i].total_s, i))
