@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import signal
 import sys
 from pathlib import Path
 
@@ -174,16 +175,17 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     from cgpt.train import preempt
 
-    # a scheduler's signal before the loop: one line, not a silent death
-    old = preempt.defer_early() if argv[:1] == ["train"] else {}
+    # Ctrl-C anywhere, a scheduler's signal before the loop: one line, not a traceback or a
+    # silent death (`python -m cgpt` installed these from its first statement already)
+    command = argv[0] if argv else ""
+    old = preempt.defer_early(command)
     try:
         return _main(argv)
-    except preempt.Preempted as e:  # before _main's own handler took over
-        print(f"cgpt train: {e}", file=sys.stderr)
+    except (preempt.Preempted, preempt.Stopped) as e:  # before _main's own handler took over
+        print(f"cgpt {command}: {e}", file=sys.stderr)
         return e.exit_code
-    except KeyboardInterrupt:  # also while the modules load, before any handler
-        print(f"cgpt {argv[0] if argv else ''}: interrupted; rerun with --resume to continue",
-              file=sys.stderr)
+    except KeyboardInterrupt:  # also while the modules load
+        print(preempt.stop_line(signal.SIGINT, command), file=sys.stderr)
         return 130
     finally:
         preempt.restore(old)
@@ -256,21 +258,20 @@ def _run_command(args, handlers) -> int:
     from cgpt.data.batches import DataError
     from cgpt.sharding.distributed import DistributedError
     from cgpt.errors import LoadError
-    from cgpt.train.preempt import Preempted
+    from cgpt.train.preempt import Preempted, Stopped, stop_line
     from cgpt.train.rundir import RunDirError
     from cgpt.errors import TrainError
 
     try:
         return args.func(args) if hasattr(args, "func") else handlers[args.command](args)
-    except Preempted as e:  # checkpointed on SIGTERM/SIGUSR1/SIGUSR2 (cgpt.train.preempt)
-        print(f"cgpt {args.command}: {e}", file=sys.stderr)
+    except (Preempted, Stopped) as e:  # checkpointed on SIGTERM/SIGUSR1/SIGUSR2, or before
+        print(f"cgpt {args.command}: {e}", file=sys.stderr)  # the loop (cgpt.train.preempt)
         return e.exit_code
     except (ValueError, TrainError, LoadError, DataError, RunDirError, DistributedError) as e:
         print(f"cgpt {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"cgpt {args.command}: interrupted; rerun with --resume to continue",
-              file=sys.stderr)
+        print(stop_line(signal.SIGINT, args.command), file=sys.stderr)
         return 130
     except OSError as e:  # a file or directory that cannot be used: name it, no traceback
         what = f"{e.filename}: " if e.filename else ""
