@@ -35,6 +35,11 @@ import yaml
 
 ERROR_LINE = re.compile(r"^cgpt [\w ]+: error: ", re.M)
 TAG = f"CGPT_CAMPAIGN_{os.getpid()}"
+ONLY: list[str] = []  # -k: case-name substrings (empty: every case)
+
+
+def want(name: str) -> bool:
+    return not ONLY or any(k in name for k in ONLY)
 
 
 class Ctx:
@@ -498,6 +503,8 @@ def sweepdir_cases(c: Ctx) -> list[tuple[str, str, tuple]]:
     }
     out = []
     for name, (rel, content, expected) in damage.items():
+        if not want(f"sweepdir:{name}"):
+            continue
         d = c.ws / f"sweepdir_{name}"
         shutil.copytree(ref, d, symlinks=True)
         p = d / rel
@@ -534,6 +541,8 @@ def sweepdir_cases(c: Ctx) -> list[tuple[str, str, tuple]]:
         out.append((f"sweepdir:{name}", expected, res))
     # signals on a sweep: SIGKILL / SIGINT while a run trains, and a concurrent launch
     for sig in (signal.SIGKILL, signal.SIGINT, signal.SIGTERM):
+        if not want(f"signals:sweep-{sig.name}"):
+            continue
         d = c.ws / f"sweepsig_{sig.name}"
         p = c.popen(["sweep", str(spec), "--out", str(d), *flags], c.ws / f"sweepsig_{sig.name}")
         _wait_for(lambda: (d / rid / "config.yaml").exists(), 300)
@@ -556,6 +565,8 @@ def sweepdir_cases(c: Ctx) -> list[tuple[str, str, tuple]]:
             continue
         out.append((f"signals:sweep-{sig.name}", "ok",
                     c.cli(["sweep", str(spec), "--out", str(d), *flags], 600)))
+    if not want("signals:sweep-concurrent"):
+        return out
     d = c.ws / "sweep_concurrent"
     p = c.popen(["sweep", str(spec), "--out", str(d), *flags], c.ws / "sweepconc")
     _wait_for(lambda: (d / ".sweep.lock").exists() and (d / "results.csv").exists(), 300)
@@ -576,9 +587,12 @@ def main() -> int:
     ap.add_argument("--only", help="comma-separated groups: " + ", ".join(GROUPS))
     ap.add_argument("--json", help="write every case's outcome here")
     ap.add_argument("--keep", action="store_true", help="keep the workspace")
+    ap.add_argument("-k", default="", help="only cases whose name contains one of these "
+                    "(comma-separated); the setup of their groups still runs")
     args = ap.parse_args()
     ws = Path(tempfile.mkdtemp(prefix="cgpt-campaign-"))
     c = Ctx(Path(args.repo).resolve(), ws)
+    ONLY[:] = [k for k in args.k.split(",") if k]
     groups = args.only.split(",") if args.only else list(GROUPS)
     if any(g in groups for g in ("store", "signals")) and "data" not in groups:
         groups.insert(0, "data")  # the tokenizer and corpus they use
@@ -586,6 +600,8 @@ def main() -> int:
     try:
         for g in groups:
             for name, expected, (outcome, err) in GROUPS[g](c):
+                if not want(name):
+                    continue
                 ok = outcome == expected
                 results.append({"case": name, "expected": expected, "outcome": outcome, "pass": ok,
                                 "stderr_tail": err[-400:] if not ok else ""})
