@@ -90,7 +90,7 @@ def run_case(ctx: Ctx, c: Case) -> tuple[str, str, str]:
     results = []
     if "python" in spec:  # an analysis call: its one line is `cgpt analysis: error: ...`
         results.append(subprocess.run([sys.executable, "-c", spec["python"]], env=ctx.env(),
-                                      capture_output=True, text=True, timeout=300, cwd=ctx.root))
+                                      capture_output=True, text=True, timeout=1200, cwd=ctx.root))
     elif "argv" in spec and "signals" in spec:
         results.append(_signalled(ctx, spec))
     elif "argv" in spec and "signal" in spec:
@@ -100,7 +100,7 @@ def run_case(ctx: Ctx, c: Case) -> tuple[str, str, str]:
                              cwd=ctx.root)
         time.sleep(delay)
         p.send_signal(sig)
-        out, err = p.communicate(timeout=300)
+        out, err = p.communicate(timeout=1200)
         results.append(subprocess.CompletedProcess(p.args, p.returncode, out, err))
     elif "argv" in spec:
         results.append(ctx.cgpt(spec["argv"]))
@@ -112,7 +112,7 @@ def run_case(ctx: Ctx, c: Case) -> tuple[str, str, str]:
                                           text=True, cwd=ctx.root))
             time.sleep(spec.get("stagger", 0) if len(procs) == 1 else 0.5)
         for p in procs:
-            out, err = p.communicate(timeout=600)
+            out, err = p.communicate(timeout=1200)
             results.append(subprocess.CompletedProcess(p.args, p.returncode, out, err))
     else:
         for argv in spec["sequence"]:
@@ -162,8 +162,15 @@ def _signalled(ctx: Ctx, spec: dict) -> subprocess.CompletedProcess:
                 time.sleep(0.01)
             if p.poll() is None:
                 (os.killpg if spec.get("group") else os.kill)(p.pid, sig)
-        out, _ = p.communicate(timeout=600)
+        out, _ = p.communicate(timeout=1200)
     return subprocess.CompletedProcess(p.args, p.returncode, out, err_path.read_text())
+
+
+def _guarded(ctx: Ctx, c: Case) -> tuple[str, str, str]:
+    try:
+        return run_case(ctx, c)
+    except subprocess.TimeoutExpired as e:  # a loaded machine, or a real hang: reported
+        return c.name, "HANG", f"no end within {e.timeout:.0f} s"
 
 
 def setup(ctx: Ctx) -> None:
@@ -199,7 +206,7 @@ def main() -> None:
     rows: list = []
     counts: dict[str, int] = {}
     with ThreadPoolExecutor(args.jobs) as pool:
-        for (name, outcome, msg), c in zip(pool.map(lambda c: run_case(ctx, c), cases), cases):
+        for (name, outcome, msg), c in zip(pool.map(lambda c: _guarded(ctx, c), cases), cases):
             rows.append((name, outcome, msg))
             counts[outcome] = counts.get(outcome, 0) + 1
             print(f"{outcome:10s} {c.group:10s} {name:40s} {msg}", flush=True)

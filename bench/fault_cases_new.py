@@ -33,7 +33,7 @@ def _add(name, expect, group, make, text=None):
 TRAIN_BAD = {  # name -> (extra argv, what the error must name)
     "tokens_abc": (["--tokens", "abc"], "tokens"), "tokens_negative": (["--tokens=-5"], "tokens"),
     "tokens_zero": (["--tokens", "0"], "tokens"), "tokens_nan": (["--tokens", "nan"], "tokens"),
-    "tokens_inf": (["--tokens", "inf"], "tokens"), "tokens_one": (["--tokens", "1"], "tokens"),
+    "tokens_inf": (["--tokens", "inf"], "tokens"),
     "mesh_garbage": (["--mesh", "data=x"], "mesh"), "mesh_unknown_axis": (["--mesh", "foo=2"], "foo"),
     "mesh_zero": (["--mesh", "data=0"], "mesh"), "mode_bogus": (["--mode", "bogus"], "bogus"),
     "seed_str": (["--seed", "x"], "--seed"), "from_step_str": (["--from-step", "x"], "--from-step"),
@@ -158,9 +158,9 @@ for _n, (_extra, _text) in DATA_BAD.items():
              *(e or ["--tokenizer", str(ctx.base / "tokenizer.json")])]},
          None if _text == "either" else _text)
 
-PLAN = ["plan", "--model", "tiny-17k", "--mode", "data_parallel", "--no-compile"]
-PLAN_BAD = {"nodes_zero": (["--nodes", "0"], "nodes"),
-            "gpus_per_node_negative": (["--gpus-per-node=-1"], "gpus-per-node"),
+PLAN = ["plan", "--model", "tiny-17k", "--mode", "data_parallel"]
+PLAN_BAD = {"devices_negative": (["--devices=-2"], "devices"),
+            "remat_bogus": (["--remat", "maybe"], "--remat"),
             "devices_zero": (["--devices", "0"], "devices"),
             "device_memory_garbage": (["--device-memory", "lots"], "device-memory"),
             "batch_zero": (["--batch", "0"], "batch"), "micro_batch_zero": (["--micro-batch", "0"], "micro"),
