@@ -58,7 +58,6 @@ TRAIN_BAD = {  # name -> (extra argv, what the error must name)
     "val_sequences_negative": (["data.val_sequences=-1"], "val_sequences"),
     "unknown_train_key": (["train.nonsense=1"], "nonsense"),
     "unknown_model_key": (["model.nonsense=1"], "nonsense"),
-    "override_empty_value": (["train.batch_size="], "batch_size"),
     "warmup_steps_negative": (["train.warmup_steps=-3"], "warmup_steps"),
     "weight_decay_str": (["train.weight_decay=lots"], "weight_decay"),
     "train_mode_override_bogus": (["train.mode=bogus"], "bogus"),
@@ -71,6 +70,8 @@ for _n, (_extra, _text) in TRAIN_BAD.items():
     _add(f"train_{_n}", "error", "flags2",
          lambda ctx, e=_extra: {"argv": ctx.train(ctx.fresh("out"), *e)}, _text)
 
+_add("train_override_empty_value_is_null", "either", "flags2",  # key= is YAML null: the default
+     lambda ctx: {"argv": ctx.train(ctx.fresh("out"), "train.warmup_steps=")})
 _add("train_out_is_a_file", "error", "flags2", lambda ctx: {"argv": ctx.train(
     _file(ctx.fresh("file"), "x"))}, "file")
 _add("train_from_step_negative_resume", "error", "flags2", lambda ctx: {"argv": ctx.train(
