@@ -124,7 +124,18 @@ def cmd_list(args) -> int:
 
 
 def cmd_generate(args) -> int:
+    import math
+
     import cgpt
+
+    checks = (("--max-new-tokens", args.max_new_tokens, args.max_new_tokens >= 1, ">= 1"),
+              ("--top-k", args.top_k, args.top_k is None or args.top_k >= 1, ">= 1"),
+              ("--top-p", args.top_p, args.top_p is None or 0 < args.top_p <= 1, "in (0, 1]"),
+              ("--temperature", args.temperature,
+               math.isfinite(args.temperature) and args.temperature >= 0, "finite and >= 0"))
+    for flag, v, ok, want in checks:  # before the model loads, named as typed
+        if not ok:
+            raise ValueError(f"{flag} {v}: must be {want}")
 
     lm = cgpt.load(args.source, dtype=args.dtype)
     print(lm.generate(args.prompt, args.max_new_tokens, temperature=args.temperature,
@@ -133,6 +144,10 @@ def cmd_generate(args) -> int:
 
 
 def cmd_eval(args) -> int:
+    for flag, v, low in (("--limit", args.limit, 0), ("--num-fewshot", args.num_fewshot, 0),
+                         ("--bootstrap-iters", args.bootstrap_iters, 0)):
+        if v is not None and (v < low or (flag == "--limit" and v == 0)):
+            raise ValueError(f"{flag} {v}: must be {'> 0' if flag == '--limit' else '>= 0'}")
     if args.tasks:  # lm-evaluation-harness tasks: cgpt/eval/harness.py
         try:
             from cgpt.eval.harness import run_tasks

@@ -311,3 +311,17 @@ def test_usr1_during_startup_is_one_line_and_leaves_nothing(base, corpus, tmp_pa
     assert cli_main(_flags(corpus, base[1], out, "--resume")) == 0
     assert [r["step"] for r in rundir.read_metrics(out / "metrics.jsonl")] == \
         list(range(1, STEPS + 1))
+
+
+@pytest.mark.parametrize("argv, named", [
+    (["generate", "/nonexistent", "x", "--top-p", "0"], "--top-p 0.0"),
+    (["generate", "/nonexistent", "x", "--top-k=-1"], "--top-k -1"),
+    (["generate", "/nonexistent", "x", "--max-new-tokens=-1"], "--max-new-tokens -1"),
+    (["eval", "/nonexistent", "--tasks", "hellaswag", "--limit=-1"], "--limit -1.0"),
+    (["eval", "/nonexistent", "--tasks", "hellaswag", "--num-fewshot=-2"], "--num-fewshot -2")])
+def test_sampling_and_task_flags_are_named_before_anything_loads(capsys, argv, named):
+    """Campaign 2: the library's names (top_p) after the model loaded, or a Hub error for
+    `--limit -1`; now the flag as typed, before the model or the tasks load."""
+    assert cli_main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"cgpt {argv[0]}: error: {named}"), err
