@@ -354,3 +354,12 @@ def test_sigkilled_prepare_leaves_no_worker_running(tmp_path, tok):
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     TokenStore(tmp_path / "store").verify()
+
+
+@pytest.mark.parametrize("n", ["0", "-2"])
+def test_sweep_parallel_below_one_is_refused(tmp_path, capsys, n):
+    """Campaign 2: --parallel 0 / -2 were accepted (0 read as the default)."""
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(BASE))
+    assert f"--parallel {n}" in _one_line_error(
+        capsys, ["sweep", str(path), "--dry-run", "--no-fit", f"--parallel={n}"])
