@@ -25,6 +25,7 @@ import yaml
 from matplotlib.ticker import NullFormatter
 
 from .plots import _figure, _plain_y, _save
+from .checks import check_count
 from .results import finished, load_results
 
 SEED_REL_STD = 0.0035  # Cerebras-GPT §3.3: run-to-run std of the loss is ~0.35%
@@ -65,6 +66,10 @@ def _vertex(coef: np.ndarray, xlo: float, xhi: float) -> float:
 def lr_optimum(lr, loss, window: int = 2, rel_noise: float = SEED_REL_STD,
                n_boot: int = 2000, seed: int = 0) -> LrOptimum:
     """The loss-optimal LR of one curve with a 95% parametric-bootstrap interval."""
+    if isinstance(window, bool) or not isinstance(window, (int, np.integer)) or window < 1:
+        raise ValueError(f"window={window!r}: the LRs on each side of the best one that the "
+                         "parabola is fit through, a whole number >= 1 (default 2)")
+    n_boot = check_count(n_boot, "n_boot", minimum=1)
     lr, loss = np.asarray(lr, float), np.asarray(loss, float)
     keep = np.isfinite(loss) & (lr > 0)
     lr, loss = lr[keep], loss[keep]

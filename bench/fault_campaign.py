@@ -11,7 +11,10 @@ happened:
   REFUSED   a valid request was refused
   LOST      results were lost or mislabelled (the case's own check, e.g. metrics cut short)
 
-    PYTHONPATH=$PWD python bench/fault_campaign.py [--code DIR] [-k SUBSTRING] [--jobs 2]
+    PYTHONPATH=$PWD python bench/fault_campaign.py [--code DIR] [-k SUBSTRING] [--group G] [--jobs 2]
+
+Groups: rundir, signals, concurrent, load, flags, config (first campaign); flags2, phases, rundir2,
+concurrent2, analysis (the second: bench/fault_cases_new.py).
 
 `--code` runs another checkout's cgpt (e.g. the commit before the fixes) with the same cases.
 Slow (~1-2 s of JAX start-up per case, a few seconds for the ones that train): not a test.
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -31,6 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import fault_cases_load  # noqa: F401 - registers the loading, flag and config cases
+import fault_cases_new  # noqa: F401 - the second campaign: flags, phases, analysis, ...
 from fault_cases import CASES, Case, Ctx, complete
 
 # what a case's error must name (else MISLEADING): the damaged file, or the reason
@@ -83,14 +88,19 @@ def run_case(ctx: Ctx, c: Case) -> tuple[str, str, str]:
     except Exception as e:  # noqa: BLE001 - a broken setup is reported, not fatal
         return c.name, "SETUP", repr(e)
     results = []
-    if "argv" in spec and "signal" in spec:
+    if "python" in spec:  # an analysis call: its one line is `cgpt analysis: error: ...`
+        results.append(subprocess.run([sys.executable, "-c", spec["python"]], env=ctx.env(),
+                                      capture_output=True, text=True, timeout=1200, cwd=ctx.root))
+    elif "argv" in spec and "signals" in spec:
+        results.append(_signalled(ctx, spec))
+    elif "argv" in spec and "signal" in spec:
         sig, delay = spec["signal"]
         p = subprocess.Popen([sys.executable, "-m", "cgpt", *spec["argv"]], env=ctx.env(),
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                              cwd=ctx.root)
         time.sleep(delay)
         p.send_signal(sig)
-        out, err = p.communicate(timeout=300)
+        out, err = p.communicate(timeout=1200)
         results.append(subprocess.CompletedProcess(p.args, p.returncode, out, err))
     elif "argv" in spec:
         results.append(ctx.cgpt(spec["argv"]))
@@ -102,7 +112,7 @@ def run_case(ctx: Ctx, c: Case) -> tuple[str, str, str]:
                                           text=True, cwd=ctx.root))
             time.sleep(spec.get("stagger", 0) if len(procs) == 1 else 0.5)
         for p in procs:
-            out, err = p.communicate(timeout=600)
+            out, err = p.communicate(timeout=1200)
             results.append(subprocess.CompletedProcess(p.args, p.returncode, out, err))
     else:
         for argv in spec["sequence"]:
@@ -115,7 +125,9 @@ def run_case(ctx: Ctx, c: Case) -> tuple[str, str, str]:
     after = spec.get("after")
     if not check and after and after[0] == "resume":  # a stopped run must finish on --resume
         d = after[1]
-        if (d / "config.yaml").exists():
+        if results[-1].returncode == 0:
+            check = complete(d)()  # finished before the signal acted: a complete result
+        elif (d / "config.yaml").exists() or "signals" in spec:  # (nothing there: fresh)
             r = ctx.cgpt(ctx.train(d, "--resume"))
             check = (f"resume after the signal failed: {r.stderr.strip()[-200:]}"
                      if r.returncode else complete(d)())
@@ -126,7 +138,39 @@ def run_case(ctx: Ctx, c: Case) -> tuple[str, str, str]:
         if text not in results[-1].stderr:
             check = f"message does not name {text!r}"
             return c.name, "MISLEADING", check
-    return (c.name, *classify(c.expect, results, check, spec.get("signal", (0, 0))[0]))
+    sent = spec.get("signal", (0, 0))[0] or (spec["signals"][0][0] if "signals" in spec else 0)
+    return (c.name, *classify(c.expect, results, check, sent))
+
+
+def _signalled(ctx: Ctx, spec: dict) -> subprocess.CompletedProcess:
+    """Run spec['argv']; send each (signal, when) in turn, `when` a delay in seconds after the
+    previous one or a predicate (pid, stderr so far, run dir) -> ready; 'group': to the group."""
+    err_path = ctx.fresh("stderr")
+    d = Path(spec["argv"][spec["argv"].index("--out") + 1])
+    with open(err_path, "w") as err:
+        p = subprocess.Popen([sys.executable, "-m", "cgpt", *spec["argv"]], env=ctx.env(),
+                             stdout=subprocess.PIPE, stderr=err, text=True, cwd=ctx.root,
+                             start_new_session=bool(spec.get("group")))
+        for sig, when in spec["signals"]:
+            end = time.monotonic() + 300
+            while p.poll() is None and time.monotonic() < end:
+                if callable(when) and when(p.pid, err_path.read_text(errors="replace"), d):
+                    break
+                if not callable(when):
+                    time.sleep(when)
+                    break
+                time.sleep(0.01)
+            if p.poll() is None:
+                (os.killpg if spec.get("group") else os.kill)(p.pid, sig)
+        out, _ = p.communicate(timeout=1200)
+    return subprocess.CompletedProcess(p.args, p.returncode, out, err_path.read_text())
+
+
+def _guarded(ctx: Ctx, c: Case) -> tuple[str, str, str]:
+    try:
+        return run_case(ctx, c)
+    except subprocess.TimeoutExpired as e:  # a loaded machine, or a real hang: reported
+        return c.name, "HANG", f"no end within {e.timeout:.0f} s"
 
 
 def setup(ctx: Ctx) -> None:
@@ -150,17 +194,19 @@ def main() -> None:
     ap.add_argument("--code", default=str(Path(__file__).resolve().parents[1]),
                     help="the checkout whose cgpt runs the cases")
     ap.add_argument("-k", default="", help="only cases whose name contains this")
+    ap.add_argument("--group", default="", help="only cases of these groups (comma-separated)")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--json", help="write the per-case outcomes here")
     args = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="cgpt-campaign-"))
     ctx = Ctx(root=root, code=Path(args.code).resolve())
     setup(ctx)
-    cases = [c for c in CASES if any(k in c.name for k in args.k.split(","))]
+    cases = [c for c in CASES if any(k in c.name for k in args.k.split(","))
+             and (not args.group or c.group in args.group.split(","))]
     rows: list = []
     counts: dict[str, int] = {}
     with ThreadPoolExecutor(args.jobs) as pool:
-        for (name, outcome, msg), c in zip(pool.map(lambda c: run_case(ctx, c), cases), cases):
+        for (name, outcome, msg), c in zip(pool.map(lambda c: _guarded(ctx, c), cases), cases):
             rows.append((name, outcome, msg))
             counts[outcome] = counts.get(outcome, 0) + 1
             print(f"{outcome:10s} {c.group:10s} {name:40s} {msg}", flush=True)

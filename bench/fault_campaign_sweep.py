@@ -35,6 +35,11 @@ import yaml
 
 ERROR_LINE = re.compile(r"^cgpt [\w ]+: error: ", re.M)
 TAG = f"CGPT_CAMPAIGN_{os.getpid()}"
+ONLY: list[str] = []  # -k: case-name substrings (empty: every case)
+
+
+def want(name: str) -> bool:
+    return not ONLY or any(k in name for k in ONLY)
 
 
 class Ctx:
@@ -293,7 +298,8 @@ def data_cases(c: Ctx) -> list[tuple[str, str, tuple]]:
         args = ["data", "prepare", str(src), "--tokenizer", tok, "--out", str(c.ws / f"out_{name}"),
                 "--no-progress", "--num-proc", "2"]
         # empty text files / empty jsonl: a store with no documents is refused (error)
-        out.append((f"data:{name}", "error", c.cli(args, 180)))
+        if want(f"data:{name}"):
+            out.append((f"data:{name}", "error", c.cli(args, 180)))
     flags = {
         "num-proc-zero": ["--num-proc", "0"], "num-proc-neg": ["--num-proc", "-3"],
         "vocab-size-zero": ["--tokenizer", "train", "--vocab-size", "0"],
@@ -311,7 +317,8 @@ def data_cases(c: Ctx) -> list[tuple[str, str, tuple]]:
                 args[args.index(extra[i]) + 1] = extra[i + 1]
             else:
                 args += extra[i:i + 2]
-        out.append((f"data:{name}", "error", c.cli(args, 180)))
+        if want(f"data:{name}"):
+            out.append((f"data:{name}", "error", c.cli(args, 180)))
     return out
 
 
@@ -411,47 +418,58 @@ def signal_cases(c: Ctx) -> list[tuple[str, str, tuple]]:
     assert c.cli(base(ref), 600)[0] == "ok"
     ref_sha = [s["sha256"] for s in json.loads((ref / "manifest.json").read_text())["shards"]]
     out = []
-    phases = {"startup": lambda p: True,
-              "workers": lambda p: len(_children(p.pid)) >= 2,
-              "tokenizer-training": None}
-    for sig in (signal.SIGKILL, signal.SIGTERM, signal.SIGINT):
-        for phase, ready in phases.items():
-            name = f"signals:prepare-{sig.name}-{phase}"
-            d = c.ws / f"sig_{sig.name}_{phase}"
-            log = c.ws / f"siglog_{sig.name}_{phase}"
-            t = "train" if phase == "tokenizer-training" else tok
-            args = base(d, t) + (["--vocab-size", "300"] if t == "train" else [])
-            p = c.popen(args, log)
-            if phase == "startup":
-                time.sleep(1.0)
-            elif phase == "workers":
-                _wait_for(lambda: ready(p), 120)
-            else:
-                time.sleep(4.0)
-            os.kill(p.pid, sig)
-            try:
-                p.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
-                out.append((name, "ok", ("hang", "")))
-                continue
-            survived = _wait_for(lambda: not _children(p.pid), 10) is False
-            for q in _children(p.pid):
-                os.kill(q, signal.SIGKILL)
-            if survived:
-                out.append((name, "ok", ("orphan", "workers outlived the prepare")))
-                continue
-            err = log.with_suffix(".err").read_text(errors="replace")
-            if sig != signal.SIGKILL and "Traceback (most recent call last)" in err:
-                out.append((name, "ok", ("traceback", err)))
-                continue
-            res = c.cli(args, 600)
-            if res[0] == "ok" and t != "train":
-                sha = [s["sha256"] for s in json.loads((d / "manifest.json").read_text())["shards"]]
-                if sha != ref_sha:
-                    res = ("lost", "the resumed store differs from the reference")
-            out.append((name, "ok", res))
+    shards = lambda d: any((d / "shards").glob("*.json"))  # noqa: E731 - a unit finished
+    phases = {"startup": lambda p, d: time.time() - p.t0 > 0.5,  # Python and cgpt importing
+              "plan-written": lambda p, d: (d / "plan.json").exists(),
+              "workers": lambda p, d: len(_children(p.pid)) >= 2,
+              "shards-partial": lambda p, d: shards(d),
+              "tokenizer-training": lambda p, d: time.time() - p.t0 > 4.0}
+    cases = [(sig, phase, False) for sig in (signal.SIGKILL, signal.SIGTERM, signal.SIGINT,
+                                             signal.SIGUSR1) for phase in phases]
+    cases += [(signal.SIGINT, "workers", True), (signal.SIGTERM, "workers", True)]  # to the group
+    for sig, phase, group in cases:
+        name = f"signals:prepare-{sig.name}-{phase}" + ("-group" if group else "")
+        if not want(name):
+            continue
+        tag = f"{sig.name}_{phase}{'_group' if group else ''}"
+        d, log = c.ws / f"sig_{tag}", c.ws / f"siglog_{tag}"
+        t = "train" if phase == "tokenizer-training" else tok
+        args = base(d, t) + (["--vocab-size", "300"] if t == "train" else [])
+        p = c.popen(args, log)
+        p.t0 = time.time()
+        _wait_for(lambda: phases[phase](p, d) or p.poll() is not None, 300)
+        try:
+            os.killpg(p.pid, sig) if group else os.kill(p.pid, sig)
+        except ProcessLookupError:
+            pass
+        try:
+            rc = p.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+            out.append((name, "ok", ("hang", "")))
+            continue
+        survived = _wait_for(lambda: not _children(p.pid), 10) is False
+        for q in _children(p.pid):
+            os.kill(q, signal.SIGKILL)
+        if survived:
+            out.append((name, "ok", ("orphan", "workers outlived the prepare")))
+            continue
+        err = log.with_suffix(".err").read_text(errors="replace")
+        lines = [x for x in err.splitlines() if x.strip()]
+        if sig != signal.SIGKILL and rc != 0 and not (
+                rc == 128 + sig and len(lines) == 1 and re.match(
+                    r"cgpt data: (interrupted|stopped by SIG\w+); rerun the same command", lines[0])):
+            out.append((name, "ok", ("traceback", f"rc={rc}, not one line: {err[-600:]}")))
+            continue
+        res = c.cli(args, 600)
+        if res[0] == "ok" and t != "train":
+            sha = [s["sha256"] for s in json.loads((d / "manifest.json").read_text())["shards"]]
+            if sha != ref_sha:
+                res = ("lost", "the resumed store differs from the reference")
+        out.append((name, "ok", res))
+    if not want("signals:prepare-concurrent"):
+        return out
     # two prepares of one --out
     d = c.ws / "concurrent"
     p = c.popen(base(d), c.ws / "conc_a")
@@ -498,6 +516,8 @@ def sweepdir_cases(c: Ctx) -> list[tuple[str, str, tuple]]:
     }
     out = []
     for name, (rel, content, expected) in damage.items():
+        if not want(f"sweepdir:{name}"):
+            continue
         d = c.ws / f"sweepdir_{name}"
         shutil.copytree(ref, d, symlinks=True)
         p = d / rel
@@ -534,6 +554,8 @@ def sweepdir_cases(c: Ctx) -> list[tuple[str, str, tuple]]:
         out.append((f"sweepdir:{name}", expected, res))
     # signals on a sweep: SIGKILL / SIGINT while a run trains, and a concurrent launch
     for sig in (signal.SIGKILL, signal.SIGINT, signal.SIGTERM):
+        if not want(f"signals:sweep-{sig.name}"):
+            continue
         d = c.ws / f"sweepsig_{sig.name}"
         p = c.popen(["sweep", str(spec), "--out", str(d), *flags], c.ws / f"sweepsig_{sig.name}")
         _wait_for(lambda: (d / rid / "config.yaml").exists(), 300)
@@ -556,6 +578,8 @@ def sweepdir_cases(c: Ctx) -> list[tuple[str, str, tuple]]:
             continue
         out.append((f"signals:sweep-{sig.name}", "ok",
                     c.cli(["sweep", str(spec), "--out", str(d), *flags], 600)))
+    if not want("signals:sweep-concurrent"):
+        return out
     d = c.ws / "sweep_concurrent"
     p = c.popen(["sweep", str(spec), "--out", str(d), *flags], c.ws / "sweepconc")
     _wait_for(lambda: (d / ".sweep.lock").exists() and (d / "results.csv").exists(), 300)
@@ -576,9 +600,12 @@ def main() -> int:
     ap.add_argument("--only", help="comma-separated groups: " + ", ".join(GROUPS))
     ap.add_argument("--json", help="write every case's outcome here")
     ap.add_argument("--keep", action="store_true", help="keep the workspace")
+    ap.add_argument("-k", default="", help="only cases whose name contains one of these "
+                    "(comma-separated); the setup of their groups still runs")
     args = ap.parse_args()
     ws = Path(tempfile.mkdtemp(prefix="cgpt-campaign-"))
     c = Ctx(Path(args.repo).resolve(), ws)
+    ONLY[:] = [k for k in args.k.split(",") if k]
     groups = args.only.split(",") if args.only else list(GROUPS)
     if any(g in groups for g in ("store", "signals")) and "data" not in groups:
         groups.insert(0, "data")  # the tokenizer and corpus they use
@@ -586,6 +613,8 @@ def main() -> int:
     try:
         for g in groups:
             for name, expected, (outcome, err) in GROUPS[g](c):
+                if not want(name):
+                    continue
                 ok = outcome == expected
                 results.append({"case": name, "expected": expected, "outcome": outcome, "pass": ok,
                                 "stderr_tail": err[-400:] if not ok else ""})

@@ -53,7 +53,7 @@ class Ctx:
         return ["train", "--data", str(self.corpus), "--out", str(out), *TRAIN,
                 f"data.cache_dir={self.cache}", *extra]
 
-    def cgpt(self, argv: list[str], timeout: float = 300) -> subprocess.CompletedProcess:
+    def cgpt(self, argv: list[str], timeout: float = 1200) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "cgpt", *argv], env=self.env(),
                               capture_output=True, text=True, timeout=timeout, cwd=self.root)
 

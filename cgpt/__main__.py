@@ -1,19 +1,29 @@
+"""`python -m cgpt ...` (and the `cgpt` console script): the process's signal guard from its
+first statement (`preempt.install_process`; `python -m cgpt` installs it while the package
+imports), the CLI, then an end that no late signal or interpreter finalization turns into a
+traceback or a crash (`preempt.finish`)."""
+import signal
 import sys
 
 from cgpt.train import preempt
 
-if sys.argv[1:2] == ["train"]:  # a scheduler's signal from the first moment: one line
-    preempt.defer_early()
-try:
-    from cgpt.cli import main
-except KeyboardInterrupt:  # Ctrl-C while Python starts: one line, not a traceback
-    print("cgpt: interrupted", file=sys.stderr)
-    sys.exit(130)
-except preempt.Preempted as e:
-    print(f"cgpt train: {e}", file=sys.stderr)
-    sys.exit(e.exit_code)
 
-code = main()
-if sys.argv[1:2] == ["train"]:  # checkpointed and ending: a scheduler's repeated signal must
-    preempt.ignore_late()       # not turn this exit into a death by that signal
-sys.exit(code)
+def run() -> None:
+    command = sys.argv[1] if len(sys.argv) > 1 else ""
+    preempt.install_process(command)
+    try:
+        preempt.arm()
+        from cgpt.cli import main
+
+        code = main()
+    except KeyboardInterrupt:  # Ctrl-C while the modules load, before main's own handler
+        print(preempt.stop_line(signal.SIGINT, command), file=sys.stderr)
+        code = 130
+    except (preempt.Stopped, preempt.Preempted) as e:
+        print(f"cgpt {command}: {e}", file=sys.stderr)
+        code = e.exit_code
+    preempt.finish(code, command)
+
+
+if __name__ == "__main__":
+    run()

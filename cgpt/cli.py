@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import signal
 import sys
 from pathlib import Path
 
@@ -123,7 +124,18 @@ def cmd_list(args) -> int:
 
 
 def cmd_generate(args) -> int:
+    import math
+
     import cgpt
+
+    checks = (("--max-new-tokens", args.max_new_tokens, args.max_new_tokens >= 1, ">= 1"),
+              ("--top-k", args.top_k, args.top_k is None or args.top_k >= 1, ">= 1"),
+              ("--top-p", args.top_p, args.top_p is None or 0 < args.top_p <= 1, "in (0, 1]"),
+              ("--temperature", args.temperature,
+               math.isfinite(args.temperature) and args.temperature >= 0, "finite and >= 0"))
+    for flag, v, ok, want in checks:  # before the model loads, named as typed
+        if not ok:
+            raise ValueError(f"{flag} {v}: must be {want}")
 
     lm = cgpt.load(args.source, dtype=args.dtype)
     print(lm.generate(args.prompt, args.max_new_tokens, temperature=args.temperature,
@@ -132,6 +144,10 @@ def cmd_generate(args) -> int:
 
 
 def cmd_eval(args) -> int:
+    for flag, v, low in (("--limit", args.limit, 0), ("--num-fewshot", args.num_fewshot, 0),
+                         ("--bootstrap-iters", args.bootstrap_iters, 0)):
+        if v is not None and (v < low or (flag == "--limit" and v == 0)):
+            raise ValueError(f"{flag} {v}: must be {'> 0' if flag == '--limit' else '>= 0'}")
     if args.tasks:  # lm-evaluation-harness tasks: cgpt/eval/harness.py
         try:
             from cgpt.eval.harness import run_tasks
@@ -174,16 +190,17 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     from cgpt.train import preempt
 
-    # a scheduler's signal before the loop: one line, not a silent death
-    old = preempt.defer_early() if argv[:1] == ["train"] else {}
+    # Ctrl-C anywhere, a scheduler's signal before the loop: one line, not a traceback or a
+    # silent death (`python -m cgpt` installed these from its first statement already)
+    command = argv[0] if argv else ""
+    old = preempt.defer_early(command)
     try:
         return _main(argv)
-    except preempt.Preempted as e:  # before _main's own handler took over
-        print(f"cgpt train: {e}", file=sys.stderr)
+    except (preempt.Preempted, preempt.Stopped) as e:  # before _main's own handler took over
+        print(f"cgpt {command}: {e}", file=sys.stderr)
         return e.exit_code
-    except KeyboardInterrupt:  # also while the modules load, before any handler
-        print(f"cgpt {argv[0] if argv else ''}: interrupted; rerun with --resume to continue",
-              file=sys.stderr)
+    except KeyboardInterrupt:  # also while the modules load
+        print(preempt.stop_line(signal.SIGINT, command), file=sys.stderr)
         return 130
     finally:
         preempt.restore(old)
@@ -256,21 +273,20 @@ def _run_command(args, handlers) -> int:
     from cgpt.data.batches import DataError
     from cgpt.sharding.distributed import DistributedError
     from cgpt.errors import LoadError
-    from cgpt.train.preempt import Preempted
+    from cgpt.train.preempt import Preempted, Stopped, stop_line
     from cgpt.train.rundir import RunDirError
     from cgpt.errors import TrainError
 
     try:
         return args.func(args) if hasattr(args, "func") else handlers[args.command](args)
-    except Preempted as e:  # checkpointed on SIGTERM/SIGUSR1/SIGUSR2 (cgpt.train.preempt)
-        print(f"cgpt {args.command}: {e}", file=sys.stderr)
+    except (Preempted, Stopped) as e:  # checkpointed on SIGTERM/SIGUSR1/SIGUSR2, or before
+        print(f"cgpt {args.command}: {e}", file=sys.stderr)  # the loop (cgpt.train.preempt)
         return e.exit_code
     except (ValueError, TrainError, LoadError, DataError, RunDirError, DistributedError) as e:
         print(f"cgpt {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"cgpt {args.command}: interrupted; rerun with --resume to continue",
-              file=sys.stderr)
+        print(stop_line(signal.SIGINT, args.command), file=sys.stderr)
         return 130
     except OSError as e:  # a file or directory that cannot be used: name it, no traceback
         what = f"{e.filename}: " if e.filename else ""

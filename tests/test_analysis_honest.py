@@ -154,3 +154,14 @@ def test_fmt_bound():
     assert fmt_bound(4.79e-310, 0.55) == "0"
     assert fmt_bound(1.5353, 0.55) == "1.535"
     assert fmt_bound(float("nan"), 1.0) == "nan"
+
+
+@pytest.mark.parametrize("kw, match", [(dict(window=0), r"window=0: "),
+                                       (dict(window=1.5), r"window=1.5: "),
+                                       (dict(n_boot=0), r"n_boot=0: must be >= 1")])
+def test_lr_optimum_arguments_are_named(kw, match):
+    """Campaign 2 (#23): window=0 fitted a parabola through one point (a RankWarning and an
+    answer); n_boot=0 failed inside numpy without naming it."""
+    from analysis.transfer import lr_optimum
+    with pytest.raises(ValueError, match=match):
+        lr_optimum([1e-3, 2e-3, 4e-3, 8e-3], [3.0, 2.9, 2.95, 3.1], **kw)

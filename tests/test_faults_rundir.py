@@ -242,6 +242,26 @@ def test_absurd_sizes_are_one_error(tmp_path, capsys, override):
     assert not out.exists()
 
 
+@pytest.mark.parametrize("override, named", [
+    ("train.clip_norm=-1", "train.clip_norm"), ("train.weight_decay=-0.1", "train.weight_decay"),
+    ("train.adam_eps=0", "train.adam_eps"), ("train.end_lr_fraction=2", "train.end_lr_fraction"),
+    ("train.peak_lr=[1,2]", "train.peak_lr")])
+def test_optimizer_values_out_of_range_are_one_error(tmp_path, capsys, override, named):
+    """Campaign 2: a negative clip norm trained (and diverged) silently; a list for a number
+    failed inside a comparison without naming the key."""
+    out = tmp_path / "o"
+    assert cli_main(["train", "--model", "tiny-17k", "--out", str(out), override]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("cgpt train: error: ") and named in err[0], err
+    assert not out.exists()
+
+
+def test_plan_seq_len_zero_is_refused(capsys):
+    assert cli_main(["plan", "--model", "tiny-17k", "--mode", "data_parallel",
+                     "--seq-len", "0"]) == 2
+    assert "--seq-len 0" in capsys.readouterr().err
+
+
 def test_a_failed_branch_leaves_nothing_that_blocks_the_next_launch(base, corpus, tmp_path,
                                                                     capsys):
     out = tmp_path / "branch"
@@ -291,3 +311,17 @@ def test_usr1_during_startup_is_one_line_and_leaves_nothing(base, corpus, tmp_pa
     assert cli_main(_flags(corpus, base[1], out, "--resume")) == 0
     assert [r["step"] for r in rundir.read_metrics(out / "metrics.jsonl")] == \
         list(range(1, STEPS + 1))
+
+
+@pytest.mark.parametrize("argv, named", [
+    (["generate", "/nonexistent", "x", "--top-p", "0"], "--top-p 0.0"),
+    (["generate", "/nonexistent", "x", "--top-k=-1"], "--top-k -1"),
+    (["generate", "/nonexistent", "x", "--max-new-tokens=-1"], "--max-new-tokens -1"),
+    (["eval", "/nonexistent", "--tasks", "hellaswag", "--limit=-1"], "--limit -1.0"),
+    (["eval", "/nonexistent", "--tasks", "hellaswag", "--num-fewshot=-2"], "--num-fewshot -2")])
+def test_sampling_and_task_flags_are_named_before_anything_loads(capsys, argv, named):
+    """Campaign 2: the library's names (top_p) after the model loaded, or a Hub error for
+    `--limit -1`; now the flag as typed, before the model or the tasks load."""
+    assert cli_main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"cgpt {argv[0]}: error: {named}"), err

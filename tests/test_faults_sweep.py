@@ -208,6 +208,31 @@ def test_run_directory_deleted_mid_sweep_is_made_again(tmp_path, monkeypatch):
         assert set(_status(out).values()) == {"done"}
 
 
+@pytest.mark.parametrize("damage", ["truncated", "binary", "many-runs"])
+def test_a_changed_or_damaged_run_config_is_one_error_line(tmp_path, damage):
+    """The sweep-directory cases that answered with a multi-line message: a run's config.yaml
+    cut short, binary, or many runs changed at once; now one line naming the run and the fix."""
+    s = sw.load_sweep(_sweep_spec(tmp_path, list(range(5 if damage == "many-runs" else 1))))
+    out = tmp_path / "out"
+    for run in s.runs:
+        (out / run.run_id).mkdir(parents=True)
+        text = run.config.to_yaml()
+        if damage == "many-runs":
+            text = text.replace("peak_lr: null", "peak_lr: 0.5").replace("seq_len: 16",
+                                                                        "seq_len: 8")
+        (out / run.run_id / "config.yaml").write_bytes(
+            text[:len(text) // 2].encode() if damage == "truncated" else
+            b"\xff\x00\xfe" * 30 if damage == "binary" else text.encode())
+    with pytest.raises(ValueError) as e:
+        sw.launch(s, out, report=False, compile_cache=None)
+    msg = str(e.value)
+    assert "\n" not in msg and s.runs[0].run_id in msg and "--on-change rerun" in msg, msg
+    if damage == "binary":
+        assert "config.yaml is damaged" in msg
+    if damage == "many-runs":
+        assert "and 2 more run(s)" in msg and "train.peak_lr" in msg
+
+
 # ---- 9: damaged data files ------------------------------------------------------------------
 def _damaged(tmp: Path) -> dict[str, Path]:
     import pyarrow as pa
@@ -333,3 +358,12 @@ def test_sigkilled_prepare_leaves_no_worker_running(tmp_path, tok):
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     TokenStore(tmp_path / "store").verify()
+
+
+@pytest.mark.parametrize("n", ["0", "-2"])
+def test_sweep_parallel_below_one_is_refused(tmp_path, capsys, n):
+    """Campaign 2: --parallel 0 / -2 were accepted (0 read as the default)."""
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(BASE))
+    assert f"--parallel {n}" in _one_line_error(
+        capsys, ["sweep", str(path), "--dry-run", "--no-fit", f"--parallel={n}"])

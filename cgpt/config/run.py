@@ -8,6 +8,7 @@ or resumed from it alone. Unknown keys and bad values are errors that name the k
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import sys
 from dataclasses import dataclass, field
@@ -83,6 +84,17 @@ class TrainConfig:
                              f"{self.checkpoint_minutes!r}")
         if self.peak_lr is not None and not self.peak_lr > 0:
             raise ValueError(f"train.peak_lr must be > 0, got {self.peak_lr}")
+        for name, low, high, null in (("clip_norm", 0, math.inf, False),  # inf: no clipping
+                                      ("weight_decay", 0, math.inf, False),
+                                      ("adam_eps", 0, 1, True), ("end_lr_fraction", 0, 1, False)):
+            v = getattr(self, name)
+            if v is None and null:
+                continue
+            ok = isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isnan(v)
+            if not (ok and (low < v if name in ("clip_norm", "adam_eps") else low <= v) and v <= high):
+                raise ValueError(f"train.{name} must be a number in "
+                                 f"{'(' if name in ('clip_norm', 'adam_eps') else '['}{low}, "
+                                 f"{high}], got {v!r}")
         if self.schedule not in ("published", "wsd"):
             raise ValueError(f"train.schedule={self.schedule!r}; use 'published' or 'wsd'")
         decays = ("linear", "1-sqrt") if self.schedule == "wsd" else ("linear", "cosine")
@@ -125,6 +137,8 @@ def _coerce(section: str, cls, values: dict):
     out = dict(values)
     for k, v in values.items():
         numeric = ("float" in types[k] or "int" in types[k]) and "str" not in types[k]
+        if numeric and isinstance(v, (list, dict)):  # a number's check would fail inside
+            raise ValueError(f"{section}.{k}={v!r} is not a number")
         if numeric and isinstance(v, str):
             try:
                 out[k] = float(v) if "float" in types[k] else int(float(v))

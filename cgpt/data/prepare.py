@@ -204,6 +204,9 @@ def _init(tok_json, files, column, root, hf, q, parent: int | None = None) -> No
     global _worker
     if parent is not None:
         _die_with_parent(parent)
+    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(s, signal.SIG_IGN)  # a terminal's Ctrl-C or a job's SIGTERM reaches the
+        # whole group: the prepare process stops (one line) and kills the workers itself
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one core per process: the pool is the parallelism
     _worker = _Worker(tok_json, files, column, root, hf, q.put)
 
@@ -312,7 +315,7 @@ def _tokenize(todo, total, tok_json, corpus, out, num_proc, progress) -> None:
             _drain(q, bar)
         except BaseException:
             for p in list(getattr(pool, "_processes", {}).values()):  # stop units in flight now
-                p.terminate()
+                p.kill()  # SIGKILL: the workers ignore the polite signals; their writes are atomic
             raise
         finally:
             pool.shutdown(wait=True, cancel_futures=True)

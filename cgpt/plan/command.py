@@ -208,6 +208,8 @@ def cmd_plan(args) -> int:
     if missing:
         raise ValueError(f"{' and '.join('--' + m for m in missing)} required, e.g. --model 1.3B "
                          "--mode weight_streaming")
+    if args.seq_len is not None and args.seq_len < 1:  # 0 would read as "the default" below
+        raise ValueError(f"--seq-len {args.seq_len} must be >= 1 (or leave it out: n_ctx)")
     n = _needed_devices(args)
     memory = parse_bytes(args.device_memory)
     remat = _remat(args)

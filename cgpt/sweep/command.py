@@ -84,6 +84,8 @@ def split_spec_and_sets(args: argparse.Namespace) -> tuple[str, list[str]]:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
+    if args.parallel is not None and args.parallel < 1:  # 0 read as "the default" below
+        raise ValueError(f"--parallel {args.parallel}: must be >= 1 (runs at a time)")
     spec, sets = split_spec_and_sets(args)
     sweep = load_sweep(spec, sets)
     out = Path(args.out or f"runs/sweeps/{sweep.name}")

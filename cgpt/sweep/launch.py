@@ -152,11 +152,15 @@ def _check_identity(sweep: Sweep, runs: list[Run], out: Path, on_change: str) ->
             print(f"config of {rid} changed ({'; '.join(changed[rid])}): moved the old run to "
                   f"{supersede(by_id[rid], out)}; training anew")
         return
-    lines = "\n".join(f"  {rid}: {'; '.join(diff)}" for rid, diff in changed.items())
+    def short(diff: list[str]) -> str:  # one line however many keys or runs changed
+        return "; ".join(diff[:3]) + (f" (and {len(diff) - 3} more)" if len(diff) > 3 else "")
+
+    shown = [f"{rid}: {short(diff)}" for rid, diff in list(changed.items())[:3]]
+    more = f" | and {len(changed) - 3} more run(s)" if len(changed) > 3 else ""
     raise ValueError(
         f"{len(changed)} run(s) in {out} were trained with a different config than {sweep.path} "
-        f"(and --set) now gives:\n{lines}\nrestore the spec, use a new --out, or pass "
-        f"--on-change rerun to move them to {out / SUPERSEDED_DIR}/ and train them anew")
+        f"(and --set) now gives: {' | '.join(shown)}{more}; restore the spec, use a new --out, "
+        f"or pass --on-change rerun to move them to {out / SUPERSEDED_DIR}/ and train them anew")
 
 
 def launch(sweep: Sweep, out: Path, parallel: int | None = None, executor: str = "local",

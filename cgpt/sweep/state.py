@@ -131,8 +131,7 @@ def config_change(run: Run, out: Path) -> list[str]:
     except (ValueError, OSError):
         old = None
     if not isinstance(old, dict):
-        return [f"{saved} is not a run config (damaged); use --on-change rerun to move the "
-                "run aside and train it anew"]
+        return [f"{saved} is damaged (not a run config)"]
     old = identity(old)
     new = identity(yaml.safe_load(run.config.to_yaml()))
     a, b = _flat(old), _flat(new)
