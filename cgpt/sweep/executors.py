@@ -176,6 +176,18 @@ def slurm_job_id() -> str:
     return env.get("SLURM_JOB_ID", "")
 
 
+def wait_live(key: str, proc: subprocess.Popen) -> int:
+    """Wait for a training process, registered meanwhile so that a stop reaches it
+    (`stop_local`)."""
+    with _live_lock:
+        _live[key] = proc
+    try:
+        return proc.wait()
+    finally:
+        with _live_lock:
+            _live.pop(key, None)
+
+
 def execute_run(job: Job) -> dict:
     """Run one training process with its output in `train.log`; never raises on failure.
 
@@ -216,15 +228,8 @@ def execute_run(job: Job) -> dict:
         f.flush()
         if _stopping.is_set():
             return {"run_id": job.run_id, "status": "interrupted", "error": "", "returncode": None}
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env,
-                                stdin=subprocess.DEVNULL)
-        with _live_lock:
-            _live[job.run_id] = proc
-        try:
-            rc = proc.wait()
-        finally:
-            with _live_lock:
-                _live.pop(job.run_id, None)
+        rc = wait_live(job.run_id, subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT,
+                                                    env=env, stdin=subprocess.DEVNULL))
     result = {"run_id": job.run_id, "returncode": rc, "error": "",
               "seconds": round(time.time() - t0, 1)}
     if rc == 0 and (d / "summary.json").exists():

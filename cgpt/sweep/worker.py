@@ -28,7 +28,8 @@ from pathlib import Path
 
 from cgpt.fileio import atomic_write_text
 from cgpt.sweep.executors import _LAUNCH, SIGNAL_EXITS, Job, RunTask, _error_from_log, _live, \
-    _live_lock, _stopping, _wait_for_parent, device_share, execute_run, proc_rank, train_argv
+    _live_lock, _stopping, _wait_for_parent, device_share, execute_run, proc_rank, train_argv, \
+    wait_live
 from cgpt.sweep.state import FAILED_FILE, LOCK_FILE, LOG_FILE, RUN_FILE
 
 RESULT = "CGPT-RESULT "  # prefix of a result line on the worker's report channel
@@ -125,14 +126,8 @@ def execute_group(job: Job) -> dict:
         if _stopping.is_set():
             rc = None
         else:
-            proc = _spawn([job], f, report=False, extra_env=extra, cpus=cpus)
-            with _live_lock:
-                _live[job.run_id] = proc
-            try:
-                rc = proc.wait()
-            finally:
-                with _live_lock:
-                    _live.pop(job.run_id, None)
+            rc = wait_live(job.run_id, _spawn([job], f, report=False, extra_env=extra,
+                                              cpus=cpus))
     if rc in SIGNAL_EXITS and "SLURM_JOB_ID" in os.environ:  # as execute_run: await requeue
         time.sleep(float(os.environ.get("CGPT_REQUEUE_WAIT_S", "600")))
     results = [outcome(m, rc, t0, log) if rc is not None else
