@@ -138,6 +138,10 @@ def cmd_generate(args) -> int:
             raise ValueError(f"{flag} {v}: must be {want}")
 
     lm = cgpt.load(args.source, dtype=args.dtype)
+    if args.max_new_tokens >= lm.config.n_ctx:
+        raise ValueError(f"--max-new-tokens {args.max_new_tokens}: the prompt and the new tokens "
+                         f"must fit the model's context of {lm.config.n_ctx} tokens; use at "
+                         f"most {lm.config.n_ctx - 1} (less the prompt's length)")
     print(lm.generate(args.prompt, args.max_new_tokens, temperature=args.temperature,
                       top_k=args.top_k, top_p=args.top_p, seed=args.seed))
     return 0

@@ -61,3 +61,26 @@ sys.exit(f"--help imported {heavy}" if heavy else 0)
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=ENV, capture_output=True,
                        text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-800:]
+
+
+def _error(*argv: str) -> tuple[int, str]:
+    r = subprocess.run([sys.executable, "-m", "cgpt", *argv], cwd=ROOT, env=ENV,
+                       capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    return r.returncode, r.stderr
+
+
+def test_bad_suggest_and_vocab_flags_are_one_line_naming_the_flag(tmp_path):
+    """Values argparse accepts but the command cannot use: one `error:` line that names the flag
+    as typed (they used to name an internal argument, or were accepted)."""
+    cases = [(("sweep", "sweeps/demo.yaml", "--suggest", "0"), "--suggest 0"),
+             (("sweep", "sweeps/demo.yaml", "--suggest", "2", "--target-flops=-1e18"),
+              "--target-flops -1e+18"),
+             (("sweep", "sweeps/demo.yaml", "--suggest", "2", "--budget-flops", "0"),
+              "--budget-flops 0"),
+             (("data", "prepare", str(ROOT / "README.md"), "--tokenizer", "train",
+               "--vocab-size", "1", "--out", str(tmp_path / "store")), "--vocab-size 1")]
+    for argv, flag in cases:
+        rc, err = _error(*argv)
+        lines = err.strip().splitlines()
+        assert rc != 0 and len(lines) == 1 and "error:" in lines[0] and flag in lines[0], (argv, err)
+    assert not (tmp_path / "store").exists()

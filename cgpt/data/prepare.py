@@ -404,6 +404,9 @@ def cmd_prepare(args) -> int:
     out = Path(args.out).expanduser()
     if args.vocab_size < 1:
         raise DataError(f"--vocab-size {args.vocab_size}: must be positive (e.g. 4096)")
+    if args.tokenizer == "train" and args.vocab_size < 257:
+        raise DataError(f"--vocab-size {args.vocab_size}: a byte-level BPE needs at least 257 "
+                        "tokens (the 256 bytes and <|endoftext|>); e.g. 4096")
     corpus = Corpus(args.source, args.text_column, args.split)
     with store_lock(out):  # also around training the tokenizer, which it writes into --out
         return _cmd_prepare(args, out, corpus, t0)

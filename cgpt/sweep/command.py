@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import re
 import sys
 from pathlib import Path
@@ -91,6 +92,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     out = Path(args.out or f"runs/sweeps/{sweep.name}")
     if args.suggest is not None:
         from cgpt.sweep.suggest import print_suggestions
+
+        if args.suggest < 1:
+            raise ValueError(f"--suggest {args.suggest}: the number of runs to suggest, >= 1")
+        for flag, v in (("--target-flops", args.target_flops),
+                        ("--budget-flops", args.budget_flops)):
+            if v is not None and not (math.isfinite(v) and v > 0):
+                raise ValueError(f"{flag} {v}: must be a positive number of FLOPs, e.g. 1e20")
         return print_suggestions(sweep, out, args.suggest, args.target_flops,
                                  args.budget_flops, write=args.write)
     if args.dry_run:
