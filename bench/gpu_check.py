@@ -102,6 +102,7 @@ def child_jax(a) -> dict:
 
     from cgpt.plan.planning import compile_step
     from cgpt.sharding.mesh import device_memory_bytes
+    from cgpt.config.model import remat_value
     from cgpt.train.mfu import Throughput, peak_flops
     from cgpt.train.step import make_step
 
@@ -134,7 +135,7 @@ def child_jax(a) -> dict:
             "bytes_limit": stats.get("bytes_limit"), "device_memory": memory,
             "peak": peak_flops(cfg.compute_dtype)[0], "peak_source": speed.peak_source,
             "flags_added": len(added), "xla_flags": os.environ.get("XLA_FLAGS", ""),
-            "micro_batch": res.micro_batch, "accum": res.accum, "remat": bool(cfg.remat),
+            "micro_batch": res.micro_batch, "accum": res.accum, "remat": remat_value(cfg.remat),
             "fits": st.choice.fits, "batch": res.batch_size, "seq": res.seq_len,
             "dtype": cfg.compute_dtype, "attention": backend.kernels(cfg).attention,
             "step_s": step_s, "tokens_per_s": n_tok / step_s, "loss": loss,
@@ -303,6 +304,8 @@ def _verdict(ok: bool | None) -> str:
 
 def report(a, jax_rows: dict, torch_rows: dict, plan: dict, wall_s: float) -> str:
     """The one table: a column per model, a row per check or figure, and the verdicts."""
+    from cgpt.config.model import remat_value
+
     models = a.models.split(",")
     first = next((r for r in jax_rows.values() if "error" not in r), {})
     gib = lambda b: f"{b / 2**30:.1f} GiB" if b else "-"  # noqa: E731
@@ -349,7 +352,7 @@ def report(a, jax_rows: dict, torch_rows: dict, plan: dict, wall_s: float) -> st
                  _verdict(ws["f32_all_gathers"] == 0 if ws else None)))
 
     def choice(r):
-        return f"{r['micro_batch']}x{r['accum']}, remat {'on' if r['remat'] else 'off'}"
+        return f"{r['micro_batch']}x{r['accum']}, remat {remat_value(r['remat'])}"
 
     row("fit's choice on this device (micro x accum)", lambda m: (choice(on(m)), on(m)["fits"]))
     row("plan's choice (emulated CPU, XLA attention)",

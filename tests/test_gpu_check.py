@@ -72,7 +72,7 @@ def test_report_is_one_table_with_verdicts():
     assert "NVIDIA H100 80GB HBM3" in text and "72.0 GiB of 80.0 GiB" in text
     assert lines["cuDNN attention calls fwd/bwd"].endswith("ok")
     assert lines["f32 all-gathers (plan: 111M weight_streaming, 8 CPU)"].endswith("FAIL")
-    assert "4x2, remat on" in lines["plan's choice (emulated CPU, XLA attention)"]
+    assert "4x2, remat full" in lines["plan's choice (emulated CPU, XLA attention)"]
     assert lines["cgpt, XLA GPU flags on: MFU causal (full)"].split()[-1] == "FAIL"  # 45% < 50%
     ratio = lines["pytorch step / cgpt step (flags on)"]
     assert "1.30x" in ratio and "1.10x" in ratio and ratio.endswith("FAIL")  # 1.1 < 1.2
@@ -124,7 +124,7 @@ def test_cpu_smoke_of_the_cgpt_side_without_optional_packages(tmp_path):
     rows = {ln.split("  ")[0]: ln for ln in r.stdout.splitlines()}
     assert rows["LM head matmul operands"].split()[4:6] == ["f32", "(3"]  # CPU: f32 matmuls
     assert rows["cuDNN attention calls fwd/bwd"].split()[4] == "0/0"  # CPU: chunked attention
-    assert "2x1, remat off" in rows["fit's choice on this device (micro x accum)"]
+    assert "2x1, remat save_dots" in rows["fit's choice on this device (micro x accum)"]
     assert float(rows["cgpt, XLA GPU flags on: ms/step"].split()[-2]) > 0
 
 

@@ -297,7 +297,7 @@ def test_overrides_and_yaml(tmp_path):
     raw = apply_overrides({"preset": "tiny-17k"}, ["model.remat=true", "train.peak_lr=1e-3",
                                                    "data.seq_len=64"])
     run = from_dict(raw)
-    assert run.model.remat is True and run.train.peak_lr == 1e-3 and run.data.seq_len == 64
+    assert run.model.remat == "full" and run.train.peak_lr == 1e-3 and run.data.seq_len == 64
     y = tmp_path / "c.yaml"
     y.write_text(run.to_yaml())
     from cgpt.config.run import load_yaml
