@@ -21,6 +21,7 @@ def test_slope_is_the_growth_exponent():
     assert CoordCheck("y", tuple(w), 2, {"flat": stats["flat"]}).passed
 
 
+@pytest.mark.slow  # ~45 s: the CLI over both parametrizations; test_broken_mup_fails keeps the check
 def test_cli_mup_passes_sp_fails(tmp_path, capsys):
     out = tmp_path / "cc.png"
     rc = main(["coord-check", "--widths", ",".join(map(str, WIDTHS)), "--steps", "3",

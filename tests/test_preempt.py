@@ -37,7 +37,8 @@ def _ckpt_steps(run_dir: Path) -> list[int]:
     return sorted(int(p.name) for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit())
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR2])
+@pytest.mark.parametrize("sig", [signal.SIGTERM,  # SIGUSR2 (submitit's) is the same path: slow
+                                 pytest.param(signal.SIGUSR2, marks=pytest.mark.slow)])
 def test_signal_checkpoints_stops_and_resumes_identically(corpus, tmp_path, sig):
     ref = tmp_path / "ref"
     assert cli_main(["train", *_flags(corpus, tmp_path, ref)]) == 0
