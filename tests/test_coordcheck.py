@@ -41,6 +41,7 @@ class NoLogitScale(ModelConfig):
         return 1.0
 
 
+@pytest.mark.slow  # ~35 s of widths trained; the verdict's arithmetic is tested above
 def test_broken_mup_fails():
     good = family("tiny-45k", WIDTHS, mup=True)
     broken = {w: NoLogitScale(**c.to_dict()) for w, c in good.items()}

@@ -95,6 +95,7 @@ def test_fused_members_equal_solo_runs(corpus, cache, tmp_path):
     assert lm.config.d_model == 16
 
 
+@pytest.mark.slow  # ~16 s; fused = solo is tested by default on seeds and learning rates
 def test_fused_mup_members_equal_solo_runs(corpus, cache, tmp_path):
     runs = [_run(corpus, cache, "tiny-17k-mup", steps=10, peak_lr=6e-3),
             _run(corpus, cache, "tiny-17k-mup", steps=10, peak_lr=2e-2, seed=5)]
