@@ -101,10 +101,10 @@ def plan_run(run, device_memory: int | str, cpu_devices, mode_flags: bool = Fals
     from cgpt.sharding.nodes import axis_bytes, node_axes
 
     memory = parse_bytes(device_memory) if isinstance(device_memory, str) else int(device_memory)
-    kernel = backend.kernels(run.model, platform).attention  # cuDNN's lowers only on a GPU
+    kernels = backend.kernels(run.model, platform)
+    kernel = kernels.attention  # cuDNN's lowers only on a GPU
     if kernel == "cudnn":
-        cm = run.model
-        cudnn.check_shapes(backend.kernels(cm, platform).compute_dtype, cm.n_head, cm.d_head)
+        cudnn.check_shapes(kernels.compute_dtype, run.model.n_head, run.model.d_head)
     run = dataclasses.replace(run, model=backend.for_platform(run.model, platform,
                                                               compile_on="cpu"))
     T, t = run.data.seq_len, run.train
