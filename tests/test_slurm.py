@@ -77,19 +77,26 @@ def _losses(run_dir: Path) -> dict:
 
 
 def test_sweep_submits_an_array_job(cluster, tmp_path):
-    spec = _spec(tmp_path, "arr", 20_000, grid={"model": ["tiny-17k"], "seed": [0, 1]},
+    """Two seeds of one shape fuse into one group (one array task); a second shape is the
+    array's other task. Every run's log names the job that trained it."""
+    spec = _spec(tmp_path, "arr", 20_000, grid={"model": ["tiny-17k", "tiny-45k"], "seed": [0, 1]},
                  slurm={"timeout_min": 20, "cpus_per_task": 1})
     out = tmp_path / "out"
     assert sw.launch(sw.load_sweep(spec), out, executor="slurm", poll_s=1, report=False) == 0
     rows = {r.run_id: r for r in sw.load_sweep(spec).runs}
-    job_ids = set()
+    tasks = {}
     for rid in rows:
         log = (out / rid / "train.log").read_text()
         m = re.search(r"\[SLURM job (\d+)_(\d+), restart 0\]", log)
         assert m, log[:2000]
-        job_ids.add(m.group(1))
+        tasks[rid] = m.groups()
         assert json.loads((out / rid / "summary.json").read_text())["steps"] == 78
-    assert len(job_ids) == 1  # one array job, one task per run
+    assert len({job for job, _ in tasks.values()}) == 1  # one array job
+    by_model = {}
+    for rid, (_, task) in tasks.items():
+        by_model.setdefault(rows[rid].model, set()).add(task)
+    assert all(len(t) == 1 for t in by_model.values()), tasks  # seeds of a shape: one task
+    assert len(set.union(*by_model.values())) == 2, tasks  # the two shapes: two tasks
     import csv
     with open(out / "results.csv", newline="") as f:
         assert {r["run_id"]: r["status"] for r in csv.DictReader(f)} == dict.fromkeys(rows, "done")

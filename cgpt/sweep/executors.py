@@ -176,6 +176,13 @@ def slurm_job_id() -> str:
     return env.get("SLURM_JOB_ID", "")
 
 
+def slurm_tag() -> str:
+    """' [SLURM job ID, restart N]' for a train.log header inside a SLURM job, else ''."""
+    if "SLURM_JOB_ID" not in os.environ:
+        return ""
+    return f" [SLURM job {slurm_job_id()}, restart {os.environ.get('SLURM_RESTART_COUNT', '0')}]"
+
+
 def wait_live(key: str, proc: subprocess.Popen) -> int:
     """Wait for a training process, registered meanwhile so that a stop reaches it
     (`stop_local`)."""
@@ -221,8 +228,7 @@ def execute_run(job: Job) -> dict:
         where = (f" [cpus {','.join(map(str, cpus))}]" if cpus else "") + (
             f" [CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']}]"
             if job.pin and "CUDA_VISIBLE_DEVICES" in env else "") + (
-            f" [SLURM job {slurm_job_id()}, restart {os.environ.get('SLURM_RESTART_COUNT', '0')}]"
-            if "SLURM_JOB_ID" in os.environ else "")
+            slurm_tag())
         f.write(f"==== cgpt sweep {time.strftime('%Y-%m-%d %H:%M:%S')}: python -m cgpt "
                 f"{' '.join(train_argv(job))}{where}\n")
         f.flush()

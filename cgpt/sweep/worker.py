@@ -29,7 +29,7 @@ from pathlib import Path
 from cgpt.fileio import atomic_write_text
 from cgpt.sweep.executors import _LAUNCH, SIGNAL_EXITS, Job, RunTask, _error_from_log, _live, \
     _live_lock, _stopping, _wait_for_parent, device_share, execute_run, proc_rank, train_argv, \
-    wait_live
+    slurm_tag, wait_live
 from cgpt.sweep.state import FAILED_FILE, LOCK_FILE, LOG_FILE, RUN_FILE
 
 RESULT = "CGPT-RESULT "  # prefix of a result line on the worker's report channel
@@ -116,7 +116,7 @@ def execute_group(job: Job) -> dict:
     t0 = time.time()
     extra, cpus = device_share(*job.pin) if job.pin else ({}, [])
     where = (f" [cpus {','.join(map(str, cpus))}]" if cpus else "") + "".join(
-        f" [{k}={v}]" for k, v in extra.items())
+        f" [{k}={v}]" for k, v in extra.items()) + slurm_tag()
     for m in members[1:]:
         with open(Path(m.run_dir) / LOG_FILE, "a") as f:
             f.write(_header(m, members[0], len(members), where))
