@@ -228,7 +228,7 @@ def launch(sweep: Sweep, out: Path, parallel: int | None = None, executor: str =
         if any(len(g) > 1 for g in groups):
             print(f"fused: {sum(len(g) for g in groups if len(g) > 1)} runs in "
                   f"{sum(len(g) > 1 for g in groups)} group(s) of one shape, each one program "
-                  "(--no-fuse: one process per run)")
+                  "(--no-fuse: one program per run)")
 
         failures: dict[str, str] = {}
         bar = tqdm(total=len(runs), initial=n_done, unit="run", desc=f"sweep {sweep.name}",
