@@ -135,6 +135,11 @@ def predict_loss_opt(theta, boot, C, level: float = 0.95) -> tuple[float, float,
     return point, *np.percentile(vals, [50 * (1 - level), 50 * (1 + level)])
 
 
+def _real(v) -> bool:
+    """A plain or numpy real number (not a bool, not a string)."""
+    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)
+
+
 def _sigma(theta, lN, lD, lL) -> float:
     r = lL - _lhat_jac(theta[None], lN, lD)[0][0]
     dof = lN.size - 5
@@ -146,7 +151,8 @@ def suggest_runs(results: pd.DataFrame, target_flops: float, budget_flops: float
                  min_run_flops: float | None = None,
                  sizes=None, objective: str = "both", noise: float | None = None,
                  n_levels: int = 10, method: str = "linear", n_boot: int = 400,
-                 seed: int = 0, max_tokens: float | None = None) -> pd.DataFrame:
+                 seed: int = 0, max_tokens: float | None = None,
+                 fit_min_flops: float | None = None) -> pd.DataFrame:
     """The runs to add, together within budget_flops (6ND each), that shrink the uncertainty of
     the predicted compute-optimal loss (objective "loss"), of N_opt ("n_opt") or of both (the
     sum of their relative variance reductions) at target_flops most per FLOP.
@@ -164,6 +170,9 @@ def suggest_runs(results: pd.DataFrame, target_flops: float, budget_flops: float
         linearisation cannot see E when the fit puts E at 0 (d log L / d log E = E / L = 0).
     max_tokens: the most tokens a run may see, e.g. the corpus's unique tokens: L(N, D) counts
         fresh tokens, and a run that repeats its data flattens above the law (default: no cap).
+    fit_min_flops: leave runs below this compute (6ND) out of the fit: runs of a few hundred
+        steps are still in the early transient and off the law (notebook 05: the 1e11 runs of
+        35-241 steps made the residual sd 5x larger and biased every later forecast upwards).
     Returns one row per run, in the order picked (the most useful per FLOP first): n_params,
     tokens, flops and sd_log_loss, the predicted sd of log loss_opt(target) once the runs up
     to that row are added.
@@ -174,7 +183,7 @@ def suggest_runs(results: pd.DataFrame, target_flops: float, budget_flops: float
                              f"results.csv, analysis.load_results(..., finished_only=True)); "
                              f"missing {col!r}")
     for name, v in (("target_flops", target_flops), ("budget_flops", budget_flops)):
-        if not (isinstance(v, (int, float)) and np.isfinite(v) and v > 0):
+        if not (_real(v) and np.isfinite(v) and v > 0):
             raise ValueError(f"{name}={v!r}: must be a positive number of FLOPs, e.g. 1e21")
     if objective not in ("loss", "n_opt", "both"):
         raise ValueError(f"objective={objective!r}: use 'loss', 'n_opt' or 'both'")
@@ -183,13 +192,21 @@ def suggest_runs(results: pd.DataFrame, target_flops: float, budget_flops: float
     max_runs = None if max_runs is None else check_count(max_runs, "max_runs", 1)
     cap = float(budget_flops if max_run_flops is None else min(max_run_flops, budget_flops))
     N, D, L = (results[c].to_numpy(float) for c in ("n_params", "tokens", "val_loss"))
+    if fit_min_flops is not None:
+        if not (_real(fit_min_flops) and fit_min_flops >= 0):
+            raise ValueError(f"fit_min_flops={fit_min_flops!r}: must be a FLOP count >= 0")
+        keep = 6 * N * D >= fit_min_flops
+        if keep.sum() < 6:
+            raise ValueError(f"fit_min_flops={fit_min_flops:.3g} leaves {int(keep.sum())} "
+                             "run(s) to fit; L(N, D) needs at least 6: lower it")
+        N, D, L = N[keep], D[keep], L[keep]
     theta, _ = fit_ls(N, D, L, n_boot=0)
     lN, lD, lL = np.log(N), np.log(D), np.log(L)
     sigma = noise if noise is not None else _sigma(theta, lN, lD, lL)
     lo = float((6 * N * D).max() if min_run_flops is None else min_run_flops)
     cands = _candidates(theta, min(lo, cap), cap, sizes, n_levels)
     if max_tokens is not None:
-        if not (isinstance(max_tokens, (int, float)) and max_tokens > 0):
+        if not (_real(max_tokens) and max_tokens > 0):
             raise ValueError(f"max_tokens={max_tokens!r}: must be a positive token count")
         cands = cands[cands["tokens"] <= max_tokens].reset_index(drop=True)
     if cands.empty:

@@ -48,7 +48,7 @@ def grid_runs(law):
 
 
 def one_study(args):
-    law_name, study, noise, rounds, n_boot = args
+    law_name, study, noise, rounds, n_boot, method, objective, resample = args
     law = LAWS[law_name]
     rng = np.random.default_rng(study)
 
@@ -62,13 +62,14 @@ def one_study(args):
     budget = 0.5 * float((6 * grid["n_params"] * grid["tokens"]).sum())
     runs = seed
     for _ in range(rounds):
-        s = suggest_runs(runs, TARGET, budget / rounds, max_run_flops=max(GRID_BUDGETS))
+        s = suggest_runs(runs, TARGET, budget / rounds, max_run_flops=max(GRID_BUDGETS),
+                         method=method, objective=objective, seed=study)
         runs = pd.concat([runs, train(list(zip(s["n_params"], s["tokens"])))], ignore_index=True)
     truth = float(law.loss_opt(TARGET))
     out = []
     for design, df in (("grid", pd.concat([seed, grid], ignore_index=True)), ("suggest", runs)):
         theta, boot = fit_ls(df["n_params"], df["tokens"], df["val_loss"], n_boot=n_boot,
-                             seed=study)
+                             seed=study, resample=resample)
         pred, lo, hi = predict_loss_opt(theta, boot, TARGET)
         extra = df.iloc[len(seed):]
         out.append(dict(law=law_name, design=design, study=study, err=pred / truth - 1,
@@ -84,8 +85,14 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=2, help="suggest/train/refit rounds")
     ap.add_argument("--n-boot", type=int, default=200)
     ap.add_argument("--procs", type=int, default=2)
+    ap.add_argument("--method", choices=("bootstrap", "linear"), default="bootstrap",
+                    help="suggest_runs(method=): notebook 05's planner by default")
+    ap.add_argument("--objective", choices=("loss", "n_opt", "both"), default="loss")
+    ap.add_argument("--resample", choices=("residuals", "runs"), default="residuals",
+                    help="the interval's bootstrap: fixed design (the runs were chosen) or runs")
     a = ap.parse_args(argv)
-    jobs = [(law, s, a.noise, a.rounds, a.n_boot) for law in LAWS for s in range(a.studies)]
+    jobs = [(law, s, a.noise, a.rounds, a.n_boot, a.method, a.objective, a.resample)
+            for law in LAWS for s in range(a.studies)]
     t0 = time.time()
     with mp.get_context("fork").Pool(a.procs) as pool:
         rows = [r for rs in pool.imap_unordered(one_study, jobs, chunksize=4) for r in rs]
@@ -98,7 +105,8 @@ def main(argv=None) -> int:
         runs=("runs", "median"),
         flops=("flops", "median"))
     print(f"predicted compute-optimal loss at C = {TARGET:.0e} (100x the largest run); "
-          f"noise sd {a.noise} in log loss; 95% bootstrap intervals; {a.rounds} suggest rounds")
+          f"noise sd {a.noise} in log loss; 95% bootstrap intervals (resample={a.resample}); "
+          f"{a.rounds} suggest rounds (method={a.method}, objective={a.objective})")
     print(table.to_string(float_format=lambda v: f"{v:.3g}"))
     print(f"{len(jobs)} studies in {time.time() - t0:.0f} s with {a.procs} processes")
     return 0

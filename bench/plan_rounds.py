@@ -49,11 +49,23 @@ def load_rounds(upto: int) -> pd.DataFrame:
                      ignore_index=True)
 
 
-def suggest(df: pd.DataFrame, plan: dict) -> pd.DataFrame:
-    """The runs round k+1 trains, from the runs of rounds 0..k (the notebook calls this too)."""
-    s = A.suggest_runs(df, plan["target_flops"], plan["round_budget_flops"],
-                       sizes=plan["sizes"], objective=plan["objective"], method=plan["method"],
-                       n_boot=plan["n_boot"], seed=plan["seed"])
+def settings(plan: dict, k: int) -> dict:
+    """The planner's settings for round k: plan.json's, with `from_round` changes applied (round
+    3 on: the fit leaves out runs below fit_min_flops, and no run reads past the corpus)."""
+    out = dict(plan)
+    for start, change in sorted((int(r), c) for r, c in plan.get("from_round", {}).items()):
+        if k >= start:
+            out.update(change)
+    return out
+
+
+def suggest(df: pd.DataFrame, plan: dict, k: int) -> pd.DataFrame:
+    """The runs round k trains, from the runs of rounds 0..k-1 (the notebook does the same)."""
+    p = settings(plan, k)
+    s = A.suggest_runs(df, p["target_flops"], p["round_budget_flops"], sizes=p["sizes"],
+                       objective=p["objective"], method=p["method"], n_boot=p["n_boot"],
+                       seed=p["seed"], max_tokens=p.get("max_tokens"),
+                       fit_min_flops=p.get("fit_min_flops"))
     s.insert(0, "model", [plan["models"][str(int(n))] for n in s["n_params"]])
     s["tokens"] = s["tokens"].round().astype(int)
     return s
@@ -74,7 +86,7 @@ def round0() -> None:
 
 def train_round(k: int, out: Path) -> None:
     plan = json.loads((DATA / "plan.json").read_text())
-    s = suggest(load_rounds(k - 1), plan)
+    s = suggest(load_rounds(k - 1), plan, k)
     print(f"round {k}: suggested\n{s.to_string(index=False)}", flush=True)
     raw = yaml.safe_load((DATA / f"round{k - 1}.yaml").read_text())
     raw["runs"] = list(raw.get("runs") or []) + [

@@ -20,6 +20,7 @@ def test_suggest_prints_and_writes_runs_the_spec_can_launch(tmp_path, capsys):
     assert command.main([str(spec), "--out", str(out), "--suggest", "3", "--write"]) == 0
     text = capsys.readouterr().out
     assert "next 3 run(s)" in text and "C = 1e+14" in text        # 100x the largest run
+    assert "at most 1.503e+07 tokens a run (one pass over the corpus)" in text
     nxt = tmp_path / "approaches_next.yaml"
     runs = yaml.safe_load(nxt.read_text())["runs"]
     assert len(runs) == 3 and all(r["seed"] == 1 for r in runs)
@@ -31,6 +32,33 @@ def test_suggest_prints_and_writes_runs_the_spec_can_launch(tmp_path, capsys):
     for r, e in zip(new, runs):                    # a preset of the sweep, tokens as suggested
         assert r.model == e["model"] and r.n_params == sizes[e["model"]] and r.seed == 1
         assert abs(r.tokens - e["tokens"]) <= r.batch_size * 128      # rounded to whole steps
+
+
+def test_suggest_is_notebook_05s_planner(tmp_path, capsys):
+    """The CLI's runs are suggest_runs with the settings of the committed real rounds
+    (plan.json), capped at one pass over the corpus, and --fit-min-flops leaves runs out."""
+    import json
+
+    import analysis
+    from cgpt.sweep.suggest import PLANNER, corpus_tokens, suggest
+
+    plan = json.loads((ROOT / "notebooks" / "data" / "plan_rounds" / "plan.json").read_text())
+    assert {k: plan[k] for k in PLANNER} == PLANNER
+    fixture = ROOT / "tests" / "fixtures" / "analysis" / "approaches"
+    res = analysis.load_results(fixture, finished_only=True)
+    corpus = corpus_tokens(res)
+    assert corpus == pytest.approx(15034880, rel=1e-6)        # the embedded corpus's train split
+    sweep = load_sweep(ROOT / "sweeps" / "approaches.yaml")
+    c = 6 * res["n_params"] * res["tokens"]
+    for fmin in (None, 2e11):
+        got = suggest(sweep, fixture, 2, budget_flops=4e12, fit_min_flops=fmin)
+        want = analysis.suggest_runs(res, 100 * c.max(), 4e12, max_runs=2, sizes=plan["sizes"],
+                                     max_tokens=corpus, fit_min_flops=fmin, **PLANNER)
+        assert got["n_params"].tolist() == want["n_params"].tolist()
+        assert (got["tokens"] - want["tokens"]).abs().max() <= 1 and got["tokens"].max() <= corpus
+    assert command.main([str(ROOT / "sweeps" / "approaches.yaml"), "--out", str(fixture),
+                         "--suggest", "1", "--fit-min-flops", "2e12"]) == 2
+    assert "fit_min_flops=2e+12 leaves 0 run(s) to fit" in capsys.readouterr().err
 
 
 def test_runs_entries_are_checked(tmp_path):

@@ -51,6 +51,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="--suggest: the compute to forecast (default 100x the largest run)")
     p.add_argument("--budget-flops", type=float,
                    help="--suggest: compute for the new runs, 6ND (default: the sweep's own)")
+    p.add_argument("--fit-min-flops", type=float,
+                   help="--suggest: leave runs below this compute (6ND) out of the fit, e.g. a "
+                   "smallest budget of a few hundred steps that sits off the law (default: "
+                   "fit every finished run)")
     p.add_argument("--no-fuse", action="store_true",
                    help="train every run as its own job; by default runs of one shape that "
                    "differ only in seed, data order or optimizer hyperparameters train as one "
@@ -96,11 +100,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         if args.suggest < 1:
             raise ValueError(f"--suggest {args.suggest}: the number of runs to suggest, >= 1")
         for flag, v in (("--target-flops", args.target_flops),
-                        ("--budget-flops", args.budget_flops)):
+                        ("--budget-flops", args.budget_flops),
+                        ("--fit-min-flops", args.fit_min_flops)):
             if v is not None and not (math.isfinite(v) and v > 0):
                 raise ValueError(f"{flag} {v}: must be a positive number of FLOPs, e.g. 1e20")
         return print_suggestions(sweep, out, args.suggest, args.target_flops,
-                                 args.budget_flops, write=args.write)
+                                 args.budget_flops, write=args.write,
+                                 fit_min_flops=args.fit_min_flops)
     if args.dry_run:
         runs = select(sweep.runs, args.only)
         print_table(sweep, out if out.is_dir() else None, runs, args.parallel or 1)

@@ -7,6 +7,10 @@ model sizes (`sizes=`): each suggestion is one of the sweep's models at a token 
 freely. `--write` copies the spec to `<stem>_next.yaml` with the suggestions appended under
 `runs:` (one `{model, tokens, seed}` each); launching the copy with the same `--out` skips the
 finished grid runs and trains only the new ones.
+
+The planner is notebook 05's (`PLANNER`): the bootstrap-covariance criterion on the forecast
+loss, and no run longer than the corpus (its training tokens, read from results.csv as
+tokens / epochs): L(N, D) counts fresh tokens.
 """
 from __future__ import annotations
 
@@ -15,6 +19,8 @@ from pathlib import Path
 import yaml
 
 RUN_KEYS = ("model", "tokens", "seed")
+# suggest_runs settings shared with bench/plan_rounds.py's rounds (notebooks/data/plan_rounds).
+PLANNER = dict(objective="loss", method="bootstrap", n_boot=400, seed=0)
 
 
 def with_runs(spec_path: Path, spec: dict, sets, load):
@@ -47,10 +53,23 @@ def with_runs(spec_path: Path, spec: dict, sets, load):
     return sweep
 
 
+def corpus_tokens(res) -> float | None:
+    """The training tokens of one pass over the corpus, from results.csv (tokens / epochs; the
+    smallest over runs), or None when no run recorded its epochs."""
+    import numpy as np
+
+    if "epochs" not in res.columns:
+        return None
+    t, e = res["tokens"].to_numpy(float), res["epochs"].to_numpy(float)
+    ok = np.isfinite(e) & (e > 0)
+    return float((t[ok] / e[ok]).min()) if ok.any() else None
+
+
 def suggest(sweep, out: Path, k: int, target_flops: float | None = None,
-            budget_flops: float | None = None):
+            budget_flops: float | None = None, fit_min_flops: float | None = None):
     """The next k runs for the sweep in `out` (its results.csv), as a DataFrame with the
-    model name; defaults: target 100x the largest finished run, budget the sweep's compute."""
+    model name; defaults: target 100x the largest finished run, budget the sweep's compute,
+    no run past one pass over the corpus."""
     import analysis
 
     res = analysis.load_results(out, finished_only=True)
@@ -63,22 +82,29 @@ def suggest(sweep, out: Path, k: int, target_flops: float | None = None,
     names = {}
     for r in sweep.runs:
         names.setdefault(r.n_params, r.model if r.model else r.run_id.split("_")[0])
-    s = analysis.suggest_runs(res, target, budget, max_runs=k, sizes=sorted(names))
+    corpus = corpus_tokens(res)
+    s = analysis.suggest_runs(res, target, budget, max_runs=k, sizes=sorted(names),
+                              max_tokens=corpus, fit_min_flops=fit_min_flops, **PLANNER)
     s.insert(0, "model", [names[int(n)] for n in s["n_params"]])
     s["tokens"] = s["tokens"].round().astype(int)
-    s.attrs.update(target=target, budget=budget)
+    s.attrs.update(target=target, budget=budget, corpus=corpus)
     return s
 
 
 def print_suggestions(sweep, out: Path, k: int, target_flops=None, budget_flops=None,
-                      write: bool = False) -> int:
-    s = suggest(sweep, out, k, target_flops, budget_flops)
+                      write: bool = False, fit_min_flops: float | None = None) -> int:
+    s = suggest(sweep, out, k, target_flops, budget_flops, fit_min_flops)
+    corpus = s.attrs["corpus"]
     print(f"next {len(s)} run(s) for {out}: each shrinks the forecast of the compute-optimal loss "
-          f"(and N_opt) at C = {s.attrs['target']:.3g} most per FLOP; budget "
-          f"{s.attrs['budget']:.3g} FLOPs (6ND), {s['flops'].sum():.3g} used")
+          f"at C = {s.attrs['target']:.3g} most per FLOP; budget "
+          f"{s.attrs['budget']:.3g} FLOPs (6ND), {s['flops'].sum():.3g} used; "
+          + (f"at most {corpus:.4g} tokens a run (one pass over the corpus)" if corpus else
+             "no token cap (results.csv has no epochs)")
+          + ("" if fit_min_flops is None else f"; fit on runs >= {fit_min_flops:.3g} FLOPs"))
     print(s.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     print(f"forecast sd of log loss at the target: {s.attrs['sd_log_loss_before']:.4f} now, "
-          f"{s['sd_log_loss'].iloc[-1]:.4f} with these runs (linearised fit)" if len(s) else "")
+          f"{s['sd_log_loss'].iloc[-1]:.4f} with these runs (fixed-design bootstrap covariance)"
+          if len(s) else "")
     if write:
         raw = yaml.safe_load(Path(sweep.path).read_text())
         # A new seed: a suggestion next to a finished run is a replicate (fresh init and data
