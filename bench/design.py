@@ -48,7 +48,7 @@ def grid_runs(law):
 
 
 def one_study(args):
-    law_name, study, noise, rounds, n_boot, method, objective, resample = args
+    law_name, study, noise, rounds, n_boot, method, objective, resample, plan_boot = args
     law = LAWS[law_name]
     rng = np.random.default_rng(study)
 
@@ -63,7 +63,8 @@ def one_study(args):
     runs = seed
     for _ in range(rounds):
         s = suggest_runs(runs, TARGET, budget / rounds, max_run_flops=max(GRID_BUDGETS),
-                         method=method, objective=objective, seed=study)
+                         method=method, objective=objective, seed=study,
+                         n_boot=plan_boot)
         runs = pd.concat([runs, train(list(zip(s["n_params"], s["tokens"])))], ignore_index=True)
     truth = float(law.loss_opt(TARGET))
     out = []
@@ -90,8 +91,10 @@ def main(argv=None) -> int:
     ap.add_argument("--objective", choices=("loss", "n_opt", "both"), default="loss")
     ap.add_argument("--resample", choices=("residuals", "runs"), default="residuals",
                     help="the interval's bootstrap: fixed design (the runs were chosen) or runs")
+    ap.add_argument("--plan-boot", type=int, default=400,
+                    help="method=bootstrap: the planner's refits (notebook 05: 400)")
     a = ap.parse_args(argv)
-    jobs = [(law, s, a.noise, a.rounds, a.n_boot, a.method, a.objective, a.resample)
+    jobs = [(law, s, a.noise, a.rounds, a.n_boot, a.method, a.objective, a.resample, a.plan_boot)
             for law in LAWS for s in range(a.studies)]
     t0 = time.time()
     with mp.get_context("fork").Pool(a.procs) as pool:

@@ -138,6 +138,23 @@ def test_bootstrap_design_fits_the_budget_and_shrinks_the_interval():
         suggest_runs(seed, 1e22, 1e20, method="fisher")
 
 
+def test_fit_min_flops_leaves_short_runs_out_of_the_fit():
+    """Runs below fit_min_flops do not move the plan: two short runs 10% above the law change
+    the suggestions when fitted, and the suggestions equal those without them when left out."""
+    seed = runs(EPOCH, SEED_RUNS, 0.01, 3)
+    short = runs(EPOCH, [(3e7, 1e9), (1e8, 3e8)], 0.0, 0)        # 1.8e17 FLOPs each
+    both = pd.concat([seed, short.assign(val_loss=1.1 * short["val_loss"])], ignore_index=True)
+    kw = dict(max_run_flops=1e20, objective="loss", max_runs=3)
+    want = suggest_runs(seed, 1e22, 2e20, **kw)
+    got = suggest_runs(both, 1e22, 2e20, fit_min_flops=5e17, **kw)
+    pd.testing.assert_frame_equal(got, want)
+    assert not suggest_runs(both, 1e22, 2e20, **kw).equals(want)
+    with pytest.raises(ValueError, match="fit_min_flops=3e\\+18 leaves 3 run"):
+        suggest_runs(both, 1e22, 2e20, fit_min_flops=3e18, **kw)
+    with pytest.raises(ValueError, match="fit_min_flops='1e18'"):
+        suggest_runs(both, 1e22, 2e20, fit_min_flops="1e18", **kw)
+
+
 def test_profile_interval_of_the_compute_optimal_loss():
     """profile_loss_opt: exact data pin loss_opt; noisy data give an interval around the truth
     close to the bootstrap's; the profile table rises on both sides of the fit."""
@@ -160,7 +177,7 @@ def test_profile_interval_of_the_compute_optimal_loss():
 
 def test_bench_design_smoke():
     out = subprocess.run([sys.executable, str(ROOT / "bench" / "design.py"), "--studies", "2",
-                          "--n-boot", "20", "--procs", "1"], capture_output=True, text=True,
-                         timeout=300)
+                          "--n-boot", "20", "--plan-boot", "40", "--procs", "1"],
+                         capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert "suggest" in out.stdout and "grid" in out.stdout and "coverage_pct" in out.stdout
