@@ -8,7 +8,9 @@ writes the spec that trains them (round{k}.yaml: sweeps/approaches.yaml plus a `
 `cgpt sweep --suggest K --write` writes it, seed k), trains them with `python -m cgpt sweep
 ... --only <the new ids>`, and copies their results into notebooks/data/plan_rounds/round{k}.csv.
 Notebook 05 reads these files, recomputes each round's suggestions and compares them with what
-was trained.
+was trained. Rounds 1-2 fitted every run; from round 3 (plan.json's `from_round`) the fit leaves
+out the 1e11-FLOP runs (35-241 steps, off the law: notebook 05) and no run reads past the
+corpus (max_tokens, its 15.03M training tokens).
 
     python bench/plan_rounds.py --round 0        # round0.csv + plan.json from the fixture sweep
     python bench/plan_rounds.py --round 1        # suggest from rounds 0..0, train, round1.csv

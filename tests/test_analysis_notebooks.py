@@ -94,3 +94,9 @@ def test_05_plan_next_runs_on_real_rounds(kernel, monkeypatch):
                 "== trained (within one batch): True") in text
     widths = re.search(r"interval width by round: ([\d. >-]+)", text).group(1).split(" -> ")
     assert len(widths) == k + 1
+    # The notebook's reading: the runs >= 2e11 fit predicts every later run better than the fit
+    # to all runs, and its interval is narrower after the rounds than before them.
+    err = [float(v) for v in
+           re.findall(r"later runs vs the fit before them .*mean \|\.\| ([\d.]+)", text)]
+    assert len(err) == 2 and err[1] < err[0]
+    assert "fit on runs >= 2e+11 FLOPs:" in text and float(widths[-1]) < float(widths[0])
