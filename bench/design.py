@@ -7,12 +7,13 @@ then either
            N_opt x 1/4 .. 4, 15 runs, 7e20 FLOPs), or
   suggest: suggest_runs with half the grid's compute, in two rounds (fit, suggest, "train",
            refit, suggest), no run larger than the grid's largest (1e20).
-Both then fit L(N, D) (analysis.design.fit_ls, 200 bootstrap resamples) and predict the
+The planner is notebook 05's (method="bootstrap", objective="loss"); both designs then fit
+L(N, D) (analysis.design.fit_ls, 200 fixed-design bootstrap resamples) and predict the
 compute-optimal loss at 100x the largest run (1e22). Reported per law and design: mean
 |relative error| of that prediction, median width of its 95% interval (relative), coverage of
 the true value, and compute spent beyond the seed runs.
 
-    python bench/design.py                 # 200 studies per law (534 s on 2 busy cores)
+    python bench/design.py --studies 100   # notebook 05's planner (1084 s on 2 busy cores)
     python bench/design.py --studies 20    # quick look
 """
 from __future__ import annotations
