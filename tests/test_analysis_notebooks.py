@@ -85,7 +85,7 @@ def test_04_three_approaches_on_a_real_sweep(kernel, tmp_path, monkeypatch):
 def test_05_plan_next_runs_on_real_rounds(kernel, monkeypatch):
     """The committed rounds of bench/plan_rounds.py (real cgpt training): each round's runs are
     the suggestions recomputed from the rounds before it, and the refits print the interval."""
-    text, images = run("05_plan_next_runs.ipynb", kernel, {"CGPT_N_BOOT": "300"}, monkeypatch)
+    text, images = run("05_plan_next_runs.ipynb", kernel, {"CGPT_N_BOOT": "100"}, monkeypatch)
     data = NOTEBOOKS / "data" / "plan_rounds"
     k = len(list(data.glob("round*.csv"))) - 1
     assert images >= 1 and k >= 1 and "round 0: 15 runs" in text

@@ -77,6 +77,8 @@ def test_bad_suggest_and_vocab_flags_are_one_line_naming_the_flag(tmp_path):
               "--target-flops -1e+18"),
              (("sweep", "sweeps/demo.yaml", "--suggest", "2", "--budget-flops", "0"),
               "--budget-flops 0"),
+             (("sweep", "sweeps/demo.yaml", "--suggest", "2", "--fit-min-flops", "nan"),
+              "--fit-min-flops nan"),
              (("data", "prepare", str(ROOT / "README.md"), "--tokenizer", "train",
                "--vocab-size", "1", "--out", str(tmp_path / "store")), "--vocab-size 1")]
     for argv, flag in cases:
