@@ -140,6 +140,13 @@ def _real(v) -> bool:
     return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)
 
 
+def residual_sd(theta, N, D, L) -> float:
+    """The sd of the fit's log-loss residuals (n - 5 degrees of freedom)."""
+    lN, lD, lL = (np.log(np.asarray(v, float)) for v in (N, D, L))
+    r = lL - _lhat_jac(np.asarray(theta, float)[None], lN, lD)[0][0]
+    return float(np.sqrt(r @ r / max(r.size - 5, 1)))
+
+
 def _sigma(theta, lN, lD, lL) -> float:
     r = lL - _lhat_jac(theta[None], lN, lD)[0][0]
     dof = lN.size - 5

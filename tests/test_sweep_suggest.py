@@ -21,6 +21,8 @@ def test_suggest_prints_and_writes_runs_the_spec_can_launch(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "next 3 run(s)" in text and "C = 1e+14" in text        # 100x the largest run
     assert "at most 1.503e+07 tokens a run (one pass over the corpus)" in text
+    assert ("fit residual sd (log L): 0.0226 on 15 runs, 0.0045 without the 5 at 1e+11 FLOPs; "
+            "those runs look off the law: --fit-min-flops 1.7e+11") in text
     nxt = tmp_path / "approaches_next.yaml"
     runs = yaml.safe_load(nxt.read_text())["runs"]
     assert len(runs) == 3 and all(r["seed"] == 1 for r in runs)

@@ -65,14 +65,19 @@ def corpus_tokens(res) -> float | None:
     return float((t[ok] / e[ok]).min()) if ok.any() else None
 
 
+def analysis_results(out: Path):
+    """The sweep's finished runs (results.csv)."""
+    import analysis
+
+    return analysis.load_results(out, finished_only=True)
+
+
 def suggest(sweep, out: Path, k: int, target_flops: float | None = None,
             budget_flops: float | None = None, fit_min_flops: float | None = None):
     """The next k runs for the sweep in `out` (its results.csv), as a DataFrame with the
     model name; defaults: target 100x the largest finished run, budget the sweep's compute,
     no run past one pass over the corpus."""
-    import analysis
-
-    res = analysis.load_results(out, finished_only=True)
+    res = analysis_results(out)
     if len(res) < 5:
         raise ValueError(f"{out}: {len(res)} finished run(s); --suggest fits L(N, D) (5 "
                          "parameters) and needs at least 5 finished runs at 2 or more D/N")
@@ -82,6 +87,8 @@ def suggest(sweep, out: Path, k: int, target_flops: float | None = None,
     names = {}
     for r in sweep.runs:
         names.setdefault(r.n_params, r.model if r.model else r.run_id.split("_")[0])
+    import analysis
+
     corpus = corpus_tokens(res)
     s = analysis.suggest_runs(res, target, budget, max_runs=k, sizes=sorted(names),
                               max_tokens=corpus, fit_min_flops=fit_min_flops, **PLANNER)
@@ -89,6 +96,34 @@ def suggest(sweep, out: Path, k: int, target_flops: float | None = None,
     s["tokens"] = s["tokens"].round().astype(int)
     s.attrs.update(target=target, budget=budget, corpus=corpus)
     return s
+
+
+def smallest_budget_check(res, fit_min_flops: float | None = None) -> str:
+    """One line: the fit's residual sd (log L) with and without the runs at the smallest compute
+    level (6ND to one significant digit), and a hint when dropping them lowers it over 2x: runs
+    of a few hundred steps can sit off the law (notebook 05's 1e11 runs: 2.3% vs 0.45%)."""
+    import numpy as np
+
+    from analysis.design import fit_ls, residual_sd
+
+    c = (6 * res["n_params"] * res["tokens"]).to_numpy(float)
+    keep = c >= (fit_min_flops or 0)
+    level = np.array([float(f"{v:.0e}") for v in c])
+    low = level == level[keep].min()
+    rest = keep & ~low
+    if rest.sum() < 7 or len(np.unique(level[rest])) < 2:
+        return ""
+    sds = []
+    for m in (keep, rest):
+        n, d, y = (res[col].to_numpy(float)[m] for col in ("n_params", "tokens", "val_loss"))
+        sds.append(residual_sd(fit_ls(n, d, y, n_boot=0)[0], n, d, y))
+    cut = float(f"{np.sqrt(c[keep & low].max() * c[rest].min()):.2g}")
+    line = (f"fit residual sd (log L): {sds[0]:.4f} on {int(keep.sum())} runs, {sds[1]:.4f} "
+            f"without the {int((keep & low).sum())} at {level[keep].min():.0e} FLOPs")
+    if sds[0] > 2 * sds[1]:
+        line += (f"; those runs look off the law: --fit-min-flops {cut:.2g} leaves them out of "
+                 "the fit")
+    return line
 
 
 def print_suggestions(sweep, out: Path, k: int, target_flops=None, budget_flops=None,
@@ -105,6 +140,9 @@ def print_suggestions(sweep, out: Path, k: int, target_flops=None, budget_flops=
     print(f"forecast sd of log loss at the target: {s.attrs['sd_log_loss_before']:.4f} now, "
           f"{s['sd_log_loss'].iloc[-1]:.4f} with these runs (fixed-design bootstrap covariance)"
           if len(s) else "")
+    check = smallest_budget_check(analysis_results(out), fit_min_flops)
+    if check:
+        print(check)
     if write:
         raw = yaml.safe_load(Path(sweep.path).read_text())
         # A new seed: a suggestion next to a finished run is a replicate (fresh init and data
