@@ -42,7 +42,9 @@ COLUMNS = ["run_id", "model", "seed", "n_params", "tokens", "flops_6nd", "train_
            "epochs", "wall_time_s", "tokens_per_s"]
 # The planner's settings, written to plan.json and read back by the notebook.
 PLAN = dict(round_budget_flops=4e12, objective="loss", method="bootstrap", n_boot=400, seed=0,
-            target_multiple=100)
+            target_multiple=100,
+            # from round 3: the 1e11 runs (35-241 steps) left out of the fit, one pass at most
+            from_round={"3": {"fit_min_flops": 2e11, "max_tokens": 15034880}})
 
 
 def load_rounds(upto: int) -> pd.DataFrame:
