@@ -60,7 +60,7 @@ def test_suggest_is_notebook_05s_planner(tmp_path, capsys):
         assert (got["tokens"] - want["tokens"]).abs().max() <= 1 and got["tokens"].max() <= corpus
     assert command.main([str(ROOT / "sweeps" / "approaches.yaml"), "--out", str(fixture),
                          "--suggest", "1", "--fit-min-flops", "2e12"]) == 2
-    assert "fit_min_flops=2e+12 leaves 0 run(s) to fit" in capsys.readouterr().err
+    assert "--fit-min-flops 2e+12 leaves 0 of 15 finished runs to fit" in capsys.readouterr().err
 
 
 def test_runs_entries_are_checked(tmp_path):

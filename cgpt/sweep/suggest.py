@@ -82,6 +82,10 @@ def suggest(sweep, out: Path, k: int, target_flops: float | None = None,
         raise ValueError(f"{out}: {len(res)} finished run(s); --suggest fits L(N, D) (5 "
                          "parameters) and needs at least 5 finished runs at 2 or more D/N")
     c = 6 * res["n_params"] * res["tokens"]
+    kept = 0 if fit_min_flops is None else int((c >= fit_min_flops).sum())
+    if fit_min_flops is not None and kept < 6:
+        raise ValueError(f"--fit-min-flops {fit_min_flops:g} leaves {kept} of {len(res)} finished "
+                         "runs to fit; L(N, D) needs at least 6: lower it")
     target = float(target_flops or 100 * c.max())
     budget = float(budget_flops or c.sum())
     names = {}
