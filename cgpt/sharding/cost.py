@@ -45,9 +45,10 @@ from cgpt.config import flops
 from cgpt.config.hardware import spec_peak
 from cgpt.config.model import ModelConfig, recomputes_forward
 from cgpt.sharding.axes import replica_axes
+from cgpt.sharding.fitrule import HEADROOM, choose_step, usable_memory
 from cgpt.sharding.nodes import crossing_axes
 
-FIT_HEADROOM = 0.10  # = cgpt.train.fit.HEADROOM (tests/test_cost.py keeps them equal)
+FIT_HEADROOM = HEADROOM  # the fit's (`cgpt.sharding.fitrule`)
 GRAD_BYTES = 4  # gradients are reduced in f32
 GATHER_BYTES = 4  # weight streaming's gathers counted at f32, an upper bound: since #24 item 4
 # the weights are cast before the gather (bf16 on a GPU), but the CPU-compiled HLO this is checked
@@ -291,36 +292,18 @@ def predict_fit(mode: str, axes: dict[str, int], batch: int, memory: int,
                 need: Callable[[str, dict, int, bool], int], micro_batch: int | None = None,
                 remat: str | bool | None = None,
                 cost_of: Callable[[int, bool], float] | None = None) -> tuple[int, bool]:
-    """(micro-batch, remat) `cgpt.train.fit.search` would pick, with `need(mode, axes, rows,
-    remat)` (auto's memory model) in place of the compiled step: the full per-replica batch
-    with remat off, then on; else the largest micro-batch that fits with remat on, and remat
-    off there if that fits too, or (with `cost_of`, as the fit on a GPU) the largest smaller
-    micro-batch without remat where that is faster. When nothing fits: the smallest, remat
-    on."""
+    """(micro-batch, remat) `cgpt.train.fit.search` would pick: the fit's rule
+    (`cgpt.sharding.fitrule.choose_step`) on `need(mode, axes, rows, remat)` (auto's memory
+    model) in place of the compiled step, remat off then on, `cost_of` (seconds) weighing
+    full remat against a smaller micro-batch as the fit on a GPU does. When nothing fits:
+    the smallest, remat on."""
     per, _ = micro_and_replicas(mode, axes, batch, micro_batch)
     micros = [micro_batch] if micro_batch else sorted(
         (d for d in range(1, per + 1) if per % d == 0), reverse=True)
     remats = [False, True] if remat is None else [recomputes_forward(remat)]
-    usable = int(memory * (1 - FIT_HEADROOM))
-
-    def fits(m: int, r: bool) -> bool:
-        return need(mode, axes, m, r) <= usable
-
-    for r in remats:
-        if fits(micros[0], r):
-            return micros[0], r
-    r = remats[-1]
-    found = next((m for m in micros[1:] if fits(m, r)), None)  # fit.search bisects: same m
-    if found is None:
-        return micros[-1], r
-    if not (r and len(remats) == 2):
-        return found, r
-    if fits(found, False):
-        return found, False
-    low = next((m for m in micros if m < found and fits(m, False)), None)
-    if cost_of is not None and low is not None and cost_of(low, False) < cost_of(found, True):
-        return low, False
-    return found, r
+    usable = usable_memory(memory)
+    step = choose_step(micros, remats, lambda m, r: need(mode, axes, m, r) <= usable, cost_of)
+    return step or (micros[-1], remats[-1])
 
 
 def rank(cfg: ModelConfig, cands: list[tuple[str, dict[str, int], int]], batch: int,
@@ -347,7 +330,7 @@ def cheapest(cfg: ModelConfig, mode: str, axes: dict[str, int], batch: int, seq_
     whatever the fit would pick: e.g. a smaller micro-batch without remat where the fit
     takes the larger one with it (`train.micro_batch` / `model.remat` then select it)."""
     per, _ = micro_and_replicas(mode, axes, batch, None)
-    usable = int(memory * (1 - FIT_HEADROOM))
+    usable = usable_memory(memory)
     steps = [step_cost(cfg, mode, axes, batch, seq_len, m, r, hw)
              for m in range(1, per + 1) if per % m == 0 for r in (False, True)
              if need(mode, axes, m, r) <= usable]
