@@ -162,7 +162,7 @@ def plan_run(run, device_memory: int | str, cpu_devices, mode_flags: bool = Fals
         "compile_s": round(compile_s, 2),
         "cost": cost_report(cfg, run.model.remat, strategy.mode, dict(strategy.mesh.shape)
                             if strategy.mesh is not None else {}, p, T, memory, platform,
-                            t.mode, t.mesh, t.micro_batch, micro_batches, nodes),
+                            micro_batches, nodes),
         # dims the mode's rules could not split (replicated over those mesh axes instead)
         "unsharded": strategy.describe()["unsharded"],
         "nodes": nodes, "axes": axes,
