@@ -35,7 +35,8 @@ def plan_analytic(run, device_memory: int | str, devices: int, nodes: int = 1,
     from cgpt.config import backend, flops
     from cgpt.errors import TrainError
     from cgpt.sharding.fitrule import choose_step, usable_memory
-    from cgpt.sharding.nodes import axis_bytes, node_axes
+    from cgpt.sharding.cost import axis_bytes
+    from cgpt.sharding.nodes import node_axes
     from cgpt.train.resolve import resolve
 
     memory = parse_bytes(device_memory) if isinstance(device_memory, str) else int(device_memory)

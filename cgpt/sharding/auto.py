@@ -151,8 +151,9 @@ def choose_auto(cfg: ModelConfig, num_devices: int, memory: int, batch: int, seq
             cfg, weight_shards("weight_streaming", ws, nodes), rows, seq_len)))
     tried = "; ".join(f"{m} on {','.join(f'{k}={v}' for k, v in a.items())} needs ~{fmt_bytes(b)}"
                       for m, a, b in cands)
-    ranked = cost.rank(cfg, cands, batch, seq_len, memory, hardware, lambda *a: footprint(
-        cfg, num_devices, seq_len, *a, activation_scale=cost.activation_scale(cfg)),
+    ranked = cost.rank(cfg, cands, batch, seq_len, memory, hardware, lambda m, a, *rest: footprint(
+        cfg, weight_shards(m, a, nodes) if m == "weight_streaming" else num_devices, seq_len,
+        m, a, *rest, activation_scale=cost.activation_scale(cfg)),  # as the candidates' own
         micro_batch) if hardware else []
     if ranking is not None:
         ranking.extend(ranked)
