@@ -7,6 +7,7 @@ import math
 
 from cgpt.config.model import recomputes_forward
 from cgpt.sharding import auto, cost
+from cgpt.sharding.nodes import weight_shards
 
 
 def cost_report(cfg, remat_asked: bool | None, mode: str, mesh: dict[str, int], plan, seq_len: int,
@@ -23,7 +24,8 @@ def cost_report(cfg, remat_asked: bool | None, mode: str, mesh: dict[str, int], 
     model = cfg.replace(remat=remat_asked)  # what auto saw: remat as asked, not as fitted
 
     def need(m: str, axes: dict, rows: int, remat: bool) -> int:
-        return auto.footprint(model, math.prod(axes.values()), seq_len, m, axes, rows, remat,
+        shards = weight_shards(m, axes, nodes) if m == "weight_streaming" else n
+        return auto.footprint(model, shards, seq_len, m, axes, rows, remat,
                               activation_scale=cost.activation_scale(model))
 
     chosen = cost.step_cost(model, mode, mesh, plan.batch_size, seq_len, plan.micro_batch,

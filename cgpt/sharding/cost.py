@@ -33,6 +33,10 @@ Assumptions (named, unmeasured here: no GPU was available when this was written)
     serialized with its ticks: neither overlaps
   - a collective leaves a node when its group spans an axis the node-aware mesh splits over
     nodes (`cgpt.sharding.nodes`: data, then stage, then fsdp)
+  - weight streaming on several nodes gathers and reduces over its within-node weight axes
+    only and all-reduces each layer's gradient shard over the node-crossing `data`, hidden
+    like the reduce-scatter (not separable in a CPU-compiled step: XLA's CPU all-reduces the
+    whole gradient over every device)
 JAX-free, like `auto`.
 """
 from __future__ import annotations
