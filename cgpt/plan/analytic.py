@@ -4,8 +4,9 @@ Nothing is lowered or compiled: the run is resolved as `train` would (`cgpt.trai
 with `--mode auto` deciding by `cgpt.sharding.auto`'s memory model), its mesh laid over the
 nodes (`cgpt.sharding.nodes`: which axes cross nodes), and the step sized with the same
 footprints `auto` uses (16 bytes of state per parameter held, f32 activations, f32 logits):
-the micro-batch is the largest divisor of the per-replica batch whose footprint fits the
-usable memory (remat off first, then on, as `cgpt.train.fit` orders them). Rough by design
+the micro-batch and remat are the fit's rule (`cgpt.sharding.fitrule.choose_step`, as
+`cgpt.train.fit` runs it on compiled steps) on those footprints; `fit.tried` lists the
+footprints it probed. Rough by design
 (f32 activations where a GPU computes in bf16: it errs on the safe side); the compiled plan
 (without --no-compile) is the exact figure. So 13B on 32 nodes plans in about a second.
 """
