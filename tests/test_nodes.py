@@ -17,7 +17,8 @@ import pytest
 
 from cgpt.config.model import get_config
 from cgpt.sharding.axes import weight_streaming_axes
-from cgpt.sharding.nodes import axis_bytes, crossing_axes, split_axes, weight_axes
+from cgpt.sharding.cost import axis_bytes, traffic
+from cgpt.sharding.nodes import crossing_axes, split_axes, weight_axes
 
 REPO = Path(__file__).resolve().parents[1]
 SPEC = REPO / "sweeps" / "cerebras_gpt.yaml"
@@ -49,20 +50,36 @@ def test_weight_streaming_axes_keep_fsdp_inside_a_node():
     assert weight_axes("weight_streaming", {"data": 16, "fsdp": 16}, 32) == ("fsdp",)
 
 
-def test_axis_bytes_analytic():
+def test_axis_bytes_are_the_cost_models_traffic():
+    """Per-axis bytes (`cost.axis_bytes`) are the cost model's collectives (`cost.traffic`,
+    checked against the compiled HLO in tests/test_plan.py) x their ring factor, a collective
+    over several axes split hierarchically, node-crossing axes first."""
     cfg = get_config("1.3B").replace(remat=True)
-    P = cfg.num_params()
-    # data parallel: one ring all-reduce of f32 gradients
-    b = axis_bytes(cfg, "data_parallel", {"data": 16}, 2, 528, 2048, 33, True)
-    assert b == {"data": round(2 * 15 / 16 * 4 * P)}
-    # weight streaming, data across 2 nodes, fsdp=4 inside: gathers on fsdp, one all-reduce of
-    # the 1/4 gradient shards on data
+    P, Vd = cfg.num_params(), cfg.vocab_size * cfg.d_model
+    blocks = cfg.num_params(embedding=False) - 2 * cfg.d_model
+    # data parallel: the f32 gradients (the tied embedding's twice) all-reduced per
+    # accumulation step: 528 / 16 = 33 = 3 x 11
+    b = axis_bytes(cfg, "data_parallel", {"data": 16}, 2, 528, 2048, 11, True)
+    assert b == {"data": round(3 * 4 * (P + Vd) * 2 * 15 / 16)}
+    # weight streaming, data across 2 nodes, fsdp=4 inside (HSDP): gathers (3 with remat) and
+    # the gradient reduction over fsdp only, the 1/4 gradient shards all-reduced over data
     ws = axis_bytes(cfg, "weight_streaming", {"data": 4, "fsdp": 4}, 2, 16, 2048, 1, True)
-    accum = 16 // (1 * 16)  # the batch splits over data x fsdp: 16 shards, micro-batch 1
+    assert [(t.kind, t.axes) for t in traffic(cfg, "weight_streaming", {"data": 4, "fsdp": 4},
+                                              16, 2048, 1, True, nodes=2)] == [
+        ("all-gather", ("fsdp",)), ("reduce-scatter", ("fsdp",)), ("all-reduce", ("data",))]
     assert ws["data"] == round(2 * 3 / 4 * 4 * P / 4)
-    assert ws["fsdp"] == round(3 * P * (3 * accum + accum))  # 3 shards of 4P/4 bytes each
+    assert ws["fsdp"] == round((3 + 1) * 4 * P * 3 / 4)
+    one = axis_bytes(cfg, "weight_streaming", {"data": 4, "fsdp": 4}, 1, 16, 2048, 1, True)
+    assert sum(one.values()) == round((3 + 1) * 4 * P * 15 / 16)  # one node: over all 16
+    assert one["data"] == round((3 + 1) * 4 * P * 3 / 15 * 15 / 16)  # hierarchical: data first
+    # layer_pipelined, data across the 2 nodes: M = 33 micro-batches of 2 rows on 8 stages
+    # (66 rows x 4 accumulation steps): every tick's activations and gradients, the pipeline's
+    # output and input gradient summed and the head's rows gathered over stage
     lp = axis_bytes(cfg, "layer_pipelined", {"stage": 8, "data": 2}, 2, 528, 2048, 66, True)
-    assert lp["stage"] == round(2 * 264 * 2048 * cfg.d_model * 4 * 7 / 8)
+    act, emb = 4 * 2048 * cfg.d_model, 4 * 4 * (P - blocks + Vd)  # a row's f32 residual
+    assert lp["stage"] == round(2 * 4 * 40 * 2 * act + (2 * 7 / 8 + 7 / 8) * 2 * 4 * 66 * act
+                                + emb * 2 * 15 / 16 * 14 / 15)
+    assert lp["data"] == round(4 * 4 * (blocks // 8) * 2 * 1 / 2 + emb * 2 * 15 / 16 * 1 / 15)
 
 
 @pytest.fixture(scope="module")

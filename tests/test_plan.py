@@ -82,6 +82,22 @@ def test_cost_model_counts_the_compiled_collectives(results):
     assert grads["bytes"] == pytest.approx(dp["collective_bytes_by_kind"]["all-reduce"], rel=0.1)
 
 
+def test_auto_plan_reports_the_ranking_resolve_made(capsys):
+    """`cost.candidates` is auto's ranking as `resolve` weighed it, passed through to the
+    report (not recomputed): equal to `choose_auto`'s on the same inputs, its first the
+    placement planned."""
+    from cgpt.config import backend
+    from cgpt.sharding import auto, cost
+
+    r = _plan(capsys, "--mode", "auto")
+    cfg = backend.for_platform(get_config("cpu-870k"), "gpu", compile_on="cpu")
+    ranking: list = []
+    auto.choose_auto(cfg, 8, 80 * 10**9, 16, 32, hardware=cost.hardware_for("gpu", None, 8),
+                     ranking=ranking)
+    assert len(ranking) > 1 and r["cost"]["candidates"] == [c.to_dict() for c in ranking]
+    assert (ranking[0].mode, ranking[0].axes) == (r["mode"], r["mesh"])
+
+
 def test_layer_pipelined_bubble_and_permutes(capsys, results):
     r = _plan(capsys, "--mode", "layer_pipelined", "--mesh", "stage=4,data=2",
               "--micro-batches", "8")

@@ -3,7 +3,6 @@ the submitit path. Real `python -m cgpt train` subprocesses on a tiny corpus the
 import csv
 import json
 import math
-import random
 import re
 import shutil
 import signal
@@ -18,43 +17,11 @@ import yaml
 from cgpt import sweep as sw
 from cgpt.config import flops as flops_mod
 from cgpt.config.model import get_config
+from tests.sweep_helpers import make_spec as _spec, result_rows as _rows
+from tests.sweep_helpers import sigkill_once_checkpointed
 
 REPO = Path(__file__).resolve().parents[1]
 SPECS = REPO / "sweeps"
-TOKENS = 20_000  # tiny-17k, batch 8 x seq 32 -> 78 steps
-
-
-def _write_corpus(folder: Path) -> Path:
-    """~60 KB of seeded pseudo-text in 24 .txt files: enough for 78 steps + 4 val sequences."""
-    rng = random.Random(0)
-    words = ["the", "model", "loss", "token", "scaling", "law", "compute", "data", "train",
-             "jax", "layer", "width", "depth", "optimal", "budget", "param", "step", "batch"]
-    folder.mkdir(parents=True, exist_ok=True)
-    for i in range(24):
-        lines = [" ".join(rng.choice(words) for _ in range(rng.randint(6, 14))) + "."
-                 for _ in range(30)]
-        (folder / f"doc{i:02d}.txt").write_text("\n".join(lines) + "\n")
-    return folder
-
-
-def _spec(tmp: Path, name: str, grid: dict, base: dict | None = None, **extra) -> Path:
-    corpus = _write_corpus(tmp / "corpus")
-    b = {"model": {"vocab_size": 300},  # the small corpus's tokenizer: model and data agree
-         "data": {"source": str(corpus), "vocab_size": 300, "seq_len": 32, "val_sequences": 4,
-                  "cache_dir": str(tmp / "cache")},
-         "train": {"batch_size": 8, "tokens": TOKENS}}
-    for k, v in (base or {}).items():
-        b.setdefault(k, {}).update(v)
-    p = tmp / f"{name}.yaml"
-    p.write_text(yaml.safe_dump({"name": name, "base": b, "grid": grid, **extra}, sort_keys=False))
-    return p
-
-
-def _rows(out: Path) -> dict[str, dict]:
-    with open(out / "results.csv", newline="") as f:
-        return {r["run_id"]: r for r in csv.DictReader(f)}
-
-
 # ---- expansion (no training) ------------------------------------------------------------
 def test_grid_expansion_counts_ids_and_overrides(tmp_path):
     spec = _spec(tmp_path, "g", {
@@ -336,15 +303,7 @@ def test_sigkill_of_the_sweep_then_relaunch_resumes(tmp_path):
     spec = _spec(tmp_path, "kill", {"model": ["tiny-17k"]},
                  base={"train": {"tokens": 200_000, "ckpt_every": 20}})
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "cgpt.sweep", str(spec), "--out", str(out)]
-    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    ck = out / "tiny-17k_d200k_s0" / "checkpoints"
-    deadline = time.time() + 120
-    while time.time() < deadline and not any(x.name.isdigit() for x in ck.glob("*")):
-        time.sleep(0.5)
-    p.send_signal(signal.SIGKILL)
-    p.wait()
-    time.sleep(2)  # PR_SET_PDEATHSIG delivers SIGTERM to the orphaned train
+    cmd = sigkill_once_checkpointed(spec, out, "tiny-17k_d200k_s0", 120)  # train dies with it
     d = out / "tiny-17k_d200k_s0"
     assert sw.run_state(d) == "interrupted"
     assert subprocess.run(cmd, capture_output=True).returncode == 0

@@ -3,16 +3,14 @@ run directories as unfused, one worker process for a local sweep, SLURM one job 
 import json
 import math
 import re
-import signal
 import subprocess
-import sys
-import time
 
 import pytest
 
 from cgpt import sweep as sw
 from cgpt.sweep.groups import plan_groups
-from tests.test_sweep import _rows, _spec
+from tests.sweep_helpers import make_spec as _spec, result_rows as _rows
+from tests.sweep_helpers import sigkill_once_checkpointed
 
 GRID = {"model": ["tiny-17k", "tiny-45k"], "seed": [0, 1],
         "overrides": [{"name": "a", "train.peak_lr": 2e-3}, {"name": "b", "train.peak_lr": 4e-3}]}
@@ -138,15 +136,7 @@ def test_sigkill_of_a_fused_sweep_then_relaunch_resumes(tmp_path):
     spec = _spec(tmp_path, "kill", {"model": ["tiny-17k"], "seed": [0, 1, 2]},
                  base={"train": {"tokens": 200_000, "ckpt_every": 20}})
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "cgpt.sweep", str(spec), "--out", str(out)]
-    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    ck = out / "tiny-17k_d200k_s2" / "checkpoints"
-    deadline = time.time() + 300
-    while time.time() < deadline and not any(x.name.isdigit() for x in ck.glob("*")):
-        time.sleep(0.5)
-    p.send_signal(signal.SIGKILL)
-    p.wait()
-    time.sleep(2)  # PR_SET_PDEATHSIG ends the orphaned worker
+    cmd = sigkill_once_checkpointed(spec, out, "tiny-17k_d200k_s2", 300)  # the worker dies too
     assert subprocess.run(cmd, capture_output=True).returncode == 0
     for s in (0, 1, 2):
         summary = json.loads((out / f"tiny-17k_d200k_s{s}" / "summary.json").read_text())

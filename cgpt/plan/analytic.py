@@ -4,8 +4,9 @@ Nothing is lowered or compiled: the run is resolved as `train` would (`cgpt.trai
 with `--mode auto` deciding by `cgpt.sharding.auto`'s memory model), its mesh laid over the
 nodes (`cgpt.sharding.nodes`: which axes cross nodes), and the step sized with the same
 footprints `auto` uses (16 bytes of state per parameter held, f32 activations, f32 logits):
-the micro-batch is the largest divisor of the per-replica batch whose footprint fits the
-usable memory (remat off first, then on, as `cgpt.train.fit` orders them). Rough by design
+the micro-batch and remat are the fit's rule (`cgpt.sharding.fitrule.choose_step`, as
+`cgpt.train.fit` runs it on compiled steps) on those footprints; `fit.tried` lists the
+footprints it probed. Rough by design
 (f32 activations where a GPU computes in bf16: it errs on the safe side); the compiled plan
 (without --no-compile) is the exact figure. So 13B on 32 nodes plans in about a second.
 """
@@ -34,8 +35,9 @@ def plan_analytic(run, device_memory: int | str, devices: int, nodes: int = 1,
     """The analytic plan of a RunConfig on `devices` devices over `nodes` nodes (see module)."""
     from cgpt.config import backend, flops
     from cgpt.errors import TrainError
-    from cgpt.sharding.nodes import axis_bytes, node_axes
-    from cgpt.train.fit import usable_memory
+    from cgpt.sharding.fitrule import choose_step, usable_memory
+    from cgpt.sharding.cost import axis_bytes
+    from cgpt.sharding.nodes import node_axes
     from cgpt.train.resolve import resolve
 
     memory = parse_bytes(device_memory) if isinstance(device_memory, str) else int(device_memory)
@@ -55,27 +57,21 @@ def plan_analytic(run, device_memory: int | str, devices: int, nodes: int = 1,
     ladder = backend.kernels(cfg, platform).remat_ladder  # the memory model tells full or not
     remats = ([cfg.remat] if cfg.remat is not None else
               list(dict.fromkeys((ladder[0], "full"))))
-    tried, chosen = [], None
-    for m in micros:
-        for r in remats:
-            need = footprint(cfg.replace(remat=r), res.mode, res.mesh, nodes, m, T)
-            tried.append({"micro_batch": m, "remat": r, "total": need})
-            if need <= usable and chosen is None:
-                chosen = tried[-1]
-        if chosen:
-            break
-    if chosen and chosen["remat"] == "full" and len(remats) > 1:  # as the fit on a GPU: a
-        # smaller micro-batch without the forward's recomputation, where that is faster
-        m0 = chosen["micro_batch"]
-        low = next(({"micro_batch": m, "remat": remats[0], "total": need} for m in micros
-                    if m < m0 and (need := footprint(cfg.replace(remat=remats[0]), res.mode,
-                                                     res.mesh, nodes, m, T)) <= usable), None)
-        secs = [_predicted_s(cfg, res, c["micro_batch"], c["remat"], platform, devices // nodes)
-                for c in (low, chosen)] if low else []
-        if secs and None not in secs and secs[0] < secs[1]:
-            tried.append(low)
-            chosen = low
-    pick = chosen or min(tried, key=lambda c: c["total"])
+    tried: list[dict] = []
+
+    def fits(m: int, r: str) -> bool:
+        c = next((c for c in tried if (c["micro_batch"], c["remat"]) == (m, r)), None)
+        if c is None:
+            c = {"micro_batch": m, "remat": r,
+                 "total": footprint(cfg.replace(remat=r), res.mode, res.mesh, nodes, m, T)}
+            tried.append(c)
+        return c["total"] <= usable
+
+    seconds = (lambda m, r: _predicted_s(cfg, res, m, r, platform, devices // nodes)
+               ) if platform == "gpu" else None  # `_predicted_s`: None off the GPU
+    chosen = choose_step(micros, remats, fits, seconds)  # as `train`'s fit (cgpt.train.fit)
+    pick = (next(c for c in tried if (c["micro_batch"], c["remat"]) == chosen) if chosen
+            else min(tried, key=lambda c: c["total"]))
     m, remat = pick["micro_batch"], pick["remat"]
     n_params = cfg.num_params()
     axes = node_axes(res.mesh, nodes, res.mode)

@@ -7,16 +7,16 @@ import math
 
 from cgpt.config.model import recomputes_forward
 from cgpt.sharding import auto, cost
-from cgpt.sharding.axes import parse_mesh
+from cgpt.sharding.nodes import weight_shards
 
 
 def cost_report(cfg, remat_asked: bool | None, mode: str, mesh: dict[str, int], plan, seq_len: int,
-                memory: int, platform: str, requested_mode: str, mesh_spec: str,
-                micro_batch_asked: int | None, micro_batches: int | None,
+                memory: int, platform: str, micro_batches: int | None,
                 nodes: int = 1) -> dict | None:
     """The `cost` entry of a plan: `chosen` (the compiled step's micro-batch, remat and
     pipeline micro-batches, costed), `cheapest` (the fastest step the memory model allows
-    on that placement) and `candidates` (auto's ranking, fastest first; [] for other modes)."""
+    on that placement) and `candidates` (auto's ranking as `resolve` computed it, fastest
+    first: `plan.auto_ranking`; [] for other modes)."""
     n = math.prod(mesh.values())
     hw = cost.hardware_for(platform, None, n // nodes if nodes > 1 else None)
     if hw is None:
@@ -24,23 +24,14 @@ def cost_report(cfg, remat_asked: bool | None, mode: str, mesh: dict[str, int], 
     model = cfg.replace(remat=remat_asked)  # what auto saw: remat as asked, not as fitted
 
     def need(m: str, axes: dict, rows: int, remat: bool) -> int:
-        return auto.footprint(model, math.prod(axes.values()), seq_len, m, axes, rows, remat,
+        shards = weight_shards(m, axes, nodes) if m == "weight_streaming" else n
+        return auto.footprint(model, shards, seq_len, m, axes, rows, remat,
                               activation_scale=cost.activation_scale(model))
 
     chosen = cost.step_cost(model, mode, mesh, plan.batch_size, seq_len, plan.micro_batch,
                             recomputes_forward(cfg.remat), hw, micro_batches=micro_batches)
     best = cost.cheapest(model, mode, mesh, plan.batch_size, seq_len, memory, hw, need)
-    ranking: list[cost.StepCost] = []
-    if requested_mode == "auto":
-        given = bool((mesh_spec or "").strip())
-        axes = parse_mesh(mesh_spec, "auto", n) if given else None
-        honoured = ({k: v for k, v in axes.items() if v > 1} or {"data": 1}) if given else None
-        try:
-            auto.choose_auto(model, math.prod(axes.values()) if given else n, memory,
-                             plan.batch_size, seq_len, micro_batch_asked, honoured, nodes=nodes,
-                             hardware=hw, ranking=ranking)
-        except ValueError:
-            ranking = []
+    ranking = plan.auto_ranking
     return {"hardware": hw.name, "peak_flops": hw.peak_flops, "nvlink_bytes_per_s": hw.nvlink,
             "network_bytes_per_s": hw.network, "gpus_per_node": hw.gpus_per_node,
             "chosen": chosen.to_dict(), "cheapest": best.to_dict() if best else None,

@@ -98,7 +98,8 @@ def plan_run(run, device_memory: int | str, cpu_devices, mode_flags: bool = Fals
 
     from cgpt.config import backend, flops
     from cgpt.model.gpt import init_params
-    from cgpt.sharding.nodes import axis_bytes, node_axes
+    from cgpt.sharding.cost import axis_bytes
+    from cgpt.sharding.nodes import node_axes
 
     memory = parse_bytes(device_memory) if isinstance(device_memory, str) else int(device_memory)
     kernels = backend.kernels(run.model, platform)
@@ -125,12 +126,12 @@ def plan_run(run, device_memory: int | str, cpu_devices, mode_flags: bool = Fals
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
     n = strategy.num_devices
     axes = node_axes(dict(strategy.mesh.shape), nodes, strategy.mode)
-    moved = axis_bytes(cfg, strategy.mode, dict(strategy.mesh.shape), nodes, p.batch_size, T,
-                       p.micro_batch, recomputes_forward(cfg.remat))
-    for a in axes:  # analytic, beside the compiled collective bytes (all axes together)
-        axes[a]["bytes_per_step"] = moved.get(a, 0)
     micro_batches = (strategy.micro_batches_for(p.micro_batch * p.replicas)
                      if strategy.mode == "layer_pipelined" else None)
+    moved = axis_bytes(cfg, strategy.mode, dict(strategy.mesh.shape), nodes, p.batch_size, T,
+                       p.micro_batch, recomputes_forward(cfg.remat), micro_batches)
+    for a in axes:  # analytic, beside the compiled collective bytes (all axes together)
+        axes[a]["bytes_per_step"] = moved.get(a, 0)
     return {
         "model": cfg.name, "mode": strategy.mode, "requested_mode": t.mode,
         "auto_reason": getattr(strategy, "auto_reason", None),
@@ -162,7 +163,7 @@ def plan_run(run, device_memory: int | str, cpu_devices, mode_flags: bool = Fals
         "compile_s": round(compile_s, 2),
         "cost": cost_report(cfg, run.model.remat, strategy.mode, dict(strategy.mesh.shape)
                             if strategy.mesh is not None else {}, p, T, memory, platform,
-                            t.mode, t.mesh, t.micro_batch, micro_batches, nodes),
+                            micro_batches, nodes),
         # dims the mode's rules could not split (replicated over those mesh axes instead)
         "unsharded": strategy.describe()["unsharded"],
         "nodes": nodes, "axes": axes,

@@ -151,8 +151,9 @@ def choose_auto(cfg: ModelConfig, num_devices: int, memory: int, batch: int, seq
             cfg, weight_shards("weight_streaming", ws, nodes), rows, seq_len)))
     tried = "; ".join(f"{m} on {','.join(f'{k}={v}' for k, v in a.items())} needs ~{fmt_bytes(b)}"
                       for m, a, b in cands)
-    ranked = cost.rank(cfg, cands, batch, seq_len, memory, hardware, lambda *a: footprint(
-        cfg, num_devices, seq_len, *a, activation_scale=cost.activation_scale(cfg)),
+    ranked = cost.rank(cfg, cands, batch, seq_len, memory, hardware, lambda m, a, *rest: footprint(
+        cfg, weight_shards(m, a, nodes) if m == "weight_streaming" else num_devices, seq_len,
+        m, a, *rest, activation_scale=cost.activation_scale(cfg)),  # as the candidates' own
         micro_batch) if hardware else []
     if ranking is not None:
         ranking.extend(ranked)
@@ -189,12 +190,12 @@ def _tiles(stages: int, num_devices: int, nodes: int) -> bool:
 def placement(mode: str, mesh_spec: str, cfg: ModelConfig, batch: int, micro: int | None = None,
               *, num_devices: int, device_memory: int | None = None, seq_len: int | None = None,
               num_processes: int = 1, nodes: int = 1,
-              hardware: cost.Hardware | None = None
+              hardware: cost.Hardware | None = None, ranking: list | None = None
               ) -> tuple[str, dict[str, int], str, str | None]:
     """(mode, mesh axes, why the mesh has that shape, why auto chose the mode) for a sharded
     `--mode`/`--mesh` on `num_devices` devices of `nodes` nodes: no devices needed, so a
     256-device placement can be checked anywhere. Which axes cross nodes: `cgpt.sharding.nodes`
-    (a mesh that cannot be laid over the nodes is a ValueError)."""
+    (a mesh that cannot be laid over the nodes is a ValueError). `ranking`: as `choose_auto`'s."""
     if mode not in SHARDED_MODES:
         raise ValueError(f"--mode {mode!r}; use one of single, {', '.join(SHARDED_MODES)}")
     given = bool((mesh_spec or "").strip())
@@ -206,7 +207,7 @@ def placement(mode: str, mesh_spec: str, cfg: ModelConfig, batch: int, micro: in
         mode, axes, auto_reason = choose_auto(
             cfg, math.prod(axes.values()) if given else num_devices,
             device_memory, batch, seq_len or cfg.n_ctx, micro,
-            honoured, nodes=nodes, hardware=hardware)
+            honoured, nodes=nodes, hardware=hardware, ranking=ranking)
         log.info("--mode auto: %s", auto_reason)
     if mode == "weight_streaming" and not given:
         axes, mesh_reason = weight_streaming_axes(num_devices, batch, micro, nodes)

@@ -33,6 +33,10 @@ Assumptions (named, unmeasured here: no GPU was available when this was written)
     serialized with its ticks: neither overlaps
   - a collective leaves a node when its group spans an axis the node-aware mesh splits over
     nodes (`cgpt.sharding.nodes`: data, then stage, then fsdp)
+  - weight streaming on several nodes gathers and reduces over its within-node weight axes
+    only and all-reduces each layer's gradient shard over the node-crossing `data`, hidden
+    like the reduce-scatter (not separable in a CPU-compiled step: XLA's CPU all-reduces the
+    whole gradient over every device)
 JAX-free, like `auto`.
 """
 from __future__ import annotations
@@ -45,9 +49,10 @@ from cgpt.config import flops
 from cgpt.config.hardware import spec_peak
 from cgpt.config.model import ModelConfig, recomputes_forward
 from cgpt.sharding.axes import replica_axes
-from cgpt.sharding.nodes import crossing_axes
+from cgpt.sharding.fitrule import HEADROOM, choose_step, usable_memory
+from cgpt.sharding.nodes import crossing_axes, weight_axes
 
-FIT_HEADROOM = 0.10  # = cgpt.train.fit.HEADROOM (tests/test_cost.py keeps them equal)
+FIT_HEADROOM = HEADROOM  # the fit's (`cgpt.sharding.fitrule`)
 GRAD_BYTES = 4  # gradients are reduced in f32
 GATHER_BYTES = 4  # weight streaming's gathers counted at f32, an upper bound: since #24 item 4
 # the weights are cast before the gather (bf16 on a GPU), but the CPU-compiled HLO this is checked
@@ -156,10 +161,22 @@ def pipeline_micro_batches(per_replica_rows: int, stages: int,
     return min([m for m in divisors if m >= 4 * stages] or [per_replica_rows])
 
 
+def _node_axes(axes: dict[str, int], nodes: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(weight streaming's weight axes, the node-crossing axes) on `nodes` nodes
+    (`cgpt.sharding.nodes`); a mesh that cannot be laid over them: as on one node."""
+    try:
+        return weight_axes("weight_streaming", axes, nodes), crossing_axes(axes, nodes)
+    except ValueError:
+        return weight_axes("weight_streaming", axes, 1), ()
+
+
 def traffic(cfg: ModelConfig, mode: str, axes: dict[str, int], batch: int, seq_len: int,
-            micro_batch: int, remat: bool, micro_batches: int | None = None) -> list[Traffic]:
+            micro_batch: int, remat: bool, micro_batches: int | None = None,
+            nodes: int = 1) -> list[Traffic]:
     """The collectives of one step, bytes per device (this module's own estimate; `cgpt plan`
-    reads the compiled HLO's, and `plan --json` shows both)."""
+    reads the compiled HLO's, and `plan --json` shows both). On `nodes` > 1 weight streaming
+    shards the weights inside a node only (`cgpt.sharding.nodes.weight_axes`) and all-reduces
+    the gradient shards over the node-crossing `data`."""
     per, _ = micro_and_replicas(mode, axes, batch, micro_batch)
     accum = per // micro_batch
     P = cfg.num_params()
@@ -171,13 +188,17 @@ def traffic(cfg: ModelConfig, mode: str, axes: dict[str, int], batch: int, seq_l
         out.append(Traffic("gradients, once per accumulation step", "all-reduce", ("data",),
                            accum * GRAD_BYTES * (P + cfg.vocab_size * cfg.d_model), False))
     elif mode == "weight_streaming":
-        group = tuple(a for a in ("data", "fsdp") if axes.get(a, 1) > 1)
+        group = _node_axes(axes, nodes)[0]
         if group:
             passes = 3 if remat else 2  # forward, backward (and the recomputed forward)
             out.append(Traffic(f"each layer's weights gathered {passes}x per accumulation step",
                                "all-gather", group, accum * passes * GATHER_BYTES * P, True))
             out.append(Traffic("each layer's gradients reduced per accumulation step",
                                "reduce-scatter", group, accum * GRAD_BYTES * P, True))
+        if axes.get("data", 1) > 1 and "data" not in group:  # HSDP: replicated over data
+            out.append(Traffic("each layer's gradient shard over the nodes per accumulation "
+                               "step", "all-reduce", ("data",), accum * GRAD_BYTES * P
+                               / math.prod(axes[a] for a in group), True))
     elif mode == "layer_pipelined":
         S, D = axes.get("stage", 1), axes.get("data", 1)
         M = micro_batches or pipeline_micro_batches(micro_batch, S)
@@ -197,6 +218,26 @@ def traffic(cfg: ModelConfig, mode: str, axes: dict[str, int], batch: int, seq_l
                            accum * GRAD_BYTES * (P - blocks + cfg.vocab_size * cfg.d_model),
                            False))
     return out
+
+
+def axis_bytes(cfg: ModelConfig, mode: str, axes: dict[str, int], nodes: int, batch: int,
+               seq_len: int, micro_batch: int, remat: bool,
+               micro_batches: int | None = None) -> dict[str, int]:
+    """Bytes one device sends over each mesh axis in one step, what `plan` reports per axis:
+    `traffic`'s collectives (the estimate checked against the compiled HLO) x their ring
+    factor, one over several axes split as a hierarchical ring (node-crossing axes first,
+    while the pieces are smallest: axis i carries (n_i - 1) x the product of those before it
+    of the (K - 1) parts a device sends)."""
+    cross = _node_axes(axes, nodes)[1] if nodes > 1 else ()
+    out = {a: 0.0 for a in axes}
+    for t in traffic(cfg, mode, axes, batch, seq_len, micro_batch, remat, micro_batches, nodes):
+        group = sorted(((a, axes[a]) for a in t.axes), key=lambda x: x[0] not in cross)
+        k = math.prod(n for _, n in group)
+        sent, before = t.bytes * _ring(t.kind, k), 1
+        for a, n in group if k > 1 else ():
+            out[a] += sent * (n - 1) * before / (k - 1)
+            before *= n
+    return {a: int(round(b)) for a, b in out.items()}
 
 
 @dataclass(frozen=True)
@@ -269,7 +310,8 @@ def step_cost(cfg: ModelConfig, mode: str, axes: dict[str, int], batch: int, seq
         S = axes.get("stage", 1)
         M = micro_batches or pipeline_micro_batches(micro_batch, S)
         bubble = (layers * tokens / rate + remat_s) * (S - 1) / M
-    flows = traffic(cfg, mode, axes, batch, seq_len, micro_batch, remat, M)
+    flows = traffic(cfg, mode, axes, batch, seq_len, micro_batch, remat, M,
+                    max(1, n // hw.gpus_per_node))
     exposed, hidden, gather = 0.0, 0.0, 0.0
     for t in flows:
         k = math.prod(axes[a] for a in t.axes)
@@ -291,36 +333,18 @@ def predict_fit(mode: str, axes: dict[str, int], batch: int, memory: int,
                 need: Callable[[str, dict, int, bool], int], micro_batch: int | None = None,
                 remat: str | bool | None = None,
                 cost_of: Callable[[int, bool], float] | None = None) -> tuple[int, bool]:
-    """(micro-batch, remat) `cgpt.train.fit.search` would pick, with `need(mode, axes, rows,
-    remat)` (auto's memory model) in place of the compiled step: the full per-replica batch
-    with remat off, then on; else the largest micro-batch that fits with remat on, and remat
-    off there if that fits too, or (with `cost_of`, as the fit on a GPU) the largest smaller
-    micro-batch without remat where that is faster. When nothing fits: the smallest, remat
-    on."""
+    """(micro-batch, remat) `cgpt.train.fit.search` would pick: the fit's rule
+    (`cgpt.sharding.fitrule.choose_step`) on `need(mode, axes, rows, remat)` (auto's memory
+    model) in place of the compiled step, remat off then on, `cost_of` (seconds) weighing
+    full remat against a smaller micro-batch as the fit on a GPU does. When nothing fits:
+    the smallest, remat on."""
     per, _ = micro_and_replicas(mode, axes, batch, micro_batch)
     micros = [micro_batch] if micro_batch else sorted(
         (d for d in range(1, per + 1) if per % d == 0), reverse=True)
     remats = [False, True] if remat is None else [recomputes_forward(remat)]
-    usable = int(memory * (1 - FIT_HEADROOM))
-
-    def fits(m: int, r: bool) -> bool:
-        return need(mode, axes, m, r) <= usable
-
-    for r in remats:
-        if fits(micros[0], r):
-            return micros[0], r
-    r = remats[-1]
-    found = next((m for m in micros[1:] if fits(m, r)), None)  # fit.search bisects: same m
-    if found is None:
-        return micros[-1], r
-    if not (r and len(remats) == 2):
-        return found, r
-    if fits(found, False):
-        return found, False
-    low = next((m for m in micros if m < found and fits(m, False)), None)
-    if cost_of is not None and low is not None and cost_of(low, False) < cost_of(found, True):
-        return low, False
-    return found, r
+    usable = usable_memory(memory)
+    step = choose_step(micros, remats, lambda m, r: need(mode, axes, m, r) <= usable, cost_of)
+    return step or (micros[-1], remats[-1])
 
 
 def rank(cfg: ModelConfig, cands: list[tuple[str, dict[str, int], int]], batch: int,
@@ -347,7 +371,7 @@ def cheapest(cfg: ModelConfig, mode: str, axes: dict[str, int], batch: int, seq_
     whatever the fit would pick: e.g. a smaller micro-batch without remat where the fit
     takes the larger one with it (`train.micro_batch` / `model.remat` then select it)."""
     per, _ = micro_and_replicas(mode, axes, batch, None)
-    usable = int(memory * (1 - FIT_HEADROOM))
+    usable = usable_memory(memory)
     steps = [step_cost(cfg, mode, axes, batch, seq_len, m, r, hw)
              for m in range(1, per + 1) if per % m == 0 for r in (False, True)
              if need(mode, axes, m, r) <= usable]

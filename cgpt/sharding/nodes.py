@@ -9,14 +9,13 @@ one: an axis *crosses nodes* when its dcn factor is > 1. The node factor is hand
 `stage` (activations between pipeline stages), and `fsdp` only when nothing else can take it
 (every layer's gather would then cross nodes: `split_axes` says so and `plan` prints it).
 
-`axis_bytes` is the analytic traffic of one step per axis (ring collectives, bytes one device
-sends over that axis), so `plan --no-compile` can report it for any size in seconds.
+The bytes a step moves over each axis are the cost model's (`cgpt.sharding.cost.axis_bytes`,
+from the collectives it checks against the compiled HLO), laid over this split.
 """
 from __future__ import annotations
 
 import math
 
-from cgpt.config.model import ModelConfig
 
 CROSS_ORDER = ("data", "stage", "fsdp")  # which axes take the node count, first first
 
@@ -68,67 +67,3 @@ def weight_shards(mode: str, axes: dict[str, int], nodes: int) -> int:
     """How many ways weight_streaming's weights are split (1 for the other modes' blocks:
     layer_pipelined splits them over `stage`, counted by its own footprint)."""
     return math.prod(axes[a] for a in weight_axes(mode, axes, nodes))
-
-
-def _ring(n: int) -> float:
-    """Share of a buffer one device sends in a ring all-gather or reduce-scatter of n."""
-    return (n - 1) / n if n > 1 else 0.0
-
-
-def _hierarchical(full: float, group: list[tuple[str, int]]) -> dict[str, float]:
-    """Bytes one device sends per axis in an all-gather of a `full`-byte buffer sharded over
-    `group` (axis, size), gathered axis by axis (node-crossing axes first, while the pieces are
-    smallest); a reduce-scatter moves the same bytes in reverse."""
-    out, shard = {}, full / math.prod(n for _, n in group)
-    for a, n in group:
-        out[a] = (n - 1) * shard
-        shard *= n
-    return out
-
-
-def axis_bytes(cfg: ModelConfig, mode: str, axes: dict[str, int], nodes: int, batch: int,
-               seq_len: int, micro_batch: int, remat: bool,
-               weight_bytes: int = 4, act_bytes: int = 4) -> dict[str, int]:
-    """Analytic bytes one device sends over each mesh axis in one training step (ring
-    collectives; what `plan --no-compile` reports; the compiled plan reads the real ones from
-    the HLO). `micro_batch`: sequences per batch shard per accumulation step.
-
-      data_parallel    data: all-reduce of every gradient (2 (d-1)/d x 4 bytes x params)
-      layer_pipelined  data: all-reduce of a stage's gradients; stage: each micro-batch's
-                       activations forward and their gradients back over (S-1)/S boundaries
-      weight_streaming weight axes (`weight_axes`): every layer all-gathered twice per
-                       accumulation step (forward, backward; three times with remat) and its
-                       gradient reduce-scattered once; `data`, when it crosses nodes: one
-                       all-reduce of the fsdp-sharded gradients per step
-    Not counted: the head's and embedding's activation resharding, fsdp's MLP split when the
-    batch does not divide it (tensor-parallel style traffic inside a node).
-    """
-    P = cfg.num_params()
-    d, s = axes.get("data", 1), axes.get("stage", 1)
-    out = {a: 0.0 for a in axes}
-    if mode in ("data_parallel", "layer_pipelined"):
-        blocks = cfg.num_params(embedding=False) - 2 * cfg.d_model
-        held = blocks // s + (P - blocks)
-        if d > 1:
-            out["data"] += 2 * _ring(d) * 4 * held
-        if s > 1:
-            rows = batch // max(1, d)  # sequences through one pipeline per step
-            out["stage"] += 2 * rows * seq_len * cfg.d_model * act_bytes * (s - 1) / s
-    elif mode == "weight_streaming":
-        waxes = weight_axes(mode, axes, nodes)
-        w = math.prod(axes[a] for a in waxes)
-        accum = max(1, batch // (micro_batch * _batch_shards(axes, batch, micro_batch)))
-        cross = crossing_axes(axes, nodes) if nodes > 1 else ()
-        group = sorted(((a, axes[a]) for a in waxes), key=lambda x: x[0] not in cross)
-        gathers = (3 if remat else 2) * accum
-        for a, b in _hierarchical(weight_bytes * P, group).items():
-            out[a] += gathers * b + accum * b * 4 / weight_bytes  # f32 gradients scattered
-        if "data" not in waxes and d > 1:
-            out["data"] += 2 * _ring(d) * 4 * P / w
-    return {a: int(round(b)) for a, b in out.items()}
-
-
-def _batch_shards(axes: dict[str, int], batch: int, micro_batch: int) -> int:
-    from cgpt.sharding.axes import batch_axes
-
-    return math.prod(axes.get(a, 1) for a in batch_axes(axes, batch, micro_batch))

@@ -18,7 +18,8 @@ usable memory (the device's memory less HEADROOM):
 Among the accumulating candidates memory falls with the micro-batch (accumulating adds one
 gradient buffer, so the first of them can need more than the full batch), so after the
 full-batch candidates (one per rung) the search bisects those on the top rung, then retries
-the lower rungs at the micro-batch it found: a handful of compiles, not one per divisor. On
+the lower rungs at the micro-batch it found: a handful of compiles, not one per divisor (the
+rule, with the GPU's cost-weighed step 3, is `cgpt.sharding.fitrule.choose_step`). On
 CPU the first candidate is what `train` ran before this search existed (no accumulation,
 save_dots, the old "remat off"); where it fits, as for every CPU preset, the search costs
 that one compile and the compiled step is the one trained. A micro-batch or remat the user
@@ -31,14 +32,7 @@ from typing import Any, Callable, Sequence
 
 from cgpt.config.model import remat_value
 from cgpt.config.units import fmt_bytes
-
-HEADROOM = 0.10  # of device memory kept free: the runtime's own buffers, fragmentation, and
-# the estimate's error (XLA's CPU compiler stands in for the accelerator's in `cgpt plan`)
-
-
-def usable_memory(device_memory: int) -> int:
-    return int(device_memory * (1 - HEADROOM))
-
+from cgpt.sharding.fitrule import HEADROOM, choose_step, usable_memory  # noqa: F401 (re-exported)
 
 def step_bytes(compiled) -> dict[str, int]:
     """Per-device bytes of a compiled step: total = argument + output + temp - alias."""
@@ -127,59 +121,29 @@ def search(micros: Sequence[int], per_replica: int, compile_fn: Callable[[int, b
     smallest one tried (its `fits` is False). `micros`: allowed micro-batches, largest first;
     `ladder`: the remat rungs to climb when `remat` is None, most memory first;
     `compile_fn(micro_batch, remat rung)` returns the compiled step. `cost_fn(micro_batch,
-    rung)`, seconds per step (GPUs: `cgpt.sharding.cost`): when the top rung is what fits at
-    the largest micro-batch, the largest smaller micro-batch that fits on a lower rung is
-    found too, and the faster of the two wins (a smaller micro-batch without recomputing the
-    forward often beats a larger one with it: 1.3B under FSDP on 8 x 80 GB)."""
+    rung)`, seconds per step (GPUs: `cgpt.sharding.cost`): full remat competes with a smaller
+    micro-batch on the rung below, the faster wins. The rule is `fitrule.choose_step`'s, the
+    one the analytic plan and the cost model's replay use, here on compiled steps (cached:
+    each candidate is compiled once)."""
     remats = [remat_value(r) for r in ladder] if remat is None else [remat_value(remat)]
     usable = usable_memory(device_memory)
-    tried: list[Candidate] = []
-    compiled: dict[tuple[int, bool], Any] = {}
+    tried: dict[tuple[int, str], Candidate] = {}  # in compile order
+    compiled: dict[tuple[int, str], Any] = {}
 
     def fits(m: int, r: str) -> bool:
         if (m, r) not in compiled:
             compiled[(m, r)] = compile_fn(m, r)
-            tried.append(Candidate(m, r, step_bytes(compiled[(m, r)])))
-        return next(c for c in tried if (c.micro_batch, c.remat) == (m, r)).bytes["total"] \
-            <= usable
+            tried[(m, r)] = Candidate(m, r, step_bytes(compiled[(m, r)]))
+        return tried[(m, r)].bytes["total"] <= usable
 
-    def done(m: int, r: str) -> tuple[Choice, Any]:
-        c = next(c for c in tried if (c.micro_batch, c.remat) == (m, r))
-        return Choice(m, per_replica // m, r, c.bytes, device_memory, tuple(tried),
-                      micro_given, remat is not None), compiled[(m, r)]
-
-    for r in remats:
-        if fits(micros[0], r):
-            return done(micros[0], r)
-    r, rest = remats[-1], list(micros[1:])
-    if not rest or not fits(rest[-1], r):  # nothing fits: report the smallest step tried
-        # (not always the last: accumulating adds a gradient buffer that one step lacks)
-        c = min(tried, key=lambda c: c.bytes["total"])
-        return done(c.micro_batch, c.remat)
-    lo, hi = 0, len(rest) - 1  # rest[hi] fits; find the largest micro-batch (lowest index)
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if fits(rest[mid], r):
-            hi = mid
-        else:
-            lo = mid + 1
-    for lower in remats[:-1]:  # the lower rungs (less recomputation) at that micro-batch
-        if fits(rest[hi], lower):
-            return done(rest[hi], lower)
-    smaller = rest[hi + 1:]
-    if cost_fn is None or len(remats) < 2 or not smaller or not fits(smaller[-1], remats[-2]):
-        return done(rest[hi], r)
-    lo, top = 0, len(smaller) - 1  # the largest smaller micro-batch on the rung below the top
-    while lo < top:
-        mid = (lo + top) // 2
-        if fits(smaller[mid], remats[-2]):
-            top = mid
-        else:
-            lo = mid + 1
-    low = next(x for x in remats[:-1] if fits(smaller[top], x))
-    if cost_fn(smaller[top], low) < cost_fn(rest[hi], r):
-        return done(smaller[top], low)
-    return done(rest[hi], r)
+    step = choose_step(micros, remats, fits, cost_fn)
+    if step is None:  # nothing fits: report the smallest step tried (not always the last:
+        # accumulating adds a gradient buffer that one step lacks)
+        c = min(tried.values(), key=lambda c: c.bytes["total"])
+        step = (c.micro_batch, c.remat)
+    m, r = step
+    return Choice(m, per_replica // m, r, tried[step].bytes, device_memory,
+                  tuple(tried.values()), micro_given, remat is not None), compiled[step]
 
 
 def compile_step(strategy, step: Callable, cfg, optimizer, plan) -> Any:

@@ -42,6 +42,9 @@ class Resolved:
     recipe: Recipe
     micro_batch: int  # per data replica, per accumulation step
     nodes: int = 1  # the nodes the mesh is laid over (cgpt.sharding.nodes)
+    # `--mode auto` on a GPU: every placement it weighed, costed, fastest first
+    # (`cgpt.sharding.cost.StepCost`; `cgpt plan` reports them); () otherwise
+    auto_ranking: tuple = ()
 
     @property
     def cfg(self) -> ModelConfig:
@@ -131,6 +134,7 @@ def resolve(run: RunConfig, devices: int | Sequence | None = None, *, platform: 
     t = run.train
     if t.host_offload:
         raise TrainError(HOST_OFFLOAD_REMOVED)
+    ranking: list = []
     if devices is None:
         mode, mesh, mesh_reason, auto_reason = t.mode, {}, "not placed (no devices given)", None
     elif t.mode == "single":
@@ -148,7 +152,7 @@ def resolve(run: RunConfig, devices: int | Sequence | None = None, *, platform: 
                 t.mode, t.mesh, model, recipe.batch_size, t.micro_batch, num_devices=devices,
                 device_memory=device_memory, seq_len=run.data.seq_len,
                 num_processes=num_processes, nodes=nodes,
-                hardware=hardware_for(platform, kind, devices // max(1, nodes)))
+                hardware=hardware_for(platform, kind, devices // max(1, nodes)), ranking=ranking)
         except ValueError as e:
             raise TrainError(str(e)) from None
     axes = replica_axes(mode, mesh, recipe.batch_size, t.micro_batch) if mesh else ()
@@ -159,4 +163,5 @@ def resolve(run: RunConfig, devices: int | Sequence | None = None, *, platform: 
     return Resolved(run=run, platform=platform, num_devices=math.prod(mesh.values()),
                     mode=mode, mesh=mesh,
                     mesh_reason=mesh_reason, auto_reason=auto_reason, replica_axes=axes,
-                    tokens=tokens, recipe=recipe, micro_batch=micro, nodes=nodes)
+                    tokens=tokens, recipe=recipe, micro_batch=micro, nodes=nodes,
+                    auto_ranking=tuple(ranking))

@@ -1,0 +1,115 @@
+"""The fit's rule (`cgpt.sharding.fitrule.choose_step`) and its three callers: train's compiled
+search (`cgpt.train.fit.search`), the cost model's replay (`cgpt.sharding.cost.predict_fit`)
+and the analytic plan (`cgpt.plan.analytic`) pick the same step from the same memory and cost.
+Arithmetic only: the compiled steps are stand-ins whose bytes are the analytic footprints."""
+from types import SimpleNamespace
+
+import pytest
+
+from cgpt.config.data import DataConfig
+from cgpt.config.model import get_config, recomputes_forward
+from cgpt.config.run import RunConfig, TrainConfig
+from cgpt.plan.analytic import footprint, plan_analytic
+from cgpt.sharding import cost
+from cgpt.sharding.fitrule import choose_step
+from cgpt.train import fit
+
+H100 = cost.hardware_for("gpu", None)
+
+
+def _fits(limits: dict):
+    """fits(m, rung) for a memory whose largest micro-batch per rung is `limits[rung]`,
+    recording the probes."""
+    probes = []
+
+    def fits(m, r):
+        probes.append((m, r))
+        return m <= limits[r]
+    return fits, probes
+
+
+def test_rule_on_a_table():
+    micros = [12, 6, 4, 3, 2, 1]
+    rungs = ["none", "save_attn", "full"]
+    fits, _ = _fits({"none": 12, "save_attn": 12, "full": 12})
+    assert choose_step(micros, rungs, fits) == (12, "none")
+    fits, _ = _fits({"none": 4, "save_attn": 6, "full": 12})  # full batch only on the top
+    assert choose_step(micros, rungs, fits) == (12, "full")  # no cost: memory only
+    slow_full = lambda m, r: 4 / 3 if r == "full" else 1.0  # noqa: E731 - the recompute
+    slow_small = lambda m, r: 1.0 if r == "full" else 2.0  # noqa: E731 - e.g. re-gathers
+    assert choose_step(micros, rungs, fits, slow_full) == (6, "save_attn")
+    assert choose_step(micros, rungs, fits, slow_small) == (12, "full")
+    fits, _ = _fits({"none": 2, "save_attn": 3, "full": 4})  # accumulating
+    assert choose_step(micros, rungs, fits) == (4, "full")
+    assert choose_step(micros, rungs, fits, slow_full) == (3, "save_attn")
+    fits, _ = _fits({"none": 2, "save_attn": 4, "full": 6})  # a lower rung at the same m
+    assert choose_step(micros, rungs, fits, slow_full) == (4, "save_attn")
+    fits, _ = _fits({"none": 0, "save_attn": 0, "full": 0})
+    assert choose_step(micros, rungs, fits) is None
+    fits, _ = _fits({"full": 3})
+    assert choose_step(micros, ["full"], fits, slow_full) == (3, "full")  # a rung as set
+    fits, _ = _fits({"none": 5})
+    assert choose_step([12], ["none"], fits) is None  # a micro-batch as set: only checked
+
+
+def test_rule_bisects():
+    """A compile per probe: log2 of the divisors, not one per divisor."""
+    micros = sorted((d for d in range(1, 5041) if 5040 % d == 0), reverse=True)  # 60 divisors
+    fits, probes = _fits({"save_dots": 7, "full": 14})
+    assert choose_step(micros, ["save_dots", "full"], fits) == (14, "full")
+    assert len(set(probes)) <= 2 + 1 + 6 + 1
+
+
+def _run(model: str, batch: int, **train) -> RunConfig:
+    return RunConfig(preset=model, model=get_config(model), data=DataConfig(seq_len=2048),
+                     train=TrainConfig(batch_size=batch, **train))
+
+
+# (model, batch, device memory, nodes, mode, the analytic plan's step today)
+CASES = [
+    ("256M", 264, "80GB", 1, "auto", (11, "none")),  # the full batch needs full remat: slower
+    ("590M", 264, "80GB", 1, "auto", (11, "none")),
+    ("1.3B", 64, "80GB", 1, "layer_pipelined", (32, "none")),
+    ("111M", 120, "24GB", 1, "auto", (5, "none")),
+    ("111M", 120, "80GB", 1, "auto", (15, "none")),  # the full batch fits without remat
+    ("1.3B", 528, "80GB", 2, "auto", None),
+    ("13B", 720, "80GB", 4, "auto", None),
+    ("2.7B", 528, "40GB", 1, "weight_streaming", None),
+]
+
+
+@pytest.mark.parametrize("model,batch,memory,nodes,mode,today", CASES)
+def test_three_callers_agree(model, batch, memory, nodes, mode, today):
+    r = plan_analytic(_run(model, batch, mode=mode), memory, 8 * nodes, nodes)
+    step = (r["micro_batch"], r["remat"])
+    if today:
+        assert step == today
+    res = SimpleNamespace(cfg=get_config(model), mode=r["mode"], mesh=r["mesh"])
+    from cgpt.config import backend
+
+    cfg = backend.for_platform(res.cfg, "gpu")
+    hw = cost.hardware_for("gpu", None, 8)
+    ladder = ("none", "full")  # the analytic plan's: the memory model tells full or not
+
+    def need(m: int, rung) -> int:
+        rung = rung if isinstance(rung, str) else ladder[rung]
+        return footprint(cfg.replace(remat=rung), r["mode"], r["mesh"], nodes, m, 2048)
+
+    def seconds(m: int, rung) -> float:
+        return cost.step_cost(cfg, r["mode"], r["mesh"], batch, 2048, m,
+                              recomputes_forward(rung), hw).total_s
+
+    replay = cost.predict_fit(r["mode"], r["mesh"], batch, r["device_memory"],
+                              lambda mode, axes, m, on: need(m, on), None, None, seconds)
+    assert (replay[0], ladder[replay[1]]) == step
+    per = r["micro_batch"] * r["accum"]
+
+    def compile_fn(m: int, rung: str):
+        total = need(m, rung)
+        return SimpleNamespace(memory_analysis=lambda: SimpleNamespace(
+            argument_size_in_bytes=total, output_size_in_bytes=0, temp_size_in_bytes=0,
+            alias_size_in_bytes=0))
+
+    choice, _ = fit.search(fit.divisors_desc(per), per, compile_fn, r["device_memory"],
+                           ladder=ladder, cost_fn=seconds)
+    assert (choice.micro_batch, choice.remat) == step and choice.fits == r["fits"]
