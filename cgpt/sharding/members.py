@@ -34,19 +34,12 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from cgpt.config.model import ModelConfig
 from cgpt.model import gpt as model
+from cgpt.sharding.axes import member_groups
 from cgpt.sharding.mesh import build_mesh
 from cgpt.sharding.strategies import strategy_on
 
 MEMBER = "member"
 FUSABLE_MODES = ("single", "data_parallel", "weight_streaming")
-
-
-def member_groups(members: int, run_devices: int, devices: int, spread: bool) -> int:
-    """k: how many groups of the run's devices the members are split over (k divides them)."""
-    if not spread:
-        return 1
-    return max(d for d in range(1, members + 1)
-               if members % d == 0 and d * max(1, run_devices) <= max(1, devices))
 
 
 class Members:
