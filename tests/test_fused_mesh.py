@@ -1,0 +1,149 @@
+"""Fused training on a multi-device mesh (#21 item 3): the member axis beside a run's own
+data/fsdp mesh. Each member equals the same run trained alone on that mesh (emulated CPU
+devices, tests/conftest.py), the layouts put `member` in front of the run's own specs, and
+what cannot be fused (layer_pipelined) is refused with one line naming the key."""
+import json
+
+import jax
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from cgpt.errors import TrainError
+from cgpt.sharding.axes import member_groups
+from cgpt.sharding.members import Members
+from cgpt.train import fused
+from cgpt.train.fused_loop import train_fused
+from cgpt.train.loop import train
+from cgpt.train.resolve import resolve
+from tests.test_fused import _assert_close_params, _assert_same_run, _params, _run
+
+KW = dict(steps=6, eval_every=3, ckpt_every=3)
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("cache")
+
+
+def _members(run, members, spread):
+    r = resolve(run, jax.devices())
+    abstract = jax.eval_shape(lambda: fused.init_member(r.cfg, r.recipe, 0))
+    return Members(r.mode, r.mesh, r.cfg, members, jax.devices(), abstract, spread=spread,
+                   batch=r.batch_size, micro=r.micro_batch)
+
+
+def test_member_axis_layouts(corpus, cache):
+    """`member` is the outermost mesh axis and the first dim of every stacked array; the run's
+    own spec follows it unchanged. No training: layouts only."""
+    assert [member_groups(m, n, 8, True) for m, n in ((2, 2), (4, 2), (3, 2), (8, 4))] == \
+        [2, 4, 3, 2]
+    assert member_groups(4, 2, 8, False) == 1 and member_groups(6, 1, 4, True) == 3
+    ws = _members(_run(corpus, cache, mode="weight_streaming", mesh="data=2,fsdp=2", **KW), 4,
+                  spread=True)
+    assert dict(ws.mesh.shape) == {"member": 2, "data": 2, "fsdp": 2} and ws.groups == 2
+    solo = ws.strategy.param_shardings()
+    kernel = ws.params["h"]["mlp"]["c_fc"]["kernel"].spec
+    assert kernel == P("member", *solo["h"]["mlp"]["c_fc"]["kernel"].spec)
+    assert "fsdp" in jax.tree.leaves(tuple(kernel))  # the weights stay sharded inside a group
+    assert ws.batch_sharding().spec == P("member", None, ("data", "fsdp"))
+    assert ws.eval_sharding().spec == P(("data", "fsdp"))  # every group reads the eval batch
+    counts = [s.spec for s in jax.tree.leaves(ws.opt_state) if len(s.spec) == 1]
+    assert counts and all(s == P("member") for s in counts)  # Adam's count: one per member
+    d = ws.describe()
+    assert d["mesh"] == {"data": 2, "fsdp": 2} and d["devices"] == 4
+    assert d["member_mesh"] == {"member": 2, "data": 2, "fsdp": 2} and d["member_devices"] == 8
+    dp = _members(_run(corpus, cache, mode="data_parallel", mesh="data=2", **KW), 2,
+                  spread=False)
+    assert dict(dp.mesh.shape) == {"member": 1, "data": 2}  # replicated over the run's mesh
+    assert "member=1 x data=2 on 2 device(s)" in dp.line()
+
+
+def test_fused_on_data_mesh_equals_solo(corpus, cache, tmp_path):
+    """2 members on 4 devices (member=2 x data=2): each equals its run alone on data=2."""
+    lean = dict(KW, eval_every=6, ckpt_every=6)  # one evaluation and checkpoint: the last
+    runs = [_run(corpus, cache, mode="data_parallel", mesh="data=2", seed=0, **lean),
+            _run(corpus, cache, mode="data_parallel", mesh="data=2", seed=1, data_seed=2,
+                 peak_lr=1e-2, **lean)]
+    outs = [tmp_path / "f0", tmp_path / "f1"]
+    results = train_fused(runs, outs, progress=False, spread=True)
+    assert results[0]["train_loss"] != results[1]["train_loss"]
+    p = results[0]["placement"]
+    assert p["member_mesh"] == {"member": 2, "data": 2} and p["mesh"] == {"data": 2}
+    assert p["mode"] == "data_parallel" and p["member_devices"] == 4 and p["fused"] == 2
+    for i, run in enumerate(runs):
+        train(run, tmp_path / f"solo{i}", progress=False)
+        _assert_same_run(outs[i], tmp_path / f"solo{i}")
+
+
+@pytest.mark.slow  # ~2 solo + 2 fused programs; the data mesh is tested by default
+def test_fused_on_fsdp_mesh_equals_solo_and_resumes(corpus, cache, tmp_path, monkeypatch):
+    """weight_streaming on fsdp=2, members held on the run's 2 devices (member=1): equal to
+    the runs alone; killed, the group resumes on its mesh; one member resumes alone."""
+    from cgpt.train import checkpoint, rundir
+
+    runs = [_run(corpus, cache, mode="weight_streaming", mesh="fsdp=2", seed=0, **KW),
+            _run(corpus, cache, mode="weight_streaming", mesh="fsdp=2", seed=3, peak_lr=6e-3,
+                 warmup_steps=2, **KW)]
+    outs = [tmp_path / "f0", tmp_path / "f1"]
+    results = train_fused(runs, outs, progress=False)
+    assert results[0]["placement"]["member_mesh"] == {"member": 1, "fsdp": 2}
+    assert results[0]["placement"]["weight_axes"] == ["fsdp"]
+    for i, run in enumerate(runs):
+        train(run, tmp_path / f"solo{i}", progress=False)
+        _assert_same_run(outs[i], tmp_path / f"solo{i}")
+
+    killed = [tmp_path / "k0", tmp_path / "k1"]
+    real_save = checkpoint.Checkpointer.save
+
+    def dying_save(self, step, params, opt_state):
+        if step == 6:
+            raise KeyboardInterrupt("killed")
+        real_save(self, step, params, opt_state)
+
+    monkeypatch.setattr(checkpoint.Checkpointer, "save", dying_save)
+    with pytest.raises(KeyboardInterrupt):
+        train_fused(runs, killed, progress=False)
+    monkeypatch.undo()
+    again = train_fused(runs, killed, resume=True, progress=False)  # the group, on its mesh
+    assert again[0]["resumed_from_step"] == 3
+    logged = lambda d: [(r["step"], r["loss"], r.get("val_loss"))  # noqa: E731
+                        for r in rundir.read_metrics(d / "metrics.jsonl")]
+    for k, o in zip(killed, outs):
+        assert logged(k) == logged(o)  # bit-identical: the same program from the same state
+    (killed[1] / "summary.json").unlink()  # one member alone, from its fused checkpoint
+    s = train(runs[1], killed[1], resume=True, from_step=3, progress=False)
+    assert s["resumed_from_step"] == 3
+    _assert_close_params(_params(killed[1]), _params(tmp_path / "solo1"))
+
+
+def test_layer_pipelined_group_is_refused(corpus, cache, tmp_path):
+    runs = [_run(corpus, cache, mode="layer_pipelined", mesh="stage=2", seed=s, **KW)
+            for s in (0, 1)]
+    with pytest.raises(TrainError, match="train.mode=layer_pipelined resolved to "
+                                         "layer_pipelined; fused training supports"):
+        train_fused(runs, [tmp_path / "a", tmp_path / "b"], progress=False)
+    assert not (tmp_path / "a").exists()
+
+
+def test_dry_run_shows_the_member_axis(tmp_path, capsys, monkeypatch):
+    """--dry-run: a sharded group's mesh with the member axis, on the job's devices."""
+    from cgpt import sweep as sw
+    from tests.test_sweep import _spec
+
+    spec = _spec(tmp_path, "m", {"model": ["tiny-17k"], "seed": [0, 1, 2, 3]},
+                 base={"train": {"tokens": 4000, "mode": "weight_streaming", "mesh": "fsdp=2"}},
+                 slurm={"gpus_per_node": 8})
+    assert sw.main([str(spec), "--dry-run", "--no-fit"]) == 0
+    out = capsys.readouterr().out
+    assert "fused groups: 1 jobs for 4 runs" in out
+    assert "placement: weight_streaming mesh member=4 x fsdp=2 on 8 of 8 device(s)" in out
+    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
+    local = _spec(tmp_path, "l", {"model": ["tiny-17k"], "seed": [0, 1]},
+                  base={"train": {"tokens": 4000, "mode": "data_parallel", "mesh": "data=2"}})
+    assert sw.main([str(local), "--dry-run", "--no-fit"]) == 0
+    assert ("placement: data_parallel mesh member=1 x data=2 on 2 of 4 device(s) (every "
+            "device holds its shard of every member)") in capsys.readouterr().out
+    pipe = _spec(tmp_path, "p", {"model": ["tiny-17k"], "seed": [0, 1]},
+                 base={"train": {"tokens": 4000, "mode": "layer_pipelined", "mesh": "stage=2"}})
+    assert sw.main([str(pipe), "--dry-run", "--no-fit"]) == 0
+    assert "0 fused group(s)" in capsys.readouterr().out  # pipelined runs train alone
