@@ -131,10 +131,19 @@ def fit_groups(groups: list[list[Run]], device_memory: int | None) -> dict[str, 
     from cgpt.train import fit
     from cgpt.train.fused_loop import members_that_fit, resolve_member
 
+    import jax
+
     out = {}
     memory = device_memory or device_memory_bytes()
     for g in groups:
         if len(g) < 2:
+            continue
+        here = len(jax.devices())
+        if g[0].config.train.mode != "single" and g[0].devices > here:
+            out[g[0].run_id] = {"error": (
+                f"the runs' mesh spans the job's {g[0].devices} devices but this process has "
+                f"{here}; the members per program are chosen from the compiled step at the "
+                "job's start")}
             continue
         try:
             r = resolve_member(g[0].config, memory)
