@@ -116,6 +116,17 @@ def test_fused_on_fsdp_mesh_equals_solo_and_resumes(corpus, cache, tmp_path, mon
     _assert_close_params(_params(killed[1]), _params(tmp_path / "solo1"))
 
 
+@pytest.mark.parametrize("other, key", [(dict(mesh="data=4"), "train.mesh"),
+                                        (dict(mode="weight_streaming"), "train.mode")])
+def test_members_on_different_meshes_are_refused(corpus, cache, tmp_path, other, key):
+    runs = [_run(corpus, cache, mode="data_parallel", mesh="data=2", **KW),
+            _run(corpus, cache, **{**dict(mode="data_parallel", mesh="data=2"), **other},
+                 seed=1, **KW)]
+    with pytest.raises(TrainError, match=f"must share {key}: .*another group"):
+        train_fused(runs, [tmp_path / "a", tmp_path / "b"], progress=False)
+    assert not (tmp_path / "a").exists()
+
+
 def test_layer_pipelined_group_is_refused(corpus, cache, tmp_path):
     runs = [_run(corpus, cache, mode="layer_pipelined", mesh="stage=2", seed=s, **KW)
             for s in (0, 1)]

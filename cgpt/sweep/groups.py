@@ -108,6 +108,10 @@ def placement_line(g: list[Run]) -> str:
     if run.config.train.mode == "single":
         k = member_groups(len(g), 1, n, spread)
         return f"placement: each member on one device, members on {k} of {n} device(s)"
+    if run.config.train.mode == "auto":  # decided from the devices' memory at the start
+        return ("placement: train.mode=auto is decided at the job's start (fused beside its "
+                "mesh if data_parallel or weight_streaming; a layer_pipelined choice fails the "
+                "group: set train.mode, or --no-fuse)")
     try:
         r = resolve(run.config, n, platform="gpu" if spread else "cpu")
     except Exception as e:  # noqa: BLE001 - a dry run reports it and goes on
