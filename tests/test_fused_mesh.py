@@ -3,6 +3,7 @@ data/fsdp mesh. Each member equals the same run trained alone on that mesh (emul
 devices, tests/conftest.py), the layouts put `member` in front of the run's own specs, and
 what cannot be fused (layer_pipelined) is refused with one line naming the key."""
 import json
+import math
 
 import jax
 import pytest
@@ -158,3 +159,70 @@ def test_dry_run_shows_the_member_axis(tmp_path, capsys, monkeypatch):
                  base={"train": {"tokens": 4000, "mode": "layer_pipelined", "mesh": "stage=2"}})
     assert sw.main([str(pipe), "--dry-run", "--no-fit"]) == 0
     assert "0 fused group(s)" in capsys.readouterr().out  # pipelined runs train alone
+
+
+def _iota(dims: str, perm: str | None):
+    import numpy as np
+
+    shape = [int(x) for x in dims.split(",")]
+    a = np.arange(math.prod(shape)).reshape(shape)
+    return a.transpose([int(x) for x in perm.split(",")]) if perm else a
+
+
+def _collective_groups(hlo: str) -> list[list[list[int]]]:
+    """Every collective's device groups in a compiled HLO, as lists of device ids, from each
+    form XLA prints: explicit ({{0,1},{2,3}}), iota ([2,2]<=[4], [2,4]<=[2,2,2]T(0,2,1)) and
+    mesh axes (mesh['axis_0'=2,'axis_1'=4][, device_ids=(iota)] {'axis_1'})."""
+    import re
+
+    import numpy as np
+
+    out = []
+    for line in hlo.splitlines():
+        if "replica_groups=" not in line:
+            continue
+        g = line[line.index("replica_groups=") + len("replica_groups="):]
+        if g.startswith("{{"):
+            out.append([[int(x) for x in grp.split(",") if x]
+                        for grp in re.findall(r"\{([\d,]*)\}", g[1:g.index("}}") + 1])])
+        elif g.startswith("["):
+            shape, dims, perm = re.match(r"\[([\d,]+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?",
+                                         g).groups()
+            out.append(_iota(dims, perm).reshape([int(x) for x in shape.split(",")]).tolist())
+        else:
+            m = re.match(r"mesh\[([^\]]*)\](?:, device_ids=\(\[([\d,]+)\](?:T\(([\d,]+)\))?"
+                         r"\))? \{([^}]*)\}", g)
+            assert m, f"an unknown replica_groups form: {g[:100]}"
+            names_sizes = re.findall(r"'(\w+)'=(\d+)", m.group(1))
+            sizes = [int(v) for _, v in names_sizes]
+            ids = (_iota(m.group(2), m.group(3)) if m.group(2) else
+                   np.arange(math.prod(sizes))).reshape(sizes)
+            spans = set(re.findall(r"'(\w+)'", m.group(4)))
+            inner = [i for i, (k, _) in enumerate(names_sizes) if k in spans]
+            outer = [i for i in range(len(sizes)) if i not in inner]
+            out.append(ids.transpose(outer + inner).reshape(
+                -1, math.prod(sizes[i] for i in inner)).tolist())
+    return out
+
+
+@pytest.mark.slow  # one compile of an 8-device program (~30 s under load)
+def test_member_groups_never_communicate(corpus, cache):
+    """member=2 x data=2 x fsdp=2 on 8 devices: every collective of the compiled fused step
+    stays inside one member group's 4 devices (each group runs the solo run's step)."""
+    from cgpt.train import fused_loop
+
+    run = _run(corpus, cache, mode="weight_streaming", mesh="data=2,fsdp=2", **KW)
+    r = fused_loop.resolve_member(run, 2**33)
+    token = fused_loop._SPREAD.set(True)
+    try:
+        compiled, _ = fused_loop._compiled(r, 2)
+        assert dict(fused_loop.layout(r, 2).mesh.shape) == {"member": 2, "data": 2, "fsdp": 2}
+    finally:
+        fused_loop._SPREAD.reset(token)
+    groups = _collective_groups(compiled.as_text())
+    assert len(groups) > 10  # gathers of the weights, gradient reductions
+    for g in groups:  # devices 0-3 hold member group 0, 4-7 group 1
+        assert all(len({d // 4 for d in grp}) == 1 for grp in g), g
+    assert _collective_groups("x = all-reduce(y), replica_groups={{0,4}}") == [[[0, 4]]]
+    assert _collective_groups("replica_groups=mesh['axis_0'=2,'axis_1'=4] {'axis_0'}") == \
+        [[[0, 4], [1, 5], [2, 6], [3, 7]]]  # what a member-spanning collective would read
