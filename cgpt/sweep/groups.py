@@ -129,7 +129,8 @@ def placement_line(g: list[Run]) -> str:
 def fit_groups(groups: list[list[Run]], device_memory: int | None) -> dict[str, dict]:
     """For the dry run: each fused group's members per program, from its fused step compiled
     here (on this machine's backend, standing in for the devices) against `device_memory`
-    (default: this machine's)."""
+    (default: this machine's), with every member on the run's own devices (not split over a
+    member axis: an upper bound on the bytes per device)."""
     from cgpt.config.units import fmt_bytes
     from cgpt.sharding.mesh import device_memory_bytes
     from cgpt.train import fit
@@ -145,9 +146,9 @@ def fit_groups(groups: list[list[Run]], device_memory: int | None) -> dict[str, 
         here = len(jax.devices())
         if g[0].config.train.mode != "single" and g[0].devices > here:
             out[g[0].run_id] = {"error": (
-                f"the runs' mesh spans the job's {g[0].devices} devices but this process has "
-                f"{here}; the members per program are chosen from the compiled step at the "
-                "job's start")}
+                f"the job has {g[0].devices} devices but this process {here}, too few to "
+                "build the runs' mesh beside the member axis; the members per program are "
+                "chosen from the compiled step at the job's start")}
             continue
         try:
             r = resolve_member(g[0].config, memory)
