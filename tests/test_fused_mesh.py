@@ -2,7 +2,6 @@
 data/fsdp mesh. Each member equals the same run trained alone on that mesh (emulated CPU
 devices, tests/conftest.py), the layouts put `member` in front of the run's own specs, and
 what cannot be fused (layer_pipelined) is refused with one line naming the key."""
-import json
 import math
 
 import jax
