@@ -5,6 +5,7 @@ what cannot be fused (layer_pipelined) is refused with one line naming the key."
 import math
 
 import jax
+import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
@@ -29,17 +30,17 @@ def _members(run, members, spread):
     r = resolve(run, jax.devices())
     abstract = jax.eval_shape(lambda: fused.init_member(r.cfg, r.recipe, 0))
     return Members(r.mode, r.mesh, r.cfg, members, jax.devices(), abstract, spread=spread,
-                   batch=r.batch_size, micro=r.micro_batch)
+                   batch=r.batch_size, micro=r.micro_batch), r
 
 
 def test_member_axis_layouts(corpus, cache):
     """`member` is the outermost mesh axis and the first dim of every stacked array; the run's
-    own spec follows it unchanged. No training: layouts only."""
+    own spec follows it unchanged; a member starts from the solo run's init. No training."""
     assert [member_groups(m, n, 8, True) for m, n in ((2, 2), (4, 2), (3, 2), (8, 4))] == \
         [2, 4, 3, 2]
     assert member_groups(4, 2, 8, False) == 1 and member_groups(6, 1, 4, True) == 3
-    ws = _members(_run(corpus, cache, mode="weight_streaming", mesh="data=2,fsdp=2", **KW), 4,
-                  spread=True)
+    ws, r = _members(_run(corpus, cache, mode="weight_streaming", mesh="data=2,fsdp=2", **KW),
+                     4, spread=True)
     assert dict(ws.mesh.shape) == {"member": 2, "data": 2, "fsdp": 2} and ws.groups == 2
     solo = ws.strategy.param_shardings()
     kernel = ws.params["h"]["mlp"]["c_fc"]["kernel"].spec
@@ -52,8 +53,23 @@ def test_member_axis_layouts(corpus, cache):
     d = ws.describe()
     assert d["mesh"] == {"data": 2, "fsdp": 2} and d["devices"] == 4
     assert d["member_mesh"] == {"member": 2, "data": 2, "fsdp": 2} and d["member_devices"] == 8
-    dp = _members(_run(corpus, cache, mode="data_parallel", mesh="data=2", **KW), 2,
-                  spread=False)
+    # a member's init is the solo run's, bit for bit, in the run's layout; stacked in place
+    from cgpt.train import optim, setup
+    from cgpt.train.step import make_step
+
+    p, o = fused.init_member(r.cfg, r.recipe, 7, ws.member_state)
+    alone = setup.place(r, jax.devices())
+    opt = optim.make_optimizer(r.recipe, r.cfg)
+    _, sp, so = alone.compile_step(make_step(r.cfg, opt, alone.loss), opt, 7, r)
+    same = jax.tree.map(lambda a, b: bool((np.asarray(a) == np.asarray(b)).all()),
+                        (p, o), (sp, so))
+    assert all(jax.tree.leaves(same))
+    sp_, _ = ws.stack([p] * 4, [o] * 4)
+    k = sp_["h"]["mlp"]["c_fc"]["kernel"]
+    assert k.sharding.spec == kernel
+    assert (np.asarray(k[3]) == np.asarray(sp["h"]["mlp"]["c_fc"]["kernel"])).all()
+    dp, _ = _members(_run(corpus, cache, mode="data_parallel", mesh="data=2", **KW), 2,
+                     spread=False)
     assert dict(dp.mesh.shape) == {"member": 1, "data": 2}  # replicated over the run's mesh
     assert "member=1 x data=2 on 2 device(s)" in dp.line()
 
@@ -161,8 +177,6 @@ def test_dry_run_shows_the_member_axis(tmp_path, capsys, monkeypatch):
 
 
 def _iota(dims: str, perm: str | None):
-    import numpy as np
-
     shape = [int(x) for x in dims.split(",")]
     a = np.arange(math.prod(shape)).reshape(shape)
     return a.transpose([int(x) for x in perm.split(",")]) if perm else a
@@ -173,8 +187,6 @@ def _collective_groups(hlo: str) -> list[list[list[int]]]:
     form XLA prints: explicit ({{0,1},{2,3}}), iota ([2,2]<=[4], [2,4]<=[2,2,2]T(0,2,1)) and
     mesh axes (mesh['axis_0'=2,'axis_1'=4][, device_ids=(iota)] {'axis_1'})."""
     import re
-
-    import numpy as np
 
     out = []
     for line in hlo.splitlines():

@@ -61,6 +61,7 @@ class Members:
         self.run_devices = math.prod(self.axes.values()) if self.axes else 1
         self.groups = member_groups(members, self.run_devices, len(devices), spread)
         self.strategy = None
+        self.member_state = None  # one member's (params, opt_state) shardings, before stacking
         if mode == "single":
             self.mesh = (None if self.groups == 1 else
                          Mesh(np.array(list(devices)[:self.groups]), (MEMBER,)))
@@ -76,8 +77,12 @@ class Members:
         self.spmd_axis_name = MEMBER
         self.loss = self.strategy.loss
         a_p, a_o = abstract_state
-        self.params = jax.tree.map(self._stacked, self.strategy.param_shardings(a_p))
-        self.opt_state = jax.tree.map(self._stacked, self.strategy.opt_shardings(a_o, a_p))
+        # a member's own layout (the run's specs, replicated over the member groups): its
+        # init and checkpoint restore land there, sharded as the run alone would hold it
+        self.member_state = (self.strategy.param_shardings(a_p),
+                             self.strategy.opt_shardings(a_o, a_p))
+        self.params = jax.tree.map(self._stacked, self.member_state[0])
+        self.opt_state = jax.tree.map(self._stacked, self.member_state[1])
 
     def _stacked(self, sh: NamedSharding) -> NamedSharding:
         return NamedSharding(self.mesh, P(MEMBER, *sh.spec))
@@ -109,6 +114,18 @@ class Members:
         m = self.member_sharding()  # one sharding for every leaf of the hyperparameters
         return ((self.params, self.opt_state, self.batch_sharding(), m, m),
                 (self.params, self.opt_state, m))
+
+    def stack(self, params: Sequence, opt_states: Sequence):
+        """Member states -> the stacked (params, opt_state) on this layout. On a mesh the
+        members (each in `member_state`) are stacked by one jitted program straight into the
+        stacked shardings: no member is ever gathered on one device."""
+        join = lambda *xs: jnp.stack(xs)  # noqa: E731
+        if self.strategy is None:
+            return (self.put(jax.tree.map(join, *params), self.params),
+                    self.put(jax.tree.map(join, *opt_states), self.opt_state))
+        fn = jax.jit(lambda p, o: (jax.tree.map(join, *p), jax.tree.map(join, *o)),
+                     out_shardings=(self.params, self.opt_state))
+        return fn(list(params), list(opt_states))
 
     @staticmethod
     def put(tree, sharding):

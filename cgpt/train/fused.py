@@ -179,9 +179,29 @@ def _init_opt(recipe, cfg: ModelConfig, params):
     return optim.make_optimizer(recipe, cfg).init(params)
 
 
-def init_member(cfg: ModelConfig, recipe, seed: int):
-    """(params, opt_state) exactly as a solo run initializes them (`SingleDevice`). The
-    optimizer's initial state (zero moments, zero counts) does not depend on the
-    hyperparameters, so a group may pass one member's recipe for all: one compile."""
-    params = _init_params(cfg, seed)
-    return params, _init_opt(recipe, cfg, params)
+def init_member(cfg: ModelConfig, recipe, seed: int, shardings=None):
+    """(params, opt_state) exactly as a solo run initializes them: on one device
+    (`SingleDevice`), or with `shardings` (params', opt_state's) directly in a sharded run's
+    layout (`Sharded.compile_step`). The optimizer's initial state (zero moments, zero counts)
+    does not depend on the hyperparameters, so a group may pass one member's recipe for all:
+    one compile."""
+    if shardings is None:
+        params = _init_params(cfg, seed)
+        return params, _init_opt(recipe, cfg, params)
+    init_p, init_o = _init_on(shardings)
+    params = init_p(cfg, seed)
+    return params, init_o(recipe, cfg, params)
+
+
+_INIT_ON: dict = {}
+
+
+def _init_on(shardings):
+    """The jitted inits with `shardings` as outputs, one per layout (compiled once a shape)."""
+    key = tuple((jax.tree.structure(t), tuple(jax.tree.leaves(t))) for t in shardings)
+    if key not in _INIT_ON:
+        _INIT_ON[key] = (
+            jax.jit(model.init_params, static_argnums=0, out_shardings=shardings[0]),
+            jax.jit(lambda recipe, cfg, p: optim.make_optimizer(recipe, cfg).init(p),
+                    static_argnums=(0, 1), out_shardings=shardings[1]))
+    return _INIT_ON[key]

@@ -264,7 +264,8 @@ def _compile(r0, members: int, memory: int):
 def _start(res, ckpts, outs, live, resuming, lay: Members):
     """(start step, stacked params, stacked optimizer state). Resuming, every member restarts
     from the newest step all of them kept; later checkpoints are set aside (a rewind)."""
-    states = {i: fused.init_member(res[i].cfg, res[live[0]].recipe, res[i].run.train.seed)
+    states = {i: fused.init_member(res[i].cfg, res[live[0]].recipe, res[i].run.train.seed,
+                                   lay.member_state)
               for i in live}  # one optimizer init compiled (its state holds no hyperparameter)
     start = 0
     if resuming:
@@ -272,7 +273,7 @@ def _start(res, ckpts, outs, live, resuming, lay: Members):
         start = max(common, default=0)
         for i in live:
             ckpts[i].discard_after(start)
-        strategy = SingleDevice(res[live[0]].cfg)
+        strategy = lay.strategy or SingleDevice(res[live[0]].cfg)  # restored in its layout
         got = {}
         for i in live:
             got[i], p, o = setup.start_state(res[i], strategy, ckpts[i], *states[i], outs[i],
@@ -283,8 +284,7 @@ def _start(res, ckpts, outs, live, resuming, lay: Members):
                              + ", ".join(f"{outs[i]}: {got[i]}" for i in live)
                              + "); resume them with --from-step at a step all of them keep")
         start = got[live[0]]
-    params = lay.put(fused.stack([states[i][0] for i in live]), lay.params)
-    opt_state = lay.put(fused.stack([states[i][1] for i in live]), lay.opt_state)
+    params, opt_state = lay.stack([states[i][0] for i in live], [states[i][1] for i in live])
     return start, params, opt_state
 
 
