@@ -2,6 +2,7 @@
 data/fsdp mesh. Each member equals the same run trained alone on that mesh (emulated CPU
 devices, tests/conftest.py), the layouts put `member` in front of the run's own specs, and
 what cannot be fused (layer_pipelined) is refused with one line naming the key."""
+import json
 import math
 
 import jax
@@ -237,3 +238,26 @@ def test_member_groups_never_communicate(corpus, cache):
     assert _collective_groups("x = all-reduce(y), replica_groups={{0,4}}") == [[[0, 4]]]
     assert _collective_groups("replica_groups=mesh['axis_0'=2,'axis_1'=4] {'axis_0'}") == \
         [[[0, 4], [1, 5], [2, 6], [3, 7]]]  # what a member-spanning collective would read
+
+
+@pytest.mark.slow  # two sweeps of 2 runs (~2 min under load)
+def test_sweep_fuses_sharded_runs_as_unfused(tmp_path):
+    """`cgpt sweep` fuses data_parallel runs on data=2 (the worker inherits the 8 emulated
+    devices): one program, each run's summary as the same sweep's under --no-fuse."""
+    from cgpt import sweep as sw
+    from tests.test_sweep import _spec
+
+    spec = _spec(tmp_path, "s", {"model": ["tiny-17k"], "seed": [0, 1]},
+                 base={"train": {"tokens": 4000, "mode": "data_parallel", "mesh": "data=2"}})
+    assert sw.main([str(spec), "--out", str(tmp_path / "f")]) == 0
+    assert sw.main([str(spec), "--out", str(tmp_path / "u"), "--no-fuse"]) == 0
+    read = lambda d: {p.parent.name: json.loads(p.read_text())  # noqa: E731
+                      for p in d.glob("*/summary.json")}
+    fused_, alone = read(tmp_path / "f"), read(tmp_path / "u")
+    assert sorted(fused_) == sorted(alone) and len(fused_) == 2
+    for rid, s in fused_.items():
+        assert s["placement"]["fused"] == 2 and s["placement"]["mesh"] == {"data": 2}
+        assert s["placement"]["member_mesh"] == {"member": 1, "data": 2}  # CPU: not spread
+        assert alone[rid]["placement"]["mesh"] == {"data": 2}
+        assert abs(s["val_loss"] - alone[rid]["val_loss"]) <= 1e-6
+        assert abs(s["train_loss"] - alone[rid]["train_loss"]) <= 1e-6
