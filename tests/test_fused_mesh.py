@@ -36,11 +36,11 @@ def _members(run, members, spread):
 
 def test_member_axis_layouts(corpus, cache):
     """`member` is the outermost mesh axis and the first dim of every stacked array; the run's
-    own spec follows it unchanged; a member starts from the solo run's init. No training."""
+    own spec follows it unchanged. No training: layouts only."""
     assert [member_groups(m, n, 8, True) for m, n in ((2, 2), (4, 2), (3, 2), (8, 4))] == \
         [2, 4, 3, 2]
     assert member_groups(4, 2, 8, False) == 1 and member_groups(6, 1, 4, True) == 3
-    ws, r = _members(_run(corpus, cache, mode="weight_streaming", mesh="data=2,fsdp=2", **KW),
+    ws, _ = _members(_run(corpus, cache, mode="weight_streaming", mesh="data=2,fsdp=2", **KW),
                      4, spread=True)
     assert dict(ws.mesh.shape) == {"member": 2, "data": 2, "fsdp": 2} and ws.groups == 2
     solo = ws.strategy.param_shardings()
@@ -54,10 +54,21 @@ def test_member_axis_layouts(corpus, cache):
     d = ws.describe()
     assert d["mesh"] == {"data": 2, "fsdp": 2} and d["devices"] == 4
     assert d["member_mesh"] == {"member": 2, "data": 2, "fsdp": 2} and d["member_devices"] == 8
-    # a member's init is the solo run's, bit for bit, in the run's layout; stacked in place
+    dp, _ = _members(_run(corpus, cache, mode="data_parallel", mesh="data=2", **KW), 2,
+                     spread=False)
+    assert dict(dp.mesh.shape) == {"member": 1, "data": 2}  # replicated over the run's mesh
+    assert "member=1 x data=2 on 2 device(s)" in dp.line()
+
+
+@pytest.mark.slow  # two init compiles on 8 devices (~25 s under load)
+def test_member_init_is_the_solo_runs(corpus, cache):
+    """A member's init is the solo run's, bit for bit, in the run's layout; stacked in place."""
     from cgpt.train import optim, setup
     from cgpt.train.step import make_step
 
+    ws, r = _members(_run(corpus, cache, mode="weight_streaming", mesh="data=2,fsdp=2", **KW),
+                     4, spread=True)
+    kernel = ws.params["h"]["mlp"]["c_fc"]["kernel"].spec
     p, o = fused.init_member(r.cfg, r.recipe, 7, ws.member_state)
     alone = setup.place(r, jax.devices())
     opt = optim.make_optimizer(r.recipe, r.cfg)
@@ -69,10 +80,6 @@ def test_member_axis_layouts(corpus, cache):
     k = sp_["h"]["mlp"]["c_fc"]["kernel"]
     assert k.sharding.spec == kernel
     assert (np.asarray(k[3]) == np.asarray(sp["h"]["mlp"]["c_fc"]["kernel"])).all()
-    dp, _ = _members(_run(corpus, cache, mode="data_parallel", mesh="data=2", **KW), 2,
-                     spread=False)
-    assert dict(dp.mesh.shape) == {"member": 1, "data": 2}  # replicated over the run's mesh
-    assert "member=1 x data=2 on 2 device(s)" in dp.line()
 
 
 def test_fused_on_data_mesh_equals_solo(corpus, cache, tmp_path):
