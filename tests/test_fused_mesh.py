@@ -268,3 +268,22 @@ def test_sweep_fuses_sharded_runs_as_unfused(tmp_path):
         assert alone[rid]["placement"]["mesh"] == {"data": 2}
         assert abs(s["val_loss"] - alone[rid]["val_loss"]) <= 1e-6
         assert abs(s["train_loss"] - alone[rid]["train_loss"]) <= 1e-6
+
+
+@pytest.mark.slow  # a fused group and one solo run on data=2 (~1.5 min under load)
+def test_nonfinite_member_stops_alone_on_a_mesh(corpus, cache, tmp_path):
+    """On member=2 x data=2 a diverging member is masked and fails alone; the other is its
+    solo run."""
+    from cgpt.train.fused_loop import FAILED_FILE
+
+    lean = dict(KW, eval_every=6, ckpt_every=6)
+    good = _run(corpus, cache, mode="data_parallel", mesh="data=2", seed=0, **lean)
+    bad = _run(corpus, cache, mode="data_parallel", mesh="data=2", seed=1, peak_lr=1e9,
+               warmup_steps=2, clip_norm=1e9, **lean)
+    outs = [tmp_path / "good", tmp_path / "bad"]
+    results = train_fused([good, bad], outs, progress=False, spread=True)
+    assert isinstance(results[0], dict) and isinstance(results[1], TrainError)
+    assert "training stopped" in str(results[1]) and (outs[1] / FAILED_FILE).exists()
+    assert not (outs[1] / "summary.json").exists()
+    train(good, tmp_path / "solo", progress=False)
+    _assert_same_run(outs[0], tmp_path / "solo")
