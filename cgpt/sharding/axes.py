@@ -121,3 +121,13 @@ def replica_axes(mode: str, axes: dict[str, int], batch: int,
     multiply to the number of distinct batch shards, the data replicas."""
     names = batch_axes(axes, batch, micro_batch) if mode == "weight_streaming" else ("data",)
     return tuple(a for a in names if axes.get(a, 1) > 1)
+
+
+def member_groups(members: int, run_devices: int, devices: int, spread: bool) -> int:
+    """How many groups of a run's devices a fused program's members are split over (a
+    divisor of `members`, `cgpt.sharding.members`): 1 unless `spread`, else the most that fit
+    `devices` side by side."""
+    if not spread:
+        return 1
+    return max(d for d in range(1, members + 1)
+               if members % d == 0 and d * max(1, run_devices) <= max(1, devices))

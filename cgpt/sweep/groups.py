@@ -9,19 +9,22 @@ members one program holds is decided where micro-batches are, at the start of th
 device: the fused step is compiled for the whole group and, if it does not fit the device's
 memory, for fewer (`members_that_fit`); the group then trains in consecutive chunks.
 
-A fused job spreads its members over the devices it is given (`member_sharding`: each
-member's step on one device, no communication). Not fused: cooldown branches (they start
-from a parent's checkpoint), runs that each span several devices (slurm nodes x
-gpus_per_node > 1: a member axis beside their data/model mesh is not implemented), and
-everything under `--no-fuse`.
+Where the members go (`cgpt.sharding.members`): a train.mode=single group spreads them over
+the job's devices (each member's step on one device, no communication); a data_parallel or
+weight_streaming group puts the member axis beside the runs' own mesh (`{member: k, **mesh}`,
+k groups of the run's devices, or k = 1: every device holds its shard of every member).
+Not fused: cooldown branches (they start from a parent's checkpoint), layer_pipelined runs
+(a `stage` mesh: the GPipe step is not vmapped), runs over several nodes (a fused job is
+one process), and everything under `--no-fuse`.
 """
 from __future__ import annotations
 
 import json
 import math
+import os
+import re
 import sys
 
-from cgpt.config.model import remat_value
 from cgpt.sweep.executors import Job
 from cgpt.sweep.spec import Run
 from cgpt.train.members import shared_part
@@ -30,7 +33,8 @@ from cgpt.train.members import shared_part
 def fuse_key(run: Run) -> str | None:
     """The group a run can train in (None: it trains alone)."""
     t = run.config.train
-    if run.branch_from is not None or run.devices > 1 or t.mode not in ("auto", "single"):
+    if (run.branch_from is not None or int(run.slurm.get("nodes", 1) or 1) > 1
+            or t.mode == "layer_pipelined" or "stage" in (t.mesh or "")):
         return None
     return json.dumps(shared_part(run.config.to_dict()), sort_keys=True, default=str)
 
@@ -81,18 +85,56 @@ def print_groups(groups: list[list[Run]], fuse: bool, fits: dict | None = None,
             how = (f"{fit['members']} member(s) per program fit ({fit['bytes_per_program']} of "
                    f"{fit['usable']} usable) -> {chunks} program(s) in the job")
         print(f"  {g[0].model}: {len(g)} runs, {g[0].steps} steps: "
-              f"{', '.join(r.run_id for r in g)}\n    {how}", file=file)
+              f"{', '.join(r.run_id for r in g)}\n    {how}\n    {placement_line(g)}",
+              file=file)
+
+
+def _local_cpu_devices() -> int:
+    """The CPU devices a local job's process gets: XLA_FLAGS' emulated count (the sweep's
+    workers inherit the environment), else one."""
+    m = re.search(r"--xla_force_host_platform_device_count=(\d+)", os.environ.get("XLA_FLAGS", ""))
+    return int(m.group(1)) if m else 1
+
+
+def placement_line(g: list[Run]) -> str:
+    """Where a group's members go on its job's devices (slurm nodes x gpus_per_node, one
+    locally), as `cgpt.sharding.members` lays them out: arithmetic only (no JAX)."""
+    from cgpt.sharding.axes import member_groups
+    from cgpt.train.resolve import resolve
+
+    run = g[0]
+    spread = "gpus_per_node" in run.slurm  # accelerators: spread; CPU devices share cores
+    n = run.devices if run.slurm else _local_cpu_devices()
+    if run.config.train.mode == "single":
+        k = member_groups(len(g), 1, n, spread)
+        return f"placement: each member on one device, members on {k} of {n} device(s)"
+    if run.config.train.mode == "auto":  # decided from the devices' memory at the start
+        return ("placement: train.mode=auto is decided at the job's start (fused beside its "
+                "mesh if data_parallel or weight_streaming; a layer_pipelined choice fails the "
+                "group: set train.mode, or --no-fuse)")
+    try:
+        r = resolve(run.config, n, platform="gpu" if spread else "cpu")
+    except Exception as e:  # noqa: BLE001 - a dry run reports it and goes on
+        return f"placement: not resolved here ({type(e).__name__}: {e})"
+    if r.mode == "layer_pipelined":
+        return ("placement: resolves to layer_pipelined, which fused training refuses; "
+                "train these runs alone (--no-fuse) or set train.mode")
+    per = max(1, r.num_devices)
+    k = member_groups(len(g), per, n, spread)
+    mesh = " x ".join(f"{a}={v}" for a, v in {"member": k, **r.mesh}.items())
+    return (f"placement: {r.mode} mesh {mesh} on {k * per} of {n} device(s)"
+            + (" (every device holds its shard of every member)" if k == 1 else ""))
 
 
 def fit_groups(groups: list[list[Run]], device_memory: int | None) -> dict[str, dict]:
     """For the dry run: each fused group's members per program, from its fused step compiled
     here (on this machine's backend, standing in for the devices) against `device_memory`
-    (default: this machine's)."""
+    (default: this machine's), with every member on the run's own devices (not split over a
+    member axis: an upper bound on the bytes per device)."""
     from cgpt.config.units import fmt_bytes
     from cgpt.sharding.mesh import device_memory_bytes
     from cgpt.train import fit
-    from cgpt.train.fused_loop import members_that_fit
-    from cgpt.train.resolve import resolve
+    from cgpt.train.fused_loop import members_that_fit, resolve_member
 
     import jax
 
@@ -101,9 +143,15 @@ def fit_groups(groups: list[list[Run]], device_memory: int | None) -> dict[str, 
     for g in groups:
         if len(g) < 2:
             continue
+        here = len(jax.devices())
+        if g[0].config.train.mode != "single" and g[0].devices > here:
+            out[g[0].run_id] = {"error": (
+                f"the job has {g[0].devices} devices but this process {here}, too few to "
+                "build the runs' mesh beside the member axis; the members per program are "
+                "chosen from the compiled step at the job's start")}
+            continue
         try:
-            r = resolve(g[0].config, jax.devices()[:1], device_memory=memory)
-            r = r.fitted(r.micro_batch, remat_value(r.cfg.remat))
+            r = resolve_member(g[0].config, memory)
             m, b = members_that_fit(r, len(g), memory)
             out[g[0].run_id] = {"members": m, "bytes_per_program": fmt_bytes(b),
                                 "usable": fmt_bytes(fit.usable_memory(memory))}

@@ -31,6 +31,7 @@ import optax
 from cgpt.config.model import ModelConfig
 from cgpt.errors import TrainError
 from cgpt.model import gpt as model
+from cgpt.sharding.members import FUSABLE_MODES
 from cgpt.train import optim
 from cgpt.train.members import MEMBER_DATA_KEYS, MEMBER_MODEL_KEYS, MEMBER_TRAIN_KEYS, \
     SHARED_RECIPE_KEYS
@@ -42,12 +43,18 @@ def check_group(resolved: Sequence, names: Sequence[str]) -> None:
     way one program cannot train (`resolved`: each member's `Resolved`, `names`: its --out)."""
     if not resolved:
         raise TrainError("fused training needs at least one run")
-    for i, r in enumerate(resolved):
-        if r.mode != "single":
-            raise TrainError(f"fused run {names[i]}: train.mode={r.run.train.mode} resolved to "
-                             f"{r.mode}; fused training runs on one device: set "
-                             "train.mode=single (or train the run alone)")
     first = resolved[0]
+    for i, r in enumerate(resolved):
+        if r.mode not in FUSABLE_MODES:
+            raise TrainError(f"fused run {names[i]}: train.mode={r.run.train.mode} resolved to "
+                             f"{r.mode}; fused training supports {', '.join(FUSABLE_MODES)} "
+                             "(a layer_pipelined step is not vmapped): set train.mode="
+                             "data_parallel or weight_streaming, or train the run alone "
+                             "(cgpt sweep --no-fuse)")
+        for key, a, b in (("train.mode", first.mode, r.mode), ("train.mesh", first.mesh, r.mesh)):
+            if a != b:  # one program has one mesh
+                raise TrainError(f"fused runs must share {key}: {names[0]} resolved to {a!r} "
+                                 f"but {names[i]} to {b!r}; train the others in another group")
     a = first.run.to_dict()
     ra = dataclasses.asdict(first.recipe)
     for i, r in enumerate(resolved[1:], 1):
@@ -110,12 +117,15 @@ def member_optimizer(h: Hyper, recipe, cfg: ModelConfig) -> optax.GradientTransf
     return optax.chain(*parts)
 
 
-def make_fused_step(cfg: ModelConfig, recipe, loss: Callable = model.loss_fn) -> Callable:
+def make_fused_step(cfg: ModelConfig, recipe, loss: Callable = model.loss_fn,
+                    spmd_axis_name: str | None = None, shardings=None) -> Callable:
     """step(params, opt_state, batch [M, accum, micro, T+1], hyper, active [M]) ->
     (params, opt_state, {loss, grad_norm, ok} each [M]), jitted with params and state donated.
 
     A member that is not `active`, or whose loss or gradient norm is not finite, keeps its
-    params and optimizer state (`ok` is False for it)."""
+    params and optimizer state (`ok` is False for it). On a mesh (`cgpt.sharding.members`):
+    `loss` is the run's (its activation constraints), `spmd_axis_name` the mesh axis of the
+    members, `shardings` the (in, out) shardings that pin every layout."""
 
     def member(params, opt_state, batch, h, active):
         new_p, new_o, m = make_step(cfg, member_optimizer(h, recipe, cfg), loss)(
@@ -125,12 +135,22 @@ def make_fused_step(cfg: ModelConfig, recipe, loss: Callable = model.loss_fn) ->
         return (jax.tree.map(keep, new_p, params), jax.tree.map(keep, new_o, opt_state),
                 {**m, "ok": ok})
 
-    return jax.jit(jax.vmap(member), donate_argnums=(0, 1))
+    vmapped = jax.vmap(member, spmd_axis_name=spmd_axis_name)
+    if shardings is None:
+        return jax.jit(vmapped, donate_argnums=(0, 1))
+    return jax.jit(vmapped, in_shardings=shardings[0], out_shardings=shardings[1],
+                   donate_argnums=(0, 1))
 
 
-def make_fused_eval(cfg: ModelConfig, loss: Callable = model.loss_fn) -> Callable:
-    """eval(params [M, ...], tokens [B, T+1]) -> [M] losses on one shared batch."""
-    return jax.jit(jax.vmap(lambda p, tokens: loss(p, tokens, cfg), in_axes=(0, None)))
+def make_fused_eval(cfg: ModelConfig, loss: Callable = model.loss_fn,
+                    spmd_axis_name: str | None = None, tokens_sharding=None) -> Callable:
+    """eval(params [M, ...], tokens [B, T+1]) -> [M] losses on one shared batch (on a mesh:
+    the tokens laid out as the run lays out an eval batch, `tokens_sharding`)."""
+    fn = jax.jit(jax.vmap(lambda p, tokens: loss(p, tokens, cfg), in_axes=(0, None),
+                          spmd_axis_name=spmd_axis_name))
+    if tokens_sharding is None:
+        return fn
+    return lambda params, tokens: fn(params, jax.device_put(tokens, tokens_sharding))
 
 
 @jax.jit
@@ -159,9 +179,29 @@ def _init_opt(recipe, cfg: ModelConfig, params):
     return optim.make_optimizer(recipe, cfg).init(params)
 
 
-def init_member(cfg: ModelConfig, recipe, seed: int):
-    """(params, opt_state) exactly as a solo run initializes them (`SingleDevice`). The
-    optimizer's initial state (zero moments, zero counts) does not depend on the
-    hyperparameters, so a group may pass one member's recipe for all: one compile."""
-    params = _init_params(cfg, seed)
-    return params, _init_opt(recipe, cfg, params)
+def init_member(cfg: ModelConfig, recipe, seed: int, shardings=None):
+    """(params, opt_state) exactly as a solo run initializes them: on one device
+    (`SingleDevice`), or with `shardings` (params', opt_state's) directly in a sharded run's
+    layout (`Sharded.compile_step`). The optimizer's initial state (zero moments, zero counts)
+    does not depend on the hyperparameters, so a group may pass one member's recipe for all:
+    one compile."""
+    if shardings is None:
+        params = _init_params(cfg, seed)
+        return params, _init_opt(recipe, cfg, params)
+    init_p, init_o = _init_on(shardings)
+    params = init_p(cfg, seed)
+    return params, init_o(recipe, cfg, params)
+
+
+_INIT_ON: dict = {}
+
+
+def _init_on(shardings):
+    """The jitted inits with `shardings` as outputs, one per layout (compiled once a shape)."""
+    key = tuple((jax.tree.structure(t), tuple(jax.tree.leaves(t))) for t in shardings)
+    if key not in _INIT_ON:
+        _INIT_ON[key] = (
+            jax.jit(model.init_params, static_argnums=0, out_shardings=shardings[0]),
+            jax.jit(lambda recipe, cfg, p: optim.make_optimizer(recipe, cfg).init(p),
+                    static_argnums=(0, 1), out_shardings=shardings[1]))
+    return _INIT_ON[key]

@@ -33,6 +33,7 @@ from cgpt.config.run import RunConfig, parse_bytes
 from cgpt.errors import TrainError
 from cgpt.fileio import atomic_write_text, probe_writable
 from cgpt.sharding.mesh import device_memory_bytes
+from cgpt.sharding.members import Members
 from cgpt.sharding.strategies import SingleDevice
 from cgpt.train import checkpoint, fit, fused, metrics, preempt, resume, rundir, setup, summary
 from cgpt.train.mfu import Throughput
@@ -47,9 +48,11 @@ def train_fused(runs: Sequence[RunConfig], outs: Sequence[str | Path], resume: b
     run directories `outs`; returns each member's summary, or the TrainError that stopped it.
 
     Every directory is locked while this runs; a launch that fails before the configs are
-    written leaves nothing behind. Single process; each member on one device, the members
-    spread over the devices when `spread` (default: on accelerators, not on CPU, whose
-    devices share the same cores and where one device keeps the solo runs' exact numerics)."""
+    written leaves nothing behind. Single process; each member on its run's devices (one for
+    train.mode=single, its mesh for data_parallel/weight_streaming), the members split over
+    the devices left when `spread` (default: on accelerators, not on CPU, whose devices share
+    the same cores and where one device keeps the solo runs' exact numerics); see
+    `cgpt.sharding.members`."""
     token = _SPREAD.set(jax.default_backend() != "cpu" if spread is None else spread)
     try:
         return _train_fused_locked(runs, outs, resume, progress)
@@ -85,8 +88,6 @@ def _train_fused(runs: list[RunConfig], outs: list[Path], resuming: bool, progre
     # ---- set up: each member resolved, the group checked, one compiled step -----------------
     wall0 = time.perf_counter()
     results: list[dict | TrainError | None] = [None] * len(runs)
-    devices = jax.devices()[:1]  # each member's own layout: one device (members spread over
-    # the devices instead: `member_sharding`)
     live, res, saved, priors, fresh, memory = [], {}, {}, {}, {}, {}
     for i, (run, out) in enumerate(zip(runs, outs)):
         fresh[i] = not (out / checkpoint.CONFIG_FILE).exists()
@@ -98,8 +99,7 @@ def _train_fused(runs: list[RunConfig], outs: list[Path], resuming: bool, progre
         t = saved[i].train
         memory[i] = (parse_bytes(t.device_memory, "train.device_memory") if t.device_memory
                      else device_memory_bytes())
-        r = resolve(saved[i], devices, device_memory=memory[i])
-        res[i] = r.fitted(r.micro_batch, remat_value(r.cfg.remat))  # no search: one shape, checked below
+        res[i] = resolve_member(saved[i], memory[i])
         live.append(i)
     if not live:
         return results
@@ -113,6 +113,15 @@ def _train_fused(runs: list[RunConfig], outs: list[Path], resuming: bool, progre
     return results
 
 
+def resolve_member(run: RunConfig, memory: int):
+    """A member resolved as it trains: on one device (train.mode=single) or on this process's
+    devices as `train` places it alone (its mesh), micro-batch and remat as configured (no
+    search: one shape, the group's memory checked by `members_that_fit`)."""
+    devices = jax.devices()[:1] if run.train.mode == "single" else jax.devices()
+    r = resolve(run, devices, device_memory=memory)
+    return r.fitted(r.micro_batch, remat_value(r.cfg.remat))
+
+
 def _train_chunk(live, res, saved, priors, fresh, memory, outs, launches, resuming, progress,
                  results, wall0) -> None:
     from tqdm.auto import tqdm
@@ -120,10 +129,10 @@ def _train_chunk(live, res, saved, priors, fresh, memory, outs, launches, resumi
     r0 = res[live[0]]
     cfg, M = r0.cfg, len(live)
     step_fn, bytes_ = _compile(r0, M, memory[live[0]])
+    lay = layout(r0, M)
     print(f"{cfg.name}: {M} runs fused into one program, micro-batch {r0.micro_batch} x "
-          f"{r0.accum} accumulation step(s): {fmt_bytes(bytes_['total'])} per device, members on "
-          f"{_devices_of(member_sharding(M))} device(s)",
-          file=sys.stderr, flush=True)
+          f"{r0.accum} accumulation step(s): {fmt_bytes(bytes_['total'])} per device, "
+          f"{lay.line()}", file=sys.stderr, flush=True)
     data = {}
     for i in live:
         data[i] = setup.run_data(res[i], outs[i], fresh[i])
@@ -137,22 +146,21 @@ def _train_chunk(live, res, saved, priors, fresh, memory, outs, launches, resumi
     ckpts = {i: checkpoint.Checkpointer(outs[i], keep=res[i].run.train.keep_checkpoints)
              for i in live}
     try:
-        start, params, opt_state = _start(res, ckpts, outs, live, resuming)
+        start, params, opt_state = _start(res, ckpts, outs, live, resuming, lay)
         changes = {}
         for i in live:
             rundir.resume_log(outs[i] / rundir.METRICS_FILE, start, res[i].total_steps)
             changes[i] = resume.record_changes(outs[i], priors[i], saved[i], start)
-        evaluate = _validation(r0, data[live[0]])
+        evaluate = _validation(r0, data[live[0]], lay)
         trained = _loop(res, data, ckpts, outs, live, start, params, opt_state, step_fn,
-                        evaluate, progress, tqdm, results)
+                        evaluate, progress, tqdm, results, lay)
     finally:
         rundir.close_all(*(c.close for c in ckpts.values()))
 
     # ---- the summaries ----------------------------------------------------------------------
     speed, params, val_loss = trained
-    placement = {**SingleDevice(cfg).describe(), "micro_batch": r0.micro_batch, "accum": r0.accum,
-                 "remat": remat_value(cfg.remat), "bytes_per_device": bytes_["total"], "fused": M,
-                 "member_devices": _devices_of(member_sharding(M))}
+    placement = {**lay.describe(), "micro_batch": r0.micro_batch, "accum": r0.accum,
+                 "remat": remat_value(cfg.remat), "bytes_per_device": bytes_["total"], "fused": M}
     for k, i in enumerate(live):
         if results[i] is not None:  # failed
             continue
@@ -172,21 +180,27 @@ def _compiled(r0, members: int):
     """The fused step for `members` stacked states, compiled once per process and shape."""
     key = (r0.cfg.replace(name="", init_std=0.0, out_init_std=None, mup_init_std=0.0),
            r0.recipe.b1, r0.recipe.b2, r0.recipe.adam_eps, r0.total_steps, r0.accum,
-           r0.micro_batch, r0.seq_len, members, _SPREAD.get())
+           r0.micro_batch, r0.seq_len, members, _SPREAD.get(), r0.mode,
+           tuple(r0.mesh.items()))
     if key not in _COMPILED:
         cfg = r0.cfg
         a_p, a_o = jax.eval_shape(lambda: fused.init_member(cfg, r0.recipe, 0))
-        sh = member_sharding(members)
-        grow = lambda x: jax.ShapeDtypeStruct((members, *x.shape), x.dtype,  # noqa: E731
-                                              sharding=sh)
+        lay = layout(r0, members)
+        sh, bsh = lay.member_sharding(), lay.batch_sharding()
+        grow = lambda x, s: jax.ShapeDtypeStruct((members, *x.shape), x.dtype,  # noqa: E731
+                                                 sharding=s)
         a_hyper = fused.Hyper(
             lr=jax.ShapeDtypeStruct((members, r0.total_steps + 1), jnp.float32, sharding=sh),
             weight_decay=jax.ShapeDtypeStruct((members,), jnp.float32, sharding=sh),
             clip_norm=jax.ShapeDtypeStruct((members,), jnp.float32, sharding=sh))
-        a_batch = jax.ShapeDtypeStruct((members, r0.accum, r0.micro_batch, r0.seq_len + 1),
-                                       jnp.int32, sharding=sh)
-        compiled = fused.make_fused_step(cfg, r0.recipe).lower(
-            jax.tree.map(grow, a_p), jax.tree.map(grow, a_o), a_batch, a_hyper,
+        a_batch = jax.ShapeDtypeStruct(
+            (members, r0.accum, r0.micro_batch * r0.replicas, r0.seq_len + 1), jnp.int32,
+            sharding=bsh)
+        compiled = fused.make_fused_step(cfg, r0.recipe, lay.loss, lay.spmd_axis_name,
+                                         lay.step_shardings()).lower(
+            *(jax.tree.map(lambda x: grow(x, None), a) if s is None else jax.tree.map(grow, a, s)
+              for a, s in ((a_p, lay.params), (a_o, lay.opt_state))),
+            a_batch, a_hyper,
             jax.ShapeDtypeStruct((members,), jnp.bool_, sharding=sh)).compile()
         _COMPILED[key] = compiled, fit.step_bytes(compiled)
     return _COMPILED[key]
@@ -195,26 +209,24 @@ def _compiled(r0, members: int):
 _SPREAD: contextvars.ContextVar[bool] = contextvars.ContextVar("spread", default=False)
 
 
-def member_sharding(members: int):
-    """The member axis spread over this process's devices (as many as divide the members):
-    each member's step stays on one device, so the program needs no communication; None on
-    one device. Every stacked input and state is placed with it."""
-    devs = jax.local_devices() if _SPREAD.get() else jax.local_devices()[:1]
-    k = max(d for d in range(1, min(len(devs), members) + 1) if members % d == 0)
-    if k == 1:
-        return None
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec
-
-    return NamedSharding(Mesh(np.array(devs[:k]), ("member",)), PartitionSpec("member"))
+_LAYOUTS: dict = {}
 
 
-def _devices_of(sh) -> int:
-    return 1 if sh is None else sh.mesh.size
-
-
-def _place(tree, sh):
-    """A stacked tree (or host array) on the member sharding (default device without one)."""
-    return jax.tree.map(jnp.asarray, tree) if sh is None else jax.device_put(tree, sh)
+def layout(r0, members: int) -> Members:
+    """Where `members` stacked members of `r0`'s shape live (`cgpt.sharding.members`): one
+    device, the member axis over the devices (`spread`), or beside the run's mesh."""
+    key = (r0.cfg, r0.mode, tuple(r0.mesh.items()), r0.batch_size, r0.micro_batch, members,
+           _SPREAD.get())
+    if key not in _LAYOUTS:
+        abstract = jax.eval_shape(lambda: fused.init_member(r0.cfg, r0.recipe, 0))
+        try:
+            _LAYOUTS[key] = Members(r0.mode, r0.mesh, r0.cfg, members, jax.local_devices(),
+                                    abstract, spread=_SPREAD.get(), batch=r0.batch_size,
+                                    micro=r0.micro_batch, mesh_reason=r0.mesh_reason,
+                                    auto_reason=r0.auto_reason)
+        except ValueError as e:
+            raise TrainError(str(e)) from None
+    return _LAYOUTS[key]
 
 
 def members_that_fit(r0, members: int, memory: int) -> tuple[int, int]:
@@ -228,7 +240,7 @@ def members_that_fit(r0, members: int, memory: int) -> tuple[int, int]:
         return members, b_all
     b_one = _compiled(r0, 1)[1]["total"]
     if b_one > usable:
-        raise TrainError(f"one run of {r0.cfg.name} needs {fmt_bytes(b_one)} on one device but "
+        raise TrainError(f"one run of {r0.cfg.name} needs {fmt_bytes(b_one)} per device but "
                          f"{fmt_bytes(usable)} are usable; train it alone (--no-fuse) so that "
                          "train can choose its micro-batch and remat, or on more devices")
     per = max(1.0, (b_all - b_one) / (members - 1))
@@ -244,15 +256,16 @@ def _compile(r0, members: int, memory: int):
     compiled, b = _compiled(r0, members)
     if b["total"] > fit.usable_memory(memory):
         raise TrainError(f"{members} fused runs of {r0.cfg.name} need {fmt_bytes(b['total'])} "
-                         f"on one device but {fmt_bytes(fit.usable_memory(memory))} are usable; "
+                         f"per device but {fmt_bytes(fit.usable_memory(memory))} are usable; "
                          "fuse fewer runs per group (or set train.micro_batch smaller)")
     return compiled, b
 
 
-def _start(res, ckpts, outs, live, resuming):
+def _start(res, ckpts, outs, live, resuming, lay: Members):
     """(start step, stacked params, stacked optimizer state). Resuming, every member restarts
     from the newest step all of them kept; later checkpoints are set aside (a rewind)."""
-    states = {i: fused.init_member(res[i].cfg, res[live[0]].recipe, res[i].run.train.seed)
+    states = {i: fused.init_member(res[i].cfg, res[live[0]].recipe, res[i].run.train.seed,
+                                   lay.member_state)
               for i in live}  # one optimizer init compiled (its state holds no hyperparameter)
     start = 0
     if resuming:
@@ -260,7 +273,7 @@ def _start(res, ckpts, outs, live, resuming):
         start = max(common, default=0)
         for i in live:
             ckpts[i].discard_after(start)
-        strategy = SingleDevice(res[live[0]].cfg)
+        strategy = lay.strategy or SingleDevice(res[live[0]].cfg)  # restored in its layout
         got = {}
         for i in live:
             got[i], p, o = setup.start_state(res[i], strategy, ckpts[i], *states[i], outs[i],
@@ -271,18 +284,16 @@ def _start(res, ckpts, outs, live, resuming):
                              + ", ".join(f"{outs[i]}: {got[i]}" for i in live)
                              + "); resume them with --from-step at a step all of them keep")
         start = got[live[0]]
-    sh = member_sharding(len(live))
-    params = _place(fused.stack([states[i][0] for i in live]), sh)
-    opt_state = _place(fused.stack([states[i][1] for i in live]), sh)
+    params, opt_state = lay.stack([states[i][0] for i in live], [states[i][1] for i in live])
     return start, params, opt_state
 
 
 def _loop(res, data, ckpts, outs, live, start, params, opt_state, step_fn, evaluate, progress,
-          tqdm, results):
+          tqdm, results, lay: Members):
     r0 = res[live[0]]
     total, B, T = r0.total_steps, r0.batch_size, r0.seq_len
-    sh = member_sharding(len(live))
-    hyper = _place(fused.stack_hyper([res[i].recipe for i in live]), sh)
+    sh, bsh = lay.member_sharding(), lay.batch_sharding()
+    hyper = lay.put(fused.stack_hyper([res[i].recipe for i in live]), sh)
     lrs = np.asarray(hyper.lr)
     tr = {i: res[i].run.train for i in live}
     eval_every = {i: tr[i].eval_every or max(1, total // 10) for i in live}
@@ -314,8 +325,8 @@ def _loop(res, data, ckpts, outs, live, start, params, opt_state, step_fn, evalu
                     by_seed[s] = data[i].train_batch(step, B).reshape(r0.accum, -1, T + 1)
             batch = np.stack([by_seed[data[i].seed] for i in live])
             t0 = time.perf_counter()
-            params, opt_state, m = step_fn(params, opt_state, _place(batch, sh), hyper,
-                                           _place(active, sh))
+            params, opt_state, m = step_fn(params, opt_state, lay.put(batch, bsh), hyper,
+                                           lay.put(active, sh))
             loss, gnorm, ok = (np.asarray(m[k]) for k in ("loss", "grad_norm", "ok"))
             dt = time.perf_counter() - t0
             for k, i in enumerate(live):
@@ -367,11 +378,12 @@ def _loop(res, data, ckpts, outs, live, start, params, opt_state, step_fn, evalu
     return speed, params, val_loss
 
 
-def _validation(r0, data):
+def _validation(r0, data, lay: Members):
     """evaluate(params [M, ...]) -> [M] mean losses over the validation split, batched as a
     solo run batches it (`cgpt.train.loop._validation`); the split is the same for every seed."""
-    eval_fn = fused.make_fused_eval(r0.cfg)
-    eval_bs = min(r0.micro_batch, data.num_val_sequences)
+    eval_fn = fused.make_fused_eval(r0.cfg, lay.loss, lay.spmd_axis_name, lay.eval_sharding())
+    eval_bs = min(r0.micro_batch * r0.replicas, data.num_val_sequences)
+    eval_bs -= eval_bs % r0.replicas
     limit = r0.run.train.eval_batches
 
     def evaluate(params) -> np.ndarray:
