@@ -37,8 +37,10 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _rows(out: Path) -> dict[str, dict]:
+    """The results.csv rows of the runs this launch trained (not those --only left out)."""
     with open(out / "results.csv", newline="") as f:
-        return {r["run_id"]: r for r in csv.DictReader(f)}
+        return {r["run_id"]: r for r in csv.DictReader(f)
+                if (out / r["run_id"] / "summary.json").exists()}
 
 
 ARMS = {"fused": "fused", "nofuse": "--no-fuse", "procs": "a process per run"}

@@ -19,8 +19,8 @@ REPO = Path(__file__).resolve().parents[1]
 def test_unstack_equals_each_members_slice():
     tree = ({"w": jnp.arange(24.0).reshape(3, 2, 4), "b": jnp.arange(3.0) - 1},
             (jnp.arange(3, dtype=jnp.int32), {"m": jnp.ones((3, 5)) * jnp.arange(3.0)[:, None]}))
-    each = _unstack(tree)
-    assert len(each) == 3
+    finite, each = _unstack(tree)
+    assert np.asarray(finite).tolist() == [True] * 3 and len(each) == 3
     for k in range(3):
         want = fused.member(tree, k)
         got = each[k]
@@ -28,6 +28,9 @@ def test_unstack_equals_each_members_slice():
             [np.asarray(x).tolist() for x in jax.tree.leaves(want)]
         assert [x.dtype for x in jax.tree.leaves(got)] == \
             [x.dtype for x in jax.tree.leaves(want)]
+    bad = jax.tree.map(lambda x: x, tree)
+    bad[1][1]["m"] = bad[1][1]["m"].at[1, 2].set(jnp.nan)
+    assert np.asarray(_unstack(bad)[0]).tolist() == [True, False, True]
 
 
 class _Fake:
