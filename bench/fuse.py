@@ -1,4 +1,4 @@
-"""Fused against --no-fuse sweeps, and the demo's overhead (#21, item 5), in one run.
+"""Fused, --no-fuse and one process per run, and the demo's overhead (#21, item 5), in one run.
 
     python bench/fuse.py                       # (a), (b) and (c) at full size
     python bench/fuse.py --cases b --runs 4    # 4 seeds of tiny-45k only
@@ -11,17 +11,22 @@
     target is at most 1.3x).
 
 Each case is launched with `cgpt sweep` exactly as a user would (`cgpt.sweep.launch`: its
-process start, imports, data, compiles, evaluation and checkpoints included), once fused and
-once with --no-fuse, into fresh directories; each launch gets a fresh persistent
-compilation cache, so neither arm reuses the other's compiles. The data are prepared before
-anything is timed. Prints wall-clock seconds, the ratio, and the largest |val_loss|
-difference between the arms (they train the same runs).
+process start, imports, data, compiles, evaluation and checkpoints included) three ways, into
+fresh directories: fused; --no-fuse (one program per run, all runs in one worker process);
+and one `python -m cgpt train` process per run (`executors.execute_run`, what `cgpt sweep`
+did before #21). Each launch gets a fresh persistent compilation cache, so no arm reuses
+another's compiles. The data are prepared before anything is timed. Prints wall-clock
+seconds, the ratios, each arm's wall time against its own training-step time (its overhead),
+the per-member step time fused and alone (on a compute-bound CPU fusion cannot beat the sum
+of the members' steps), and the largest |val_loss| difference between the arms.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import io
+import json
 import os
 import tempfile
 import time
@@ -32,16 +37,30 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _rows(out: Path) -> dict[str, dict]:
+    """The results.csv rows of the runs this launch trained (not those --only left out)."""
     with open(out / "results.csv", newline="") as f:
-        return {r["run_id"]: r for r in csv.DictReader(f)}
+        return {r["run_id"]: r for r in csv.DictReader(f)
+                if (out / r["run_id"] / "summary.json").exists()}
 
 
-def _launch(sweep, out: Path, fuse: bool, only: str | None) -> tuple[float, dict]:
-    from cgpt.sweep import launch
+ARMS = {"fused": "fused", "nofuse": "--no-fuse", "procs": "a process per run"}
+
+
+def _launch(sweep, out: Path, arm: str, only: str | None) -> tuple[float, dict]:
+    """`cgpt sweep` of `sweep` into `out`; arm: 'fused', 'nofuse' (one program per run, one
+    worker process) or 'procs' (one `cgpt train` process per run, as before #21)."""
+    from unittest import mock
+
+    from cgpt.sweep import executors, launch, worker
+
+    def per_process(jobs, finished):  # the sequential local sweep as it was before #21
+        executors.run_local(jobs, 1, finished)
 
     t0 = time.perf_counter()
-    with redirect_stdout(io.StringIO()):
-        rc = launch(sweep, out, only=only, fuse=fuse, report=False)
+    with redirect_stdout(io.StringIO()), (mock.patch.object(worker, "run_one_process",
+                                                            per_process)
+                                          if arm == "procs" else contextlib.nullcontext()):
+        rc = launch(sweep, out, only=only, fuse=arm == "fused", report=False)
     wall = time.perf_counter() - t0
     if rc != 0:
         raise SystemExit(f"bench/fuse.py: the sweep in {out} did not finish (rc {rc}); see its "
@@ -49,31 +68,40 @@ def _launch(sweep, out: Path, fuse: bool, only: str | None) -> tuple[float, dict
     return wall, _rows(out)
 
 
-def _steps_s(out: Path, rows: dict) -> float:
-    """Training-step seconds of a sweep: each program's once (a fused group's members share)."""
-    import json
-
-    seen = {}
+def _steps(out: Path, rows: dict) -> tuple[float, float]:
+    """(training-step seconds of a sweep, counting each program once: a fused group's members
+    share theirs; seconds per step per run, averaged over the programs)."""
+    seen, per = {}, {}
     for rid in rows:
         s = json.loads((out / rid / "summary.json").read_text())
-        key = (s["placement"].get("fused"), round(s["train_time_s"], 6))
-        seen[key if s["placement"].get("fused") else rid] = s["train_time_s"]
-    return sum(seen.values())
+        m = s["placement"].get("fused") or 1
+        key = (m, round(s["train_time_s"], 6)) if m > 1 else rid
+        seen[key] = s["train_time_s"]
+        per[key] = s["train_time_s"] / max(1, s["steps"] - 1) / m  # the first step compiles
+    return sum(seen.values()), sum(per.values()) / len(per)
 
 
-def compare(name: str, sweep, root: Path, only: str | None = None) -> None:
-    """One spec fused and with --no-fuse; prints the wall-clock ratio."""
-    walls, rows = {}, {}
-    for fuse in (True, False):
-        out = root / f"{name}-{'fused' if fuse else 'nofuse'}"
-        walls[fuse], rows[fuse] = _launch(sweep, out, fuse, only)
-        steps = _steps_s(out, rows[fuse])
-        print(f"  {'fused   ' if fuse else '--no-fuse'}: {walls[fuse]:7.1f} s wall, "
-              f"training steps {steps:7.1f} s ({len(rows[fuse])} runs)", flush=True)
-    diff = max(abs(float(rows[True][k]["val_loss"]) - float(rows[False][k]["val_loss"]))
-               for k in rows[True])
-    print(f"  ({name}) fused is {walls[False] / walls[True]:.2f}x faster in wall-clock time; "
-          f"largest |val_loss| difference {diff:.1e}", flush=True)
+def compare(name: str, sweep, root: Path, only: str | None = None,
+            arms: str = "fused,nofuse,procs") -> None:
+    """One spec launched each way; prints wall-clock times and ratios."""
+    walls, rows, per = {}, {}, {}
+    for arm in arms.split(","):
+        out = root / f"{name}-{arm}"
+        walls[arm], rows[arm] = _launch(sweep, out, arm, only)
+        steps, per[arm] = _steps(out, rows[arm])
+        steps = steps or float("nan")  # a run of 1 step times none after its compile
+        print(f"  {ARMS[arm]:>17}: {walls[arm]:7.1f} s wall, training steps {steps:7.1f} s "
+              f"(wall = {walls[arm] / steps:.2f}x the steps; {1e3 * per[arm]:.1f} ms per step "
+              f"per run; {len(rows[arm])} runs)", flush=True)
+    if "fused" not in walls:
+        return
+    for arm in [a for a in walls if a != "fused"]:
+        diff = max(abs(float(rows["fused"][k]["val_loss"]) - float(rows[arm][k]["val_loss"]))
+                   for k in rows["fused"])
+        print(f"  ({name}) fused is {walls[arm] / walls['fused']:.2f}x faster than "
+              f"{ARMS[arm]} in wall-clock time (per-run step time: fused "
+              f"{1e3 * per['fused']:.1f} ms, alone {1e3 * per[arm]:.1f} ms); largest "
+              f"|val_loss| difference {diff:.1e}", flush=True)
 
 
 def main() -> None:
@@ -83,6 +111,10 @@ def main() -> None:
     ap.add_argument("--preset", default="tiny-45k", help="(b): the model")
     ap.add_argument("--scale", type=float, default=1.0,
                     help="token budgets x this (1: the specs' own; smaller: a quick look)")
+    ap.add_argument("--arms", default="fused,nofuse,procs",
+                    help="(a), (b): which launches, of fused, nofuse, procs (default: all three)")
+    ap.add_argument("--only", default="w16-*,w32-*",
+                    help="(a): which runs of mup_transfer.yaml (default: widths 16 and 32)")
     ap.add_argument("--out", help="where the sweeps go (default: a temporary directory)")
     a = ap.parse_args()
 
@@ -102,9 +134,9 @@ def main() -> None:
             sets = [f"train.tokens={int(160_000 * a.scale)}"] if a.scale != 1 else []
             s = load_sweep(REPO / "sweeps" / "mup_transfer.yaml", sets)
             load_data(s.runs[0].config.data)
-            print(f"(a) mup_transfer.yaml, widths 16 and 32, 7 LRs, μP and SP "
-                  f"({s.runs[0].steps} steps each):", flush=True)
-            compare("a", s, root, only="w16-*,w32-*")
+            print(f"(a) mup_transfer.yaml, runs {a.only} ({s.runs[0].steps} steps each):",
+                  flush=True)
+            compare("a", s, root, only=a.only, arms=a.arms)
         if "b" in a.cases:
             tokens = get_config(a.preset).chinchilla_tokens() * a.scale
             spec = root / "b.yaml"
@@ -115,16 +147,21 @@ def main() -> None:
             load_data(s.runs[0].config.data)
             print(f"(b) {a.runs} seeds of {a.preset} ({s.runs[0].steps} steps of "
                   f"{s.runs[0].batch_size} x {s.runs[0].config.data.seq_len}, f32):", flush=True)
-            compare("b", s, root)
+            compare("b", s, root, arms=a.arms)
         if "c" in a.cases:
             s = load_sweep(REPO / "sweeps" / "demo.yaml")
             load_data(s.runs[0].config.data)
-            wall, rows = _launch(s, root / "demo", True, None)
-            steps = _steps_s(root / "demo", rows)
+            wall, rows = _launch(s, root / "demo", "fused", None)
+            steps = _steps(root / "demo", rows)[0]
+            inside = sum(json.loads((root / "demo" / r / "summary.json").read_text())
+                         ["wall_time_s"] for r in rows)
             print(f"(c) demo.yaml, {len(rows)} runs: {wall:.1f} s wall, training steps "
-                  f"{steps:.1f} s: wall = {wall / steps:.2f}x the training steps (target <= 1.3x)",
-                  flush=True)
-        print(f"load average {os.getloadavg()[0]:.1f} at the end")
+                  f"{steps:.1f} s: wall = {wall / steps:.2f}x the training steps (target <= 1.3x)"
+                  f"; of the {wall - steps:.1f} s beyond the steps, {inside - steps:.1f} s are "
+                  "inside the runs (set-up, data, compiles, the first step, evaluations, "
+                  f"checkpoints) and {wall - inside:.1f} s outside them (the worker's start and "
+                  "imports, the sweep's bookkeeping)", flush=True)
+        print(f"load average {os.getloadavg()[0]:.1f} at the end", flush=True)
 
 
 if __name__ == "__main__":

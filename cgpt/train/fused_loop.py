@@ -19,6 +19,7 @@ import contextvars
 import json
 import math
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Sequence
@@ -261,6 +262,49 @@ def _compile(r0, members: int, memory: int):
     return compiled, b
 
 
+@jax.jit
+def _unstack(tree) -> tuple[jax.Array, list]:
+    """([M] members finite (`fused.members_finite`), every member's slice of a stacked tree as
+    its own arrays) in one program: a save dispatches and compiles once, not once per leaf and
+    member (8 members of tiny-45k: 400 eager slices)."""
+    return fused.members_finite(tree), [
+        jax.tree.map(lambda x: x[k], tree) for k in range(jax.tree.leaves(tree)[0].shape[0])]
+
+
+class _Saves:
+    """The members' checkpoint saves of one step, issued one after another from a background
+    thread while the next steps train (each save is Orbax's: atomic, into the member's own
+    directory; the member arrays are copies, so the donated state is free to change). The
+    next batch of saves, a failure, and the loop's end wait for them first; an error raised
+    while saving is raised there, in the loop's thread."""
+
+    def __init__(self) -> None:
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def start(self, saves: list) -> None:
+        """Issue `saves` ((checkpointer, step, params, opt_state) each) after the previous ones."""
+        self.wait()
+
+        def run() -> None:
+            try:
+                for ckpt, step, params, opt_state in saves:
+                    ckpt.save(step, params, opt_state)
+            except BaseException as e:  # noqa: BLE001 - re-raised by wait(), in the loop
+                self._error = e
+
+        self._thread = threading.Thread(target=run, name="cgpt-fused-saves", daemon=True)
+        self._thread.start()
+
+    def wait(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            err, self._error = self._error, None
+            raise err
+
+
 def _start(res, ckpts, outs, live, resuming, lay: Members):
     """(start step, stacked params, stacked optimizer state). Resuming, every member restarts
     from the newest step all of them kept; later checkpoints are set aside (a rewind)."""
@@ -307,6 +351,8 @@ def _loop(res, data, ckpts, outs, live, start, params, opt_state, step_fn, evalu
                desc=f"{r0.cfg.name} x{len(live)} fused")
     triggers = preempt.CheckpointTriggers(tr[live[0]].checkpoint_minutes).install()
 
+    saving = _Saves()
+
     def fail(k: int, err: TrainError) -> None:
         i = live[k]
         active[k] = False
@@ -329,6 +375,8 @@ def _loop(res, data, ckpts, outs, live, start, params, opt_state, step_fn, evalu
                                            lay.put(active, sh))
             loss, gnorm, ok = (np.asarray(m[k]) for k in ("loss", "grad_norm", "ok"))
             dt = time.perf_counter() - t0
+            if not ok[active].all():
+                saving.wait()  # the advice lists the member's checkpoints
             for k, i in enumerate(live):
                 if active[k] and not ok[k]:  # before any write for this step
                     what, note = ((f"loss is {loss[k]}", "") if not math.isfinite(loss[k]) else
@@ -358,22 +406,24 @@ def _loop(res, data, ckpts, outs, live, start, params, opt_state, step_fn, evalu
             saves = [k for k, i in enumerate(live) if active[k] and (
                 done % ckpt_every[i] == 0 or done == total or save_now)]
             if saves:
-                finite = np.asarray(fused.members_finite((params, opt_state)))
-                for k in saves:
+                finite, each = _unstack((params, opt_state))
+                finite = np.asarray(finite)
+                if not finite[saves].all():
+                    saving.wait()  # its checkpoints are listed in the advice
+                for k in [k for k in saves if not finite[k]]:  # the last guard before disk
                     i = live[k]
-                    if not finite[k]:  # the last guard before disk
-                        fail(k, resume.nonfinite_stop("non-finite parameters or optimizer "
-                                                      "state", done, ckpts[i].steps(), outs[i]))
-                        continue
-                    ckpts[i].save(done, fused.member(params, k), fused.member(opt_state, k))
+                    fail(k, resume.nonfinite_stop("non-finite parameters or optimizer "
+                                                  "state", done, ckpts[i].steps(), outs[i]))
+                saving.start([(ckpts[live[k]], done, *each[k]) for k in saves if finite[k]])
                 triggers.saved()
             bar.set_postfix(loss=f"{np.nanmean(np.where(active, loss, np.nan)):.3f}",
                             tok_s=f"{speed.tokens_per_s * active.sum():,.0f}", refresh=False)
             bar.update(1)
             if stop_signal and done < total:
+                saving.wait()
                 raise preempt.Preempted(stop_signal, done, ", ".join(map(str, outs)))
     finally:
-        rundir.close_all(triggers.uninstall, bar.close,
+        rundir.close_all(saving.wait, triggers.uninstall, bar.close,
                    *(logs[i].close for k, i in enumerate(live) if active[k]))
     return speed, params, val_loss
 
