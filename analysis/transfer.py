@@ -294,7 +294,8 @@ def plot_lr_transfer(sweep: pd.DataFrame, table: pd.DataFrame | None = None, pat
         _plain_y(ax)
         ax.set_xlabel("peak learning rate")
         ax.set_ylabel("validation loss (nats/token)")
-        ax.set_title(f"{param}: best LR ~ width^{drift}  (stars: optimum, 95% CI)")
+        ax.set_title(f"{param}: best LR ~ width^{drift}\n(lines: seed mean; stars: optimum, "
+                     "95% CI)", fontsize=10)
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=8)
     lo = min(a.get_ylim()[0] for a in axes)
