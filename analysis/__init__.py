@@ -27,8 +27,8 @@ _EXPORTS = {
     "report": ("sweep_report",),
     "downstream": ("cerebras_gpt_downstream", "fit_downstream", "plot_downstream"),
     "design": ("suggest_runs", "fit_ls", "predict_loss_opt", "profile_loss_opt"),
-    "transfer": ("LrOptimum", "lr_optimum", "lr_sweep", "transfer_table", "lr_drift",
-                 "plot_lr_transfer"),
+    "transfer": ("LrOptimum", "lr_optimum", "seed_optimum", "lr_sweep", "transfer_table",
+                 "lr_drift", "lr_drift_ci", "plot_lr_transfer"),
 }
 _HOME = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = list(_HOME)

@@ -8,10 +8,14 @@ with an interval, `transfer_table` does that per parametrization and width, and
 `lr_drift` summarizes the drift as the exponent of LR_opt ~ width^k (μP: k ~ 0, SP: k < 0).
 
 The optimum: a quadratic in log LR through the grid minimum and up to `window` grid points
-on each side; the interval is a parametric bootstrap of that fit, with noise the larger
-of the fit's residual scatter and `rel_noise` x the loss (default 0.35%, the run-to-run
-seed spread Cerebras-GPT reports). A minimum on the edge of the grid has no interval on
-that side (`edge` says which), since the data cannot say how far beyond the optimum lies.
+on each side. With several seeds per point (`seed_optimum`) each seed's curve is fit in the
+window around the seed-mean curve's minimum, and the interval is a Student-t interval over
+the per-seed optima (in log LR): it is the seed variance, with the few-seed t factor (a
+bootstrap over 3 seeds has only 10 distinct resamples and under-covers). With one seed
+(`lr_optimum`) the interval is a parametric bootstrap of the fit, with noise the larger of
+the fit's residual scatter and `rel_noise` x the loss (default 0.35%, the run-to-run seed
+spread Cerebras-GPT reports). A minimum on the edge of the grid has no interval on that side
+(`edge` says which), since the data cannot say how far beyond the optimum lies.
 """
 from __future__ import annotations
 
@@ -36,7 +40,9 @@ class LrOptimum:
     """Best peak LR of one loss-vs-LR curve and its 95% interval [lo, hi].
 
     `edge` is "low" or "high" when the grid minimum is the smallest or largest LR tried
-    (the interval is then open on that side: lo = 0 or hi = inf), else "".
+    (the interval is then open on that side: lo = 0 or hi = inf), else "". `seed_lrs` are
+    the per-seed optima the interval comes from (`seed_optimum`; empty for one seed), and
+    `seed_edges` counts the seeds whose own grid minimum is on an edge.
     """
 
     lr: float
@@ -44,6 +50,8 @@ class LrOptimum:
     hi: float
     loss: float
     edge: str = ""
+    seed_lrs: tuple = ()
+    seed_edges: int = 0
 
     def __str__(self) -> str:
         hi = "inf" if math.isinf(self.hi) else f"{self.hi:.3g}"
@@ -100,6 +108,70 @@ def lr_optimum(lr, loss, window: int = 2, rel_noise: float = SEED_REL_STD,
                      float(np.exp(max(hi, best))), float(np.polyval(coef, best)))
 
 
+def _fit_vertex(x: np.ndarray, y: np.ndarray) -> float:
+    """A quadratic's minimum on [x.min(), x.max()] (a least-squares fit, >= 3 points)."""
+    return _vertex(_quad(x, y), float(x.min()), float(x.max()))
+
+
+def _t_quantile(level: float, dof: int) -> float:
+    from scipy.stats import t
+
+    return float(t.ppf(0.5 + level / 2, dof))
+
+
+def seed_optimum(lr, loss, seed, window: int = 2, level: float = 0.95) -> LrOptimum:
+    """The loss-optimal LR of a curve measured at several seeds, with a seed-variance interval.
+
+    The window is the `window` grid LRs each side of the seed-mean curve's minimum; each
+    seed's curve gets its own quadratic in log LR there, and the optimum is the geometric
+    mean of the per-seed vertices with a Student-t interval (n - 1 dof) over them, so it
+    widens with the seed spread and with few seeds. A seed-mean minimum on the grid edge
+    leaves the interval open on that side, as in `lr_optimum`.
+    """
+    if isinstance(window, bool) or not isinstance(window, (int, np.integer)) or window < 1:
+        raise ValueError(f"window={window!r}: the LRs on each side of the best one that the "
+                         "parabola is fit through, a whole number >= 1 (default 2)")
+    if not 0 < level < 1:
+        raise ValueError(f"level={level!r}: the interval's coverage, between 0 and 1 (e.g. 0.95)")
+    lr, loss, seed = np.asarray(lr, float), np.asarray(loss, float), np.asarray(seed)
+    keep = np.isfinite(loss) & (lr > 0)
+    lr, loss, seed = lr[keep], loss[keep], seed[keep]
+    seeds = np.unique(seed)
+    if len(seeds) < 2:
+        raise ValueError(f"seed_optimum needs >= 2 seeds, got {len(seeds)}; one seed's curve "
+                         "takes lr_optimum (a parametric bootstrap of its fit)")
+    grid, inv = np.unique(lr, return_inverse=True)
+    if len(grid) < 3:
+        raise ValueError(f"seed_optimum needs finite losses at >= 3 distinct LRs, got {len(grid)}")
+    mean = np.bincount(inv, loss) / np.bincount(inv)
+    i = int(np.argmin(mean))
+    per_seed = [(s, seed == s) for s in seeds]
+    seed_edges = sum(int(lr[m][np.argmin(loss[m])] in (grid[0], grid[-1])) for _, m in per_seed)
+    if i == 0 or i == len(grid) - 1:
+        edge = "low" if i == 0 else "high"
+        nb = grid[1] if i == 0 else grid[-2]
+        return LrOptimum(float(grid[i]), 0.0 if i == 0 else float(nb),
+                         float(nb) if i == 0 else math.inf, float(mean[i]), edge,
+                         seed_edges=seed_edges)
+    lo_i, hi_i = max(0, i - window), min(len(grid), i + window + 1)
+    win = grid[lo_i:hi_i]
+    verts = []
+    for s, m in per_seed:
+        m = m & (lr >= win[0]) & (lr <= win[-1])
+        if len(np.unique(lr[m])) < 3:
+            raise ValueError(f"seed {s}: finite losses at only {len(np.unique(lr[m]))} of the "
+                             f"LRs {[float(v) for v in win]} around the optimum; the per-seed "
+                             "fit needs 3 (rerun the failed points or drop that seed)")
+        verts.append(_fit_vertex(np.log(lr[m]), loss[m]))
+    verts = np.array(verts)
+    n, centre = len(verts), float(verts.mean())
+    half = _t_quantile(level, n - 1) * float(verts.std(ddof=1)) / math.sqrt(n)
+    xw, yw = np.log(win), mean[lo_i:hi_i]
+    return LrOptimum(math.exp(centre), math.exp(centre - half), math.exp(centre + half),
+                     float(np.polyval(_quad(xw, yw), centre)), "",
+                     tuple(float(math.exp(v)) for v in verts), seed_edges)
+
+
 def _run_config(sweep_dir: Path, row) -> dict:
     """A run's config.yaml: DIR/<run_id>/ first (the sweep may have moved), else run_dir."""
     for d in (sweep_dir / str(row.run_id), Path(str(row.run_dir))):
@@ -113,7 +185,8 @@ def _run_config(sweep_dir: Path, row) -> dict:
 
 def lr_sweep(path: str | Path, loss: str = "val_loss") -> pd.DataFrame:
     """One row per finished run of an LR x width sweep: parametrization ("μP"/"SP"), width
-    (d_model), peak_lr and the loss, read from results.csv and each run's config.yaml."""
+    (d_model), peak_lr, seed (train.seed) and the loss, from results.csv and each run's
+    config.yaml."""
     path = Path(path)
     df = finished(load_results(path))
     sweep_dir = path if path.is_dir() else path.parent
@@ -126,17 +199,26 @@ def lr_sweep(path: str | Path, loss: str = "val_loss") -> pd.DataFrame:
                              "an LR sweep must set it in every run")
         rows.append({"run_id": r.run_id, "param": "μP" if cfg["model"]["mup"] else "SP",
                      "width": int(cfg["model"]["d_model"]), "peak_lr": float(lr),
-                     "loss": float(getattr(r, loss))})
+                     "seed": int(cfg["train"].get("seed", 0)), "loss": float(getattr(r, loss))})
     return pd.DataFrame(rows)
 
 
 def transfer_table(sweep: pd.DataFrame, **kw) -> pd.DataFrame:
-    """Per parametrization and width: the optimum LR, its interval, the loss there."""
+    """Per parametrization and width: the optimum LR, its interval, the loss there. A width
+    with >= 2 seeds takes `seed_optimum` (seed-variance interval), one seed `lr_optimum`."""
     out = []
     for (param, width), g in sweep.groupby(["param", "width"]):
-        o = lr_optimum(g["peak_lr"], g["loss"], **kw)
+        multi = "seed" in g and g["seed"].nunique() > 1
+        if multi:
+            o = seed_optimum(g["peak_lr"], g["loss"], g["seed"],
+                             **{k: v for k, v in kw.items() if k in ("window", "level")})
+        else:
+            o = lr_optimum(g["peak_lr"], g["loss"], **{k: v for k, v in kw.items()
+                                                        if k != "level"})
         out.append({"param": param, "width": width, "lr_opt": o.lr, "lr_lo": o.lo,
-                    "lr_hi": o.hi, "loss_opt": o.loss, "edge": o.edge, "n": len(g)})
+                    "lr_hi": o.hi, "loss_opt": o.loss, "edge": o.edge, "n": len(g),
+                    "seeds": g["seed"].nunique() if "seed" in g else 1,
+                    "seed_edges": o.seed_edges, "seed_lrs": o.seed_lrs})
     return pd.DataFrame(out).sort_values(["param", "width"]).reset_index(drop=True)
 
 
@@ -149,6 +231,34 @@ def lr_drift(table: pd.DataFrame) -> dict[str, float]:
     return out
 
 
+def lr_drift_ci(table: pd.DataFrame, level: float = 0.95) -> dict[str, tuple[float, float, float]]:
+    """Per parametrization, (k, lo, hi): the drift exponent with a Student-t interval over
+    seeds. Each seed's optima across widths give one slope k_s (seeds are independent runs,
+    so any pairing across widths is valid); k is their mean, which equals `lr_drift` of the
+    per-width geometric-mean optima. Needs the same number (>= 2) of seeds at every width and
+    no edge optimum (an edge makes k a bound)."""
+    if "seed_lrs" not in table:
+        raise ValueError("lr_drift_ci needs transfer_table's seed_lrs column: a sweep with "
+                         ">= 2 seeds per point (grid key `seed`)")
+    out = {}
+    for param, g in table.groupby("param"):
+        bad = g[g["edge"] != ""]
+        if len(bad):
+            raise ValueError(f"{param}: the optimum of width(s) {list(bad['width'])} is on the "
+                             "grid edge, so the drift is only a bound; extend the LR grid")
+        counts = {len(v) for v in g["seed_lrs"]}
+        if len(counts) != 1 or min(counts) < 2:
+            raise ValueError(f"{param}: seeds per width {sorted(counts)}; lr_drift_ci needs the "
+                             "same number (>= 2) of seeds at every width")
+        logw = np.log(g["width"].to_numpy(float))
+        opt = np.log(np.array([list(v) for v in g["seed_lrs"]], float))  # [width, seed]
+        ks = np.array([np.polyfit(logw, opt[:, j], 1)[0] for j in range(opt.shape[1])])
+        half = _t_quantile(level, len(ks) - 1) * float(ks.std(ddof=1)) / math.sqrt(len(ks))
+        k = float(ks.mean())
+        out[param] = (k, k - half, k + half)
+    return out
+
+
 def plot_lr_transfer(sweep: pd.DataFrame, table: pd.DataFrame | None = None, path=None):
     """Loss against peak LR, one curve per width, one panel per parametrization, with each
     width's optimum and interval marked: the figure of the μP transfer claim."""
@@ -158,13 +268,21 @@ def plot_lr_transfer(sweep: pd.DataFrame, table: pd.DataFrame | None = None, pat
     widths = sorted(sweep["width"].unique())
     colors = {w: c for w, c in zip(widths, _colors(len(widths)))}
     for ax, param in zip(axes, params):
-        drift = lr_drift(table[table["param"] == param])[param]
+        tp = table[table["param"] == param]
+        try:
+            k, klo, khi = lr_drift_ci(tp)[param]
+            drift = f"{k:+.2f} [{klo:+.2f}, {khi:+.2f}]"
+        except ValueError:  # one seed, or an edge optimum: the point value only
+            drift = f"{lr_drift(tp)[param]:+.2f}"
         for w in widths:
             g = sweep[(sweep["param"] == param) & (sweep["width"] == w)].sort_values("peak_lr")
             if g.empty:
                 continue
-            ax.plot(g["peak_lr"], g["loss"], "o-", color=colors[w], ms=4, label=f"width {w}")
-            t = table[(table["param"] == param) & (table["width"] == w)].iloc[0]
+            m = g.groupby("peak_lr")["loss"].mean()
+            ax.plot(m.index, m.to_numpy(), "o-", color=colors[w], ms=4, label=f"width {w}")
+            if "seed" in g and g["seed"].nunique() > 1:  # each seed's point, faint
+                ax.plot(g["peak_lr"], g["loss"], ".", color=colors[w], ms=3, alpha=0.4)
+            t = tp[tp["width"] == w].iloc[0]
             hi = min(t["lr_hi"], g["peak_lr"].max() * 1.5)
             lo = max(t["lr_lo"], g["peak_lr"].min() / 1.5)
             ax.errorbar([t["lr_opt"]], [t["loss_opt"]], xerr=[[t["lr_opt"] - lo],
@@ -176,7 +294,8 @@ def plot_lr_transfer(sweep: pd.DataFrame, table: pd.DataFrame | None = None, pat
         _plain_y(ax)
         ax.set_xlabel("peak learning rate")
         ax.set_ylabel("validation loss (nats/token)")
-        ax.set_title(f"{param}: best LR ~ width^{drift:+.2f}  (stars: optimum, 95% CI)")
+        ax.set_title(f"{param}: best LR ~ width^{drift}\n(lines: seed mean; stars: optimum, "
+                     "95% CI)", fontsize=10)
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=8)
     lo = min(a.get_ylim()[0] for a in axes)

@@ -7,7 +7,8 @@ import pytest
 import yaml
 
 from analysis import COLUMNS
-from analysis.transfer import lr_drift, lr_optimum, lr_sweep, plot_lr_transfer, transfer_table
+from analysis.transfer import (lr_drift, lr_drift_ci, lr_optimum, lr_sweep, plot_lr_transfer,
+                               seed_optimum, transfer_table)
 
 LRS = [1.25e-3, 2.5e-3, 5e-3, 1e-2, 2e-2, 4e-2]
 WIDTHS = [16, 32, 64, 128]
@@ -80,3 +81,105 @@ def test_sweep_without_peak_lr_is_an_error(tmp_path):
     f.unlink()
     with pytest.raises(FileNotFoundError, match="no config.yaml for run"):
         lr_sweep(root)
+
+
+# --- several seeds per point: the interval is the seed variance ------------------------------
+
+GRID = 3.125e-4 * 2.0 ** np.arange(11)  # sweeps/mup_transfer.yaml's LR grid
+
+
+def _seeded(rng, best, seeds=3, noise=0.01, offset=0.02, lrs=GRID):
+    """One simulated study: loss = quadratic in log LR with its minimum at `best`, plus a
+    per-seed offset (moves no optimum) and independent per-run noise (moves each seed's)."""
+    lr, loss, sd = [], [], []
+    for s in range(seeds):
+        y = (4.0 + 0.05 * np.log(lrs / best) ** 2 + offset * rng.standard_normal()
+             + noise * rng.standard_normal(len(lrs)))
+        lr += list(lrs)
+        loss += list(y)
+        sd += [s] * len(lrs)
+    return lr, loss, sd
+
+
+def test_seed_interval_covers_the_optimum_at_the_nominal_rate():
+    rng = np.random.default_rng(0)
+    hits, widths = [], []
+    for _ in range(400):
+        best = float(np.exp(rng.uniform(np.log(2e-3), np.log(5e-2))))
+        o = seed_optimum(*_seeded(rng, best))
+        assert o.edge == "" and len(o.seed_lrs) == 3 and o.lo < o.lr < o.hi
+        hits.append(o.lo <= best <= o.hi)
+        widths.append(o.hi / o.lo)
+    # 400 studies: 95% nominal, binomial sd 1.1%; measured 95.3% over 2000 studies
+    assert 0.91 <= np.mean(hits) <= 0.985, np.mean(hits)
+    quiet = [seed_optimum(*_seeded(rng, 1e-2, noise=0.002)) for _ in range(50)]
+    assert np.median([q.hi / q.lo for q in quiet]) < np.median(widths)  # less seed noise: narrower
+    # the interval is the spread of the per-seed optima with the t factor (3 seeds: 4.30)
+    v = np.log(quiet[0].seed_lrs)
+    half = 4.3027 * v.std(ddof=1) / np.sqrt(3)
+    assert quiet[0].lr == pytest.approx(np.exp(v.mean()), rel=1e-9)
+    assert quiet[0].hi == pytest.approx(np.exp(v.mean() + half), rel=1e-4)
+
+
+def test_seed_optimum_on_the_grid_edge_is_flagged_and_open():
+    rng = np.random.default_rng(1)
+    o = seed_optimum(*_seeded(rng, 2.0, noise=0.002))  # optimum far above 0.32
+    assert o.edge == "high" and o.lr == GRID[-1] and math.isinf(o.hi) and o.seed_edges == 3
+    low = seed_optimum(*_seeded(rng, 1e-5, noise=0.002))
+    assert low.edge == "low" and low.lo == 0 and low.hi == GRID[1]
+    inside = seed_optimum(*_seeded(rng, 1e-2, noise=0.002))
+    assert inside.edge == "" and inside.seed_edges == 0
+
+
+def test_seed_optimum_bad_input():
+    lr, loss, sd = _seeded(np.random.default_rng(2), 1e-2)
+    with pytest.raises(ValueError, match=">= 2 seeds"):
+        seed_optimum(lr[:11], loss[:11], sd[:11])
+    with pytest.raises(ValueError, match="level=1.5"):
+        seed_optimum(lr, loss, sd, level=1.5)
+    loss = np.array(loss)
+    near = np.isin(np.asarray(lr), GRID[4:7]) & (np.asarray(sd) == 1)  # seed 1's runs near 1e-2
+    loss[near] = np.nan
+    with pytest.raises(ValueError, match="seed 1: finite losses at only 2 of the LRs"):
+        seed_optimum(lr, loss, sd)
+
+
+def _seeded_sweep(rng, k_sp=-1.0, seeds=3, noise=0.01):
+    rows = []
+    for param, k in (("μP", 0.0), ("SP", k_sp)):
+        for w in WIDTHS:
+            lr, loss, sd = _seeded(rng, 1e-2 * (w / 32) ** k, seeds=seeds, noise=noise)
+            rows += [{"param": param, "width": w, "peak_lr": a, "seed": s, "loss": b}
+                     for a, b, s in zip(lr, loss, sd)]
+    return pd.DataFrame(rows)
+
+
+def test_drift_interval_from_the_seeds_covers_the_true_exponent():
+    rng = np.random.default_rng(3)
+    hits = {"μP": [], "SP": []}
+    for _ in range(60):
+        table = transfer_table(_seeded_sweep(rng))
+        assert (table["seeds"] == 3).all() and (table["edge"] == "").all()
+        ci = lr_drift_ci(table)
+        point = lr_drift(table)
+        for param, truth in (("μP", 0.0), ("SP", -1.0)):
+            k, lo, hi = ci[param]
+            assert k == pytest.approx(point[param], abs=1e-9)  # the mean of the per-seed slopes
+            hits[param].append(lo <= truth <= hi)
+    for param, h in hits.items():
+        assert 0.88 <= np.mean(h) <= 1.0, (param, np.mean(h))
+
+
+def test_drift_interval_refuses_edges_and_single_seeds(tmp_path):
+    rng = np.random.default_rng(4)
+    table = transfer_table(_seeded_sweep(rng, k_sp=-8.0, noise=0.002))  # SP at 128: off the grid
+    assert set(table.loc[table["edge"] != "", "param"]) == {"SP"}
+    with pytest.raises(ValueError, match="grid edge, so the drift is only a bound"):
+        lr_drift_ci(table)
+    one = transfer_table(lr_sweep(_write_sweep(tmp_path / "sweep")))  # one seed per point
+    assert (one["seeds"] == 1).all()
+    with pytest.raises(ValueError, match="same number \\(>= 2\\) of seeds"):
+        lr_drift_ci(one)
+    out = tmp_path / "seeded.png"
+    plot_lr_transfer(_seeded_sweep(rng), path=out)
+    assert out.stat().st_size > 10_000
