@@ -104,6 +104,11 @@ def compare(name: str, sweep, root: Path, only: str | None = None,
               f"|val_loss| difference {diff:.1e}", flush=True)
 
 
+# (a)'s default: the issue's grid (7 LRs, one seed) inside today's wider mup_transfer.yaml
+A_RUNS = ",".join(f"w{w}-*_s0_lr{lr}" for w in (16, 32)
+                  for lr in ("0.00125", "0.0025", "0.005", "0.01", "0.02", "0.04", "0.08"))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", default="abc", help="which of a, b, c to run (default: abc)")
@@ -113,8 +118,9 @@ def main() -> None:
                     help="token budgets x this (1: the specs' own; smaller: a quick look)")
     ap.add_argument("--arms", default="fused,nofuse,procs",
                     help="(a), (b): which launches, of fused, nofuse, procs (default: all three)")
-    ap.add_argument("--only", default="w16-*,w32-*",
-                    help="(a): which runs of mup_transfer.yaml (default: widths 16 and 32)")
+    ap.add_argument("--only", default=A_RUNS,
+                    help="(a): which runs of mup_transfer.yaml (default: widths 16 and 32, seed "
+                         "0, the 7 LRs 1.25e-3..8e-2 the issue's grid had: 28 runs)")
     ap.add_argument("--out", help="where the sweeps go (default: a temporary directory)")
     a = ap.parse_args()
 
