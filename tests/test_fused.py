@@ -76,6 +76,22 @@ def _assert_same_run(fused_dir, solo_dir, tol=1e-6):
     assert sa["placement"]["fused"] >= 2 and "fused" not in sb["placement"]
 
 
+def kill_fused_at(runs, outs, step: int, monkeypatch, only=None) -> None:
+    """Train `runs` fused into `outs`, killed (KeyboardInterrupt) as the save of `step` starts
+    (of the member in `only` alone, if given): a crash mid-save."""
+    real_save = checkpoint.Checkpointer.save
+
+    def dying_save(self, at, params, opt_state):
+        if at == step and (only is None or self.run_dir == only):
+            raise KeyboardInterrupt("killed")
+        real_save(self, at, params, opt_state)
+
+    monkeypatch.setattr(checkpoint.Checkpointer, "save", dying_save)
+    with pytest.raises(KeyboardInterrupt):
+        train_fused(runs, outs, progress=False)
+    monkeypatch.undo()
+
+
 def test_fused_members_equal_solo_runs(corpus, cache, tmp_path):
     """Seeds, data orders, LRs, warmup, weight decay, decay shapes and a WSD schedule."""
     runs = [_run(corpus, cache, seed=0),
@@ -140,17 +156,7 @@ def test_killed_group_resumes_bit_identically(corpus, cache, tmp_path, monkeypat
     train_fused(runs, ref, progress=False)
 
     outs = [tmp_path / "a0", tmp_path / "a1"]
-    real_save = checkpoint.Checkpointer.save
-
-    def dying_save(self, step, params, opt_state):  # killed while saving member 1's step 18
-        if step == 18 and self.run_dir == outs[1]:
-            raise KeyboardInterrupt("killed")
-        real_save(self, step, params, opt_state)
-
-    monkeypatch.setattr(checkpoint.Checkpointer, "save", dying_save)
-    with pytest.raises(KeyboardInterrupt):
-        train_fused(runs, outs, progress=False)
-    monkeypatch.undo()
+    kill_fused_at(runs, outs, 18, monkeypatch, only=outs[1])  # killed saving member 1's 18
     assert checkpoint.Checkpointer(outs[0]).steps()[-1] == 16  # member 1 kept 6 and 12
     results = train_fused(runs, outs, resume=True, progress=False)
     for i in range(2):  # restarted from step 12 (the newest step both kept) and equal exactly
@@ -166,17 +172,7 @@ def test_one_member_resumes_alone(corpus, cache, tmp_path, monkeypatch):
     """A fused member's checkpoints are an ordinary run's: `train --resume` continues it."""
     runs = [_run(corpus, cache, seed=0), _run(corpus, cache, seed=1)]
     outs = [tmp_path / "a0", tmp_path / "a1"]
-    real_save = checkpoint.Checkpointer.save
-
-    def dying_save(self, step, params, opt_state):
-        if step == 15:
-            raise KeyboardInterrupt("killed")
-        real_save(self, step, params, opt_state)
-
-    monkeypatch.setattr(checkpoint.Checkpointer, "save", dying_save)
-    with pytest.raises(KeyboardInterrupt):
-        train_fused(runs, outs, progress=False)
-    monkeypatch.undo()
+    kill_fused_at(runs, outs, 15, monkeypatch)
     s = train(runs[1], outs[1], resume=True, progress=False)
     assert s["resumed_from_step"] == 10
     train(runs[1], tmp_path / "solo", progress=False)

@@ -17,7 +17,8 @@ from cgpt.train import fused
 from cgpt.train.fused_loop import train_fused
 from cgpt.train.loop import train
 from cgpt.train.resolve import resolve
-from tests.test_fused import _assert_close_params, _assert_same_run, _params, _run
+from tests.test_fused import _assert_close_params, _assert_same_run, _params, _run, \
+    kill_fused_at
 
 KW = dict(steps=6, eval_every=3, ckpt_every=3)
 
@@ -103,7 +104,7 @@ def test_fused_on_data_mesh_equals_solo(corpus, cache, tmp_path):
 def test_fused_on_fsdp_mesh_equals_solo_and_resumes(corpus, cache, tmp_path, monkeypatch):
     """weight_streaming on fsdp=2, members held on the run's 2 devices (member=1): equal to
     the runs alone; killed, the group resumes on its mesh; one member resumes alone."""
-    from cgpt.train import checkpoint, rundir
+    from cgpt.train import rundir
 
     runs = [_run(corpus, cache, mode="weight_streaming", mesh="fsdp=2", seed=0, **KW),
             _run(corpus, cache, mode="weight_streaming", mesh="fsdp=2", seed=3, peak_lr=6e-3,
@@ -117,17 +118,7 @@ def test_fused_on_fsdp_mesh_equals_solo_and_resumes(corpus, cache, tmp_path, mon
         _assert_same_run(outs[i], tmp_path / f"solo{i}")
 
     killed = [tmp_path / "k0", tmp_path / "k1"]
-    real_save = checkpoint.Checkpointer.save
-
-    def dying_save(self, step, params, opt_state):
-        if step == 6:
-            raise KeyboardInterrupt("killed")
-        real_save(self, step, params, opt_state)
-
-    monkeypatch.setattr(checkpoint.Checkpointer, "save", dying_save)
-    with pytest.raises(KeyboardInterrupt):
-        train_fused(runs, killed, progress=False)
-    monkeypatch.undo()
+    kill_fused_at(runs, killed, 6, monkeypatch)
     again = train_fused(runs, killed, resume=True, progress=False)  # the group, on its mesh
     assert again[0]["resumed_from_step"] == 3
     logged = lambda d: [(r["step"], r["loss"], r.get("val_loss"))  # noqa: E731

@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from cgpt import sweep as sw
+from tests.sweep_helpers import write_corpus
 
 pytestmark = pytest.mark.slurm
 REPO = Path(__file__).resolve().parents[1]
@@ -48,22 +49,9 @@ def cluster(tmp_path_factory):
         os.environ["SLURM_CONF"] = old
 
 
-def _corpus(folder: Path) -> Path:
-    import random
-    rng = random.Random(0)
-    words = ["the", "model", "loss", "token", "scaling", "law", "compute", "data", "train",
-             "jax", "layer", "width", "depth", "optimal", "budget", "param", "step", "batch"]
-    folder.mkdir(parents=True, exist_ok=True)
-    for i in range(24):
-        lines = [" ".join(rng.choice(words) for _ in range(rng.randint(6, 14))) + "."
-                 for _ in range(30)]
-        (folder / f"doc{i:02d}.txt").write_text("\n".join(lines) + "\n")
-    return folder
-
-
 def _spec(tmp: Path, name: str, tokens: int, **extra) -> Path:
     base = {"model": {"vocab_size": 300},
-            "data": {"source": str(_corpus(tmp / "corpus")), "vocab_size": 300, "seq_len": 32,
+            "data": {"source": str(write_corpus(tmp / "corpus")), "vocab_size": 300, "seq_len": 32,
                      "val_sequences": 4, "cache_dir": str(tmp / "cache")},
             "train": {"batch_size": 8, "tokens": tokens, "log_every": 10, "ckpt_every": 100,
                       "eval_every": 100_000}}
