@@ -135,7 +135,7 @@ def test_one_node_1p3b_trades_remat_for_a_smaller_micro_batch():
     assert not best.remat and best.micro_batch < 66
     pipe = next(c for c in ranking if c.mode == "layer_pipelined" and c.axes == {"stage": 8})
     assert pipe.bubble_fraction > 0.05 and pipe.total_s > best.total_s
-    need = lambda *a: auto.footprint(cfg, 8, 2048, *a, activation_scale=0.5)  # noqa: E731
+    need = lambda *a: auto.footprint(cfg, 8, 2048, *a)  # noqa: E731
     cheap = cost.cheapest(cfg, best.mode, best.axes, 528, 2048, GB80, H100, need)
     assert cheap.total_s == pytest.approx(best.total_s)
 
