@@ -154,6 +154,22 @@ def test_one_node_no_pipeline_with_a_bubble_over_5_percent(name):
     assert r["fits"] and (r["bubble_fraction"] or 0) <= 0.05, (r["mode"], r["mesh"])
 
 
+def test_activations_at_the_compute_dtype():
+    """One activation size (`auto.activation_itemsize`): a GPU's bf16 step holds half of the
+    f32 step's activations; state and logits (f32 on every platform) do not change."""
+    gpu, f32 = _gpu("256M"), _gpu("256M").replace(compute_dtype="float32")
+    assert (auto.activation_itemsize(gpu), auto.activation_itemsize(f32)) == (2, 4)
+    assert auto.activation_itemsize(get_config("256M")) == 4  # unresolved ("auto"): f32
+    for remat in ("none", "full"):
+        a, b = (auto.activation_bytes(c.replace(remat=remat), gpu.n_layer, 11, 2048)
+                for c in (gpu, f32))
+        assert 2 * a == b
+        ws = [auto.weight_streaming_bytes_per_device(c.replace(remat=remat), 8, 11, 2048)
+              for c in (gpu, f32)]
+        assert ws[1] - ws[0] == a
+        assert auto.footprint(gpu, 8, 2048, "weight_streaming", {"data": 8}, 11, remat) == ws[0]
+
+
 def test_ties_keep_todays_order():
     cfg = ModelConfig(n_layer=4, d_model=64, n_head=2, vocab_size=256, n_ctx=32)
     cands = [("data_parallel", {"data": 8}, 2), ("data_parallel", {"data": 8}, 1),
