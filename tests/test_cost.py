@@ -135,7 +135,7 @@ def test_one_node_1p3b_trades_remat_for_a_smaller_micro_batch():
     assert not best.remat and best.micro_batch < 66
     pipe = next(c for c in ranking if c.mode == "layer_pipelined" and c.axes == {"stage": 8})
     assert pipe.bubble_fraction > 0.05 and pipe.total_s > best.total_s
-    need = lambda *a: auto.footprint(cfg, 8, 2048, *a, activation_scale=0.5)  # noqa: E731
+    need = lambda *a: auto.footprint(cfg, 8, 2048, *a)  # noqa: E731
     cheap = cost.cheapest(cfg, best.mode, best.axes, 528, 2048, GB80, H100, need)
     assert cheap.total_s == pytest.approx(best.total_s)
 
@@ -152,6 +152,22 @@ def test_one_node_no_pipeline_with_a_bubble_over_5_percent(name):
                     train=TrainConfig(batch_size=PUBLISHED_BATCH[name], mode="auto"))
     r = plan_analytic(run, "80GB", 8, 1)
     assert r["fits"] and (r["bubble_fraction"] or 0) <= 0.05, (r["mode"], r["mesh"])
+
+
+def test_activations_at_the_compute_dtype():
+    """One activation size (`auto.activation_itemsize`): a GPU's bf16 step holds half of the
+    f32 step's activations; state and logits (f32 on every platform) do not change."""
+    gpu, f32 = _gpu("256M"), _gpu("256M").replace(compute_dtype="float32")
+    assert (auto.activation_itemsize(gpu), auto.activation_itemsize(f32)) == (2, 4)
+    assert auto.activation_itemsize(get_config("256M")) == 4  # unresolved ("auto"): f32
+    for remat in ("none", "full"):
+        a, b = (auto.activation_bytes(c.replace(remat=remat), gpu.n_layer, 11, 2048)
+                for c in (gpu, f32))
+        assert 2 * a == b
+        ws = [auto.weight_streaming_bytes_per_device(c.replace(remat=remat), 8, 11, 2048)
+              for c in (gpu, f32)]
+        assert ws[1] - ws[0] == a
+        assert auto.footprint(gpu, 8, 2048, "weight_streaming", {"data": 8}, 11, remat) == ws[0]
 
 
 def test_ties_keep_todays_order():

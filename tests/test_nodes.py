@@ -127,6 +127,42 @@ def test_readme_table_is_generated_and_flags_crossing_fsdp():
                            for c in flagged)  # only fsdp is ever flagged, never hidden
 
 
+def test_readme_table_picks_the_fastest_step_it_prints():
+    """In every cell of the 1-32 node table the step printed is auto's top-ranked one (the
+    same micro-batch, remat and seconds) and no slower than any other placement auto weighed
+    that fits, each planned as the table plans it (`--mode M --mesh A --no-compile`): auto's
+    ranking and the table size steps on one memory model (`auto.activation_itemsize`)."""
+    from cgpt.config.data import DataConfig
+    from cgpt.config.model import recomputes_forward
+    from cgpt.config.run import RunConfig, TrainConfig
+    from cgpt.plan.analytic import NODE_COUNTS, PUBLISHED, plan_analytic
+    from cgpt.train.resolve import resolve
+
+    def run(model, batch, mode="auto", mesh=""):
+        return RunConfig(preset=model, model=get_config(model), data=DataConfig(seq_len=2048),
+                         train=TrainConfig(batch_size=batch, mode=mode, mesh=mesh))
+
+    alternatives = 0
+    for model, batch in PUBLISHED:
+        for n in NODE_COUNTS:
+            r = plan_analytic(run(model, batch), "80GB", 8 * n, n)
+            ranked = resolve(run(model, batch), 8 * n, platform="gpu",
+                             device_memory=80 * 10**9, nodes=n).auto_ranking
+            top, cell = ranked[0], (model, n)
+            assert (top.mode, top.axes) == (r["mode"], r["mesh"]), cell
+            assert (top.micro_batch, top.remat) == (r["micro_batch"], recomputes_forward(r["remat"])), cell
+            assert r["step_s_predicted"] == pytest.approx(top.total_s, rel=1e-12), cell
+            for c in ranked[1:]:
+                if not c.fits:
+                    continue
+                mesh = ",".join(f"{k}={v}" for k, v in c.axes.items())
+                alt = plan_analytic(run(model, batch, c.mode, mesh), "80GB", 8 * n, n)
+                if alt["fits"]:
+                    alternatives += 1
+                    assert r["step_s_predicted"] <= alt["step_s_predicted"], (cell, c.label())
+    assert alternatives >= 60  # rivals that fit: 73 in the 42 cells when written
+
+
 def test_plan_no_compile_json_axes(capsys):
     from cgpt.plan.command import main
 

@@ -3,12 +3,13 @@
 Nothing is lowered or compiled: the run is resolved as `train` would (`cgpt.train.resolve`,
 with `--mode auto` deciding by `cgpt.sharding.auto`'s memory model), its mesh laid over the
 nodes (`cgpt.sharding.nodes`: which axes cross nodes), and the step sized with the same
-footprints `auto` uses (16 bytes of state per parameter held, f32 activations, f32 logits):
-the micro-batch and remat are the fit's rule (`cgpt.sharding.fitrule.choose_step`, as
-`cgpt.train.fit` runs it on compiled steps) on those footprints; `fit.tried` lists the
-footprints it probed. Rough by design
-(f32 activations where a GPU computes in bf16: it errs on the safe side); the compiled plan
-(without --no-compile) is the exact figure. So 13B on 32 nodes plans in about a second.
+footprints `auto` uses (16 bytes of state per parameter held, activations at the compute
+dtype, `auto.activation_itemsize`: bf16 on a GPU; f32 logits): the micro-batch and remat are
+the fit's rule (`cgpt.sharding.fitrule.choose_step`, as `cgpt.train.fit` runs it on compiled
+steps) on those footprints, as `auto`'s cost ranking replays it, so a table cell's step is
+the one auto ranked first; `fit.tried` lists the footprints it probed. Rough by design; the
+compiled plan (without --no-compile) is the exact figure. So 13B on 32 nodes plans in about
+a second.
 """
 from __future__ import annotations
 

@@ -25,8 +25,7 @@ def cost_report(cfg, remat_asked: bool | None, mode: str, mesh: dict[str, int], 
 
     def need(m: str, axes: dict, rows: int, remat: bool) -> int:
         shards = weight_shards(m, axes, nodes) if m == "weight_streaming" else n
-        return auto.footprint(model, shards, seq_len, m, axes, rows, remat,
-                              activation_scale=cost.activation_scale(model))
+        return auto.footprint(model, shards, seq_len, m, axes, rows, remat)
 
     chosen = cost.step_cost(model, mode, mesh, plan.batch_size, seq_len, plan.micro_batch,
                             recomputes_forward(cfg.remat), hw, micro_batches=micro_batches)

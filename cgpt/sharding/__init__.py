@@ -36,7 +36,7 @@ import importlib
 # public names -> the module that defines them; imported on first use, so that the JAX-free
 # modules (`axes`, `auto`) load without JAX (`cgpt.train.resolve` reads them)
 _EXPORTS = {
-    "auto": ("BYTES_PER_PARAM_STATE", "activation_bytes", "choose_auto",
+    "auto": ("BYTES_PER_PARAM_STATE", "activation_bytes", "activation_itemsize", "choose_auto",
              "data_parallel_bytes_per_device", "logits_bytes", "pipeline_bytes_per_device",
              "placement", "weight_streaming_bytes_per_device"),
     "mesh": ("build_mesh", "device_memory_bytes", "emulate_cpu_devices",

@@ -3,13 +3,17 @@
 Per-device footprints, in bytes, of the three placements for `rows` sequences of `seq_len`
 tokens in flight per batch shard (one accumulation step):
   state        16 bytes per parameter held (f32 weight, gradient, Adam's mu and nu)
-  activations  f32: each layer's input (remat) or input + its weight matmuls' outputs
+  activations  at the compute dtype (`activation_itemsize`: 2 bytes for bf16, GPUs' default,
+               else 4): each layer's input (remat) or input + its weight matmuls' outputs
                (8 d more), for the layers a device runs, plus one layer's full set
-               (~16 d + 2 H T floats per token, Korthikanti et al.) rebuilt in the backward
+               (~16 d + 2 H T values per token, Korthikanti et al.) rebuilt in the backward
   logits       B x T x V in f32 and their gradient (8 bytes each): at V = 50257 they
                outweigh a whole 111M model's activations
 Rough by design (within a few percent of the compiled plan for 13B on stage=8,data=8);
-`cgpt plan` compiles the real step for the exact figure.
+`cgpt plan` compiles the real step for the exact figure. Compiled here on XLA's CPU (which
+widens part of a bf16 step back to f32), the GPU-default weight-streaming steps on data=8
+(111M 15/off, 256M 33/off and 33/on) take 27.8, 80.1 and 47.5 GB against this model's 21.0,
+58.6 and 42.2 (bf16 activations; 29.0, 88.9, 56.0 with f32 ones); no GPU has measured them.
 """
 from __future__ import annotations
 
@@ -36,11 +40,20 @@ def logits_bytes(cfg: ModelConfig, rows: int, seq_len: int) -> int:
     return 2 * 4 * rows * seq_len * cfg.vocab_size
 
 
+def activation_itemsize(cfg: ModelConfig) -> int:
+    """Bytes per activation value: the compute dtype's, as the step holds them (bf16 on a
+    GPU: `cgpt.model.gpt.embed` casts the residual stream to it and every matmul returns it;
+    only attention's scores, which cuDNN's flash attention never stores, and the logits are
+    f32). One fact for auto's fit check, its cost ranking's fit replay and the analytic plan,
+    so the mode auto picks is the fastest by the step the plan prints."""
+    return 2 if cfg.compute_dtype == "bfloat16" else 4
+
+
 def activation_bytes(cfg: ModelConfig, layers: int, rows: int, seq_len: int) -> int:
     """What `layers` layers keep for the backward pass, plus one layer's full set."""
     full = 16 * cfg.d_model + 2 * cfg.n_head * seq_len
     per_token = layers * cfg.d_model * (1 if cfg.remat == "full" else 9) + full
-    return 4 * rows * seq_len * per_token
+    return activation_itemsize(cfg) * rows * seq_len * per_token
 
 
 def pipeline_bytes_per_device(cfg: ModelConfig, stages: int, rows: int, seq_len: int) -> int:
@@ -71,18 +84,15 @@ def weight_streaming_bytes_per_device(cfg: ModelConfig, num_devices: int, rows: 
 
 
 def footprint(cfg: ModelConfig, num_devices: int, seq_len: int, mode: str, axes: dict[str, int],
-              rows: int, remat: bool | None = None, activation_scale: float = 1.0) -> int:
+              rows: int, remat: bool | None = None) -> int:
     """auto's estimate for `mode` on `axes` with `rows` in flight per batch shard (remat:
-    the config's unless given), its activations scaled by `activation_scale` (0.5: bf16):
-    the memory model the cost model replays the fit on."""
+    the config's unless given): the memory model the cost model replays the fit on."""
     cfg = cfg if remat is None else cfg.replace(remat=remat)
-    stages = axes.get("stage", 1) if mode == "layer_pipelined" else 1
-    less = int((1 - activation_scale) * activation_bytes(cfg, cfg.n_layer // stages, rows, seq_len))
     if mode == "layer_pipelined":
-        return pipeline_bytes_per_device(cfg, stages, rows, seq_len) - less
+        return pipeline_bytes_per_device(cfg, axes.get("stage", 1), rows, seq_len)
     if mode == "data_parallel":
-        return data_parallel_bytes_per_device(cfg, rows, seq_len) - less
-    return weight_streaming_bytes_per_device(cfg, num_devices, rows, seq_len) - less
+        return data_parallel_bytes_per_device(cfg, rows, seq_len)
+    return weight_streaming_bytes_per_device(cfg, num_devices, rows, seq_len)
 
 
 def choose_auto(cfg: ModelConfig, num_devices: int, memory: int, batch: int, seq_len: int,
@@ -153,8 +163,7 @@ def choose_auto(cfg: ModelConfig, num_devices: int, memory: int, batch: int, seq
                       for m, a, b in cands)
     ranked = cost.rank(cfg, cands, batch, seq_len, memory, hardware, lambda m, a, *rest: footprint(
         cfg, weight_shards(m, a, nodes) if m == "weight_streaming" else num_devices, seq_len,
-        m, a, *rest, activation_scale=cost.activation_scale(cfg)),  # as the candidates' own
-        micro_batch) if hardware else []
+        m, a, *rest), micro_batch) if hardware else []  # as the candidates' own footprints
     if ranking is not None:
         ranking.extend(ranked)
     if ranked and ranked[0].fits:

@@ -60,16 +60,6 @@ GATHER_BYTES = 4  # weight streaming's gathers counted at f32, an upper bound: s
 PREFERENCE = ("layer_pipelined", "data_parallel", "weight_streaming")  # today's order (ties)
 
 
-def activation_scale(cfg: ModelConfig) -> float:
-    """auto's memory model counts f32 activations; the fit replay halves them for bf16
-    compute. Neither is exact against the compiled GPU-default steps (bf16 matmuls, f32
-    residual stream): weight streaming on data=8, 111M 15/off and 256M 33/off and 33/on
-    compile to 27.8, 80.1 and 47.5 GB against 29.0, 88.9, 56.0 (f32) and 21.0, 58.6, 42.2
-    (halved); pipelines miss by up to 2x either way. With the halves, auto's one-node choices
-    for 111M, 256M and 1.3B equal those costed at the compiled fits; with f32, 111M's only."""
-    return 0.5 if cfg.compute_dtype == "bfloat16" else 1.0
-
-
 @dataclass(frozen=True)
 class Hardware:
     """One accelerator and its links, per device, one direction (bytes/s)."""
