@@ -98,6 +98,7 @@ def test_spec_presets_on_their_nodes_cross_only_data_and_fit(sweep):
     from cgpt.sweep.resources import derive, disagreements
 
     assert sweep.estimate.device_memory == 80 * 10**9
+    readme = (REPO / "README.md").read_text()
     nodes = {}
     for run in sweep.runs:
         n = int(run.slurm["nodes"])
@@ -108,7 +109,11 @@ def test_spec_presets_on_their_nodes_cross_only_data_and_fit(sweep):
         assert set(r["crosses_nodes"]) <= {"data", "stage"}, (run.model, r["axes"])
         if n > 1:
             assert r["crosses_nodes"], run.model
-        assert disagreements(run, derive(sweep, run)) == [], run.model
+        d = derive(sweep, run)
+        assert disagreements(run, d) == [], run.model
+        mesh = ",".join(f"{k}={v}" for k, v in d["plan"]["mesh"].items())
+        gpus = n * int(run.slurm["gpus_per_node"])
+        assert f"| {run.model} | {n} ({gpus}) | {mesh} |" in readme, (run.model, mesh)  # its table
     assert max(nodes.values()) >= 16  # the multi-node presets are among them
 
 
