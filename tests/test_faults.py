@@ -136,6 +136,7 @@ WALL_CLOCK = {"wall_time_s", "train_time_s", "tokens_per_s", "mfu", "mfu_full_at
               "resumed_from_step"}
 
 
+@pytest.mark.slow  # a kill around the summary: test_faults_sweep's truncated summary covers it by default
 def test_summary_after_a_late_kill_equals_uninterrupted(corpus, cache, tmp_path, monkeypatch):
     kw = dict(tokens=8 * 16 * 100, ckpt_every=97, eval_every=50, log_every=10)
     ref = train(_run(corpus, cache, **kw), tmp_path / "ref", progress=False)

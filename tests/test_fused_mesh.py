@@ -83,6 +83,7 @@ def test_member_init_is_the_solo_runs(corpus, cache):
     assert (np.asarray(k[3]) == np.asarray(sp["h"]["mlp"]["c_fc"]["kernel"])).all()
 
 
+@pytest.mark.slow  # ~30 s quiet; test_fused.py's one-device equality and the layout tests run by default
 def test_fused_on_data_mesh_equals_solo(corpus, cache, tmp_path):
     """2 members on 4 devices (member=2 x data=2): each equals its run alone on data=2."""
     lean = dict(KW, eval_every=6, ckpt_every=6)  # one evaluation and checkpoint: the last

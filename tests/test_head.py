@@ -27,8 +27,8 @@ def _loss_and_grads(cfg, chunk, tokens, params):
     return jax.jit(jax.value_and_grad(loss))(params)
 
 
-@pytest.mark.parametrize("cfg", [TINY, TINY.replace(mup=True, mup_base_width=8,
-                                                    vocab_multiple=64)],
+@pytest.mark.parametrize("cfg", [pytest.param(TINY, marks=pytest.mark.slow),  # the padded case covers it
+                                 TINY.replace(mup=True, mup_base_width=8, vocab_multiple=64)],
                          ids=["sp", "mup-padded-vocab"])
 def test_chunked_cross_entropy_equals_the_f32_path(cfg):
     params = model.init_params(cfg, 0)

@@ -211,7 +211,7 @@ def test_relative_typo_is_not_taken_for_a_hub_id(tmp_path, monkeypatch):
         cgpt.load("runs/typo")
 
 
-@pytest.mark.parametrize("fmt", ["st", "bin"])
+@pytest.mark.parametrize("fmt", ["st", pytest.param("bin", marks=pytest.mark.slow)])  # bin: the slow twin
 def test_exact_111m_shape(tmp_path_factory, fmt):
     """At exactly the published 111M shape: counts, logits, loss and 32 greedy tokens."""
     ref_cfg = cgpt.get_config("111M")
