@@ -40,8 +40,8 @@ def test_worker_compiles_the_next_lone_job_ahead(tmp_path, monkeypatch):
     monkeypatch.setattr(warm, "cache_enabled", lambda: True)
     seen = []
 
-    def compile_run(run):
-        seen.append(run)
+    def compile_run(run, step=True):
+        seen.append((run, step))
         raise ValueError("model.d_model: bad")
 
     monkeypatch.setattr(warm, "compile_run", compile_run)
@@ -50,8 +50,9 @@ def test_worker_compiles_the_next_lone_job_ahead(tmp_path, monkeypatch):
     assert ahead.next(0) == ""  # nothing was compiled for the first job
     assert ahead.next(1) == ("compile-ahead failed (ValueError: model.d_model: bad); "
                              "compiling at start-up\n")
-    assert ahead.next(2) == "" and seen == ["r1"]
-    monkeypatch.setattr(warm, "compile_run", lambda run: ["step", "eval"])
+    # the first job's init and eval beside its own step's compile, then the next job's all
+    assert ahead.next(2) == "" and seen == [("r0", False), ("r1", True)]
+    monkeypatch.setattr(warm, "compile_run", lambda run, step=True: ["step", "eval"])
     ahead = worker._Ahead(jobs[:2])
     ahead.next(0)
     assert ahead.next(1).startswith("compiled ahead while the previous job ran (")
@@ -78,7 +79,7 @@ def test_ahead_compiled_programs_are_the_runs_own(tmp_path):
                                    "val_sequences": 4, "cache_dir": str(tmp_path / "data")},
                           "train": {"batch_size": 8, "tokens": 8 * 32 * 6}}, "test")
 
-    saved = {k: jax.config.read(k) for k in (
+    saved = {k: getattr(jax.config, k) for k in (
         "jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
         "jax_persistent_cache_min_entry_size_bytes")}
 
@@ -94,14 +95,18 @@ def test_ahead_compiled_programs_are_the_runs_own(tmp_path):
 
     try:
         use_cache(tmp_path / "c1")
-        train(run("tiny-17k"), tmp_path / "a", progress=False)  # the shape-free eager ops
         train(run("tiny-45k"), tmp_path / "solo", progress=False)  # compiled at start-up
         use_cache(tmp_path / "c2")
+        train(run("tiny-17k"), tmp_path / "a", progress=False)  # the shape-free eager ops
         assert warm.cache_enabled()
         assert warm.compile_run(run("tiny-45k")) == ["step", "init", "optimizer init",
                                                      "all_finite", "eval"]
         ahead = set(os.listdir(tmp_path / "c2"))
         assert len(ahead) >= 5
+        # without the step: the fit's first candidate, the same programs (no new entry)
+        assert warm.compile_run(run("tiny-45k"), step=False) == ["init", "optimizer init",
+                                                                 "all_finite", "eval"]
+        assert set(os.listdir(tmp_path / "c2")) == ahead
         train(run("tiny-45k"), tmp_path / "b", progress=False)
         assert set(os.listdir(tmp_path / "c2")) == ahead  # nothing compiled at start-up
     finally:
