@@ -40,8 +40,8 @@ def test_worker_compiles_the_next_lone_job_ahead(tmp_path, monkeypatch):
     monkeypatch.setattr(warm, "cache_enabled", lambda: True)
     seen = []
 
-    def compile_run(run, step=True):
-        seen.append((run, step))
+    def compile_run(run):
+        seen.append(run)
         raise ValueError("model.d_model: bad")
 
     monkeypatch.setattr(warm, "compile_run", compile_run)
@@ -50,9 +50,8 @@ def test_worker_compiles_the_next_lone_job_ahead(tmp_path, monkeypatch):
     assert ahead.next(0) == ""  # nothing was compiled for the first job
     assert ahead.next(1) == ("compile-ahead failed (ValueError: model.d_model: bad); "
                              "compiling at start-up\n")
-    # the first job's init and eval beside its own step's compile, then the next job's all
-    assert ahead.next(2) == "" and seen == [("r0", False), ("r1", True)]
-    monkeypatch.setattr(warm, "compile_run", lambda run, step=True: ["step", "eval"])
+    assert ahead.next(2) == "" and seen == ["r1"]
+    monkeypatch.setattr(warm, "compile_run", lambda run: ["step", "eval"])
     ahead = worker._Ahead(jobs[:2])
     ahead.next(0)
     assert ahead.next(1).startswith("compiled ahead while the previous job ran (")
@@ -103,10 +102,6 @@ def test_ahead_compiled_programs_are_the_runs_own(tmp_path):
                                                      "all_finite", "eval"]
         ahead = set(os.listdir(tmp_path / "c2"))
         assert len(ahead) >= 5
-        # without the step: the fit's first candidate, the same programs (no new entry)
-        assert warm.compile_run(run("tiny-45k"), step=False) == ["init", "optimizer init",
-                                                                 "all_finite", "eval"]
-        assert set(os.listdir(tmp_path / "c2")) == ahead
         train(run("tiny-45k"), tmp_path / "b", progress=False)
         assert set(os.listdir(tmp_path / "c2")) == ahead  # nothing compiled at start-up
     finally:

@@ -329,18 +329,9 @@ class _Ahead:
                 f"{', '.join(done)}\n" if done else
                 f"compile-ahead failed ({err}); compiling at start-up\n" if err else "")
         nxt = self.jobs[i + 1] if i + 1 < len(self.jobs) else None
-        if nxt is None or not self._wanted(nxt):
-            return note
-        first = self.jobs[0] if i == 0 and self._wanted(self.jobs[0]) else None
-
-        def compile_ahead() -> list[str]:
-            if first is not None:  # the first job's init and eval, beside its step's compile
-                with contextlib.suppress(Exception):  # (it compiles them itself otherwise)
-                    self.warm.compile_run(_config(first), step=False)
-            return self.warm.compile_run(_config(nxt))
-
-        self.t0 = time.perf_counter()
-        self.runner.start(nxt.run_id, compile_ahead)
+        if nxt is not None and self._wanted(nxt):
+            self.t0 = time.perf_counter()
+            self.runner.start(nxt.run_id, lambda: self.warm.compile_run(_config(nxt)))
         return note
 
 

@@ -20,7 +20,6 @@ import jax
 import jax.numpy as jnp
 
 from cgpt.config import backend
-from cgpt.config.model import remat_value
 from cgpt.config.run import RunConfig, parse_bytes
 
 
@@ -30,12 +29,10 @@ def cache_enabled() -> bool:
     return bool(jax.config.jax_compilation_cache_dir)
 
 
-def compile_run(run: RunConfig, step: bool = True) -> list[str]:
+def compile_run(run: RunConfig) -> list[str]:
     """Compile the programs `cgpt.train.loop.train(run, ...)` starts with, on abstract values;
     returns their names in the order compiled. One process only (a multi-process job agrees
-    on its memory with a collective, which must not run off the main thread). step=False:
-    all but the train step, beside a run that is compiling its step now (one device only:
-    the micro-batch and remat are then the fit's first candidate, what a CPU run trains)."""
+    on its memory with a collective, which must not run off the main thread)."""
     from cgpt.model import gpt as model
     from cgpt.sharding.mesh import device_memory_bytes, job_nodes
     from cgpt.train import fit, optim, setup
@@ -52,18 +49,9 @@ def compile_run(run: RunConfig, step: bool = True) -> list[str]:
     res = resolve(run, devices, device_memory=memory, num_processes=1, nodes=job_nodes(devices))
     strategy = setup.place(res, devices)
     optimizer = optim.make_optimizer(res.recipe, res.cfg)
-    if step:
-        res, _, fitted = fit.fit_step(res, strategy, optimizer, memory)
-        done = ["step"]
-        if not fitted.fits:
-            return done
-    else:
-        if res.mode != "single":
-            return []
-        rung = (res.cfg.remat if res.cfg.remat is not None
-                else backend.defaults(res.platform or "cpu").remat_ladder[0])
-        res, done = res.fitted(t.micro_batch or res.batch_size, remat_value(rung)), []
-    if res.mode != "single":  # the sharded modes' init and eval: compiled by the run
+    res, _, fitted = fit.fit_step(res, strategy, optimizer, memory)
+    done = ["step"]
+    if not fitted.fits or res.mode != "single":  # the sharded modes' init/eval: by the run
         return done
     abstract_p = jax.eval_shape(lambda: model.init_params(res.cfg))
     abstract_o = jax.eval_shape(optimizer.init, abstract_p)
