@@ -19,6 +19,8 @@ def test_ahead_keeps_a_failure_and_runs_one_at_a_time():
     a.start("x", lambda: 1 / 0)
     name, done, err = a.wait()
     assert (name, done) == ("x", None) and err == "ZeroDivisionError: division by zero"
+    a.start("y", lambda: (_ for _ in ()).throw(ValueError("bad key\n  at line 3")))
+    assert a.wait() == ("y", None, "ValueError: bad key")  # one line for the job's log
     running, overlaps = [], []
 
     def slow(tag):

@@ -88,7 +88,8 @@ class Ahead:
             try:
                 self._result = (name, fn(), None)
             except BaseException as e:  # noqa: BLE001 - dropped: the job compiles for itself
-                self._result = (name, None, f"{type(e).__name__}: {e}")
+                first = (str(e).strip().splitlines() or [""])[0][:300]  # one log line
+                self._result = (name, None, f"{type(e).__name__}: {first}")
 
         self._result = (name, None, None)
         self._thread = threading.Thread(target=body, name=f"cgpt-ahead-{name}", daemon=True)
