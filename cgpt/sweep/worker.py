@@ -308,7 +308,7 @@ class _Ahead:
     for itself), and only with a cache (`--compile-cache none`: nothing is compiled ahead)."""
 
     def __init__(self, jobs: list[Job]):
-        self.jobs, self.t0, self.runner = jobs, 0.0, None
+        self.jobs, self.runner = jobs, None
         if len(jobs) > 1:
             from cgpt.train import warm
 
@@ -323,14 +323,12 @@ class _Ahead:
         if self.runner is None:
             return ""
         name, done, err = self.runner.wait()
-        took = time.perf_counter() - self.t0
         note = ("" if name != self.jobs[i].run_id else
-                f"compiled ahead while the previous job ran ({took:.1f} s): "
+                f"compiled ahead while the previous job ran ({self.runner.seconds:.1f} s): "
                 f"{', '.join(done)}\n" if done else
                 f"compile-ahead failed ({err}); compiling at start-up\n" if err else "")
         nxt = self.jobs[i + 1] if i + 1 < len(self.jobs) else None
         if nxt is not None and self._wanted(nxt):
-            self.t0 = time.perf_counter()
             self.runner.start(nxt.run_id, lambda: self.warm.compile_run(_config(nxt)))
         return note
 

@@ -13,6 +13,7 @@ dropped: the job compiles for itself and fails, if it must, with its own one-lin
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import replace
 from typing import Callable
 
@@ -80,13 +81,17 @@ class Ahead:
     def __init__(self) -> None:
         self._thread: threading.Thread | None = None
         self._result: tuple = (None, None, None)
+        self.seconds = 0.0  # how long the last successful compile-ahead took
 
     def start(self, name: str, fn: Callable[[], list[str]]) -> None:
         self.wait()
 
         def body() -> None:
+            t0 = time.perf_counter()
             try:
-                self._result = (name, fn(), None)
+                done = fn()
+                self.seconds = time.perf_counter() - t0
+                self._result = (name, done, None)
             except BaseException as e:  # noqa: BLE001 - dropped: the job compiles for itself
                 first = (str(e).strip().splitlines() or [""])[0][:300]  # one log line
                 self._result = (name, None, f"{type(e).__name__}: {first}")
