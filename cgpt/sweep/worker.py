@@ -265,8 +265,9 @@ def _output_to(log: Path):
         os.close(saved[1])
 
 
-def run_job(job: Job, redirect: bool) -> list[dict]:
-    """Train one job here: lock its run directories, train, release; one result per run."""
+def run_job(job: Job, redirect: bool, note: str = "") -> list[dict]:
+    """Train one job here: lock its run directories, train, release; one result per run.
+    `note`: a line for the job's train.log after its header (its compile-ahead)."""
     members = list(job.members) or [job]
     log, t0, locks = Path(job.run_dir) / LOG_FILE, time.time(), []
     try:
@@ -285,7 +286,8 @@ def run_job(job: Job, redirect: bool) -> list[dict]:
             for m in members:
                 with open(Path(m.run_dir) / LOG_FILE, "a") as f:
                     f.write(_header(m, members[0], len(members),
-                                    f" [in the sweep's worker process, pid {os.getpid()}]"))
+                                    f" [in the sweep's worker process, pid {os.getpid()}]")
+                            + note)
             if job.branch_from and not _wait_for_parent(job):
                 return [{"run_id": job.run_id, "status": "failed", "returncode": None,
                          "error": f"parent {job.branch_from} did not produce its checkpoint"}]
@@ -299,6 +301,38 @@ def run_job(job: Job, redirect: bool) -> list[dict]:
             os.close(fd)
 
 
+class _Ahead:
+    """While job i starts and trains, job i+1's programs compile in a background thread
+    (`cgpt.train.warm`), into the persistent compilation cache the sweep sets: the next job
+    then loads them instead of compiling. Lone runs only (a fused group or a branch compiles
+    for itself), and only with a cache (`--compile-cache none`: nothing is compiled ahead)."""
+
+    def __init__(self, jobs: list[Job]):
+        self.jobs, self.runner = jobs, None
+        if len(jobs) > 1:
+            from cgpt.train import warm
+
+            if warm.cache_enabled():
+                self.runner, self.warm = warm.Ahead(), warm
+
+    def _wanted(self, job: Job) -> bool:
+        return not (job.members or job.branch_from)
+
+    def next(self, i: int) -> str:
+        """Join job i's compile-ahead (a line for its log, or ""), start job i+1's."""
+        if self.runner is None:
+            return ""
+        name, done, err = self.runner.wait()
+        note = ("" if name != self.jobs[i].run_id else
+                f"compiled ahead while the previous job ran ({self.runner.seconds:.1f} s): "
+                f"{', '.join(done)}\n" if done else
+                f"compile-ahead failed ({err}); compiling at start-up\n" if err else "")
+        nxt = self.jobs[i + 1] if i + 1 < len(self.jobs) else None
+        if nxt is not None and self._wanted(nxt):
+            self.runner.start(nxt.run_id, lambda: self.warm.compile_run(_config(nxt)))
+        return note
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     report = "--report" in argv
@@ -306,8 +340,10 @@ def main(argv: list[str] | None = None) -> int:
     channel = os.dup(1) if report else None
     if report:  # our own output goes to the sweep's stderr between jobs, not the channel
         os.dup2(2, 1)
-    for job in jobs:
-        results = run_job(job, redirect=report)
+    ahead = _Ahead(jobs)
+    for i, job in enumerate(jobs):
+        note = ahead.next(i)  # job i's compile-ahead joined; job i+1's started
+        results = run_job(job, redirect=report, note=note)
         if channel is not None:
             res = results[0] if not job.members else {
                 "run_id": job.run_id, "members": results,

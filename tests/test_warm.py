@@ -1,0 +1,116 @@
+"""Compiling the next job's programs ahead (#21 item 5c): `cgpt.train.warm` and the sweep
+worker's `_Ahead`. The ahead-compiled programs are the run's own (every compile of the run is
+then a persistent-cache hit) and give the same results; a failed ahead-compile is a line in
+the job's log, never an exception or a hang."""
+import json
+import os
+import threading
+import time
+
+import pytest
+
+from cgpt.sweep import worker
+from cgpt.sweep.executors import Job
+from cgpt.train import warm
+
+
+def test_ahead_keeps_a_failure_and_runs_one_at_a_time():
+    a = warm.Ahead()
+    a.start("x", lambda: 1 / 0)
+    name, done, err = a.wait()
+    assert (name, done) == ("x", None) and err == "ZeroDivisionError: division by zero"
+    a.start("y", lambda: (_ for _ in ()).throw(ValueError("bad key\n  at line 3")))
+    assert a.wait() == ("y", None, "ValueError: bad key")  # one line for the job's log
+    running, overlaps = [], []
+
+    def slow(tag):
+        running.append(tag)
+        time.sleep(0.2)
+        overlaps.append(list(running))  # the previous compile was joined before this one
+        running.remove(tag)
+        return [tag]
+
+    a.start("p", lambda: slow("p"))
+    a.start("q", lambda: slow("q"))  # waits for "p"
+    assert a.wait() == ("q", ["q"], None) and overlaps == [["p"], ["q"]]
+    assert not any(t.name.startswith("cgpt-ahead") for t in threading.enumerate())
+
+
+def test_worker_compiles_the_next_lone_job_ahead(tmp_path, monkeypatch):
+    jobs = [Job(f"r{i}", str(tmp_path / f"r{i}"), False) for i in range(3)]
+    jobs[2] = Job("g", str(tmp_path / "g"), False, members=(jobs[0],))  # fused: not ahead
+    monkeypatch.setattr(warm, "cache_enabled", lambda: True)
+    seen = []
+
+    def compile_run(run):
+        seen.append(run)
+        raise ValueError("model.d_model: bad")
+
+    monkeypatch.setattr(warm, "compile_run", compile_run)
+    monkeypatch.setattr(worker, "_config", lambda job: job.run_id)
+    ahead = worker._Ahead(jobs)
+    assert ahead.next(0) == ""  # nothing was compiled for the first job
+    assert ahead.next(1) == ("compile-ahead failed (ValueError: model.d_model: bad); "
+                             "compiling at start-up\n")
+    assert ahead.next(2) == "" and seen == ["r1"]
+    monkeypatch.setattr(warm, "compile_run", lambda run: ["step", "eval"])
+    ahead = worker._Ahead(jobs[:2])
+    ahead.next(0)
+    assert ahead.next(1).startswith("compiled ahead while the previous job ran (")
+    monkeypatch.setattr(warm, "cache_enabled", lambda: False)  # no cache: nothing ahead
+    assert worker._Ahead(jobs).runner is None
+
+
+@pytest.mark.slow
+def test_ahead_compiled_programs_are_the_runs_own(tmp_path):
+    """After compile_run(B), training B compiles nothing (every program a cache hit) and logs
+    exactly the metrics of B compiled at its start-up."""
+    import jax
+    from jax._src import compilation_cache
+
+    from cgpt.config.run import from_dict
+    from cgpt.train.loop import train
+    from tests.sweep_helpers import write_corpus
+
+    corpus = write_corpus(tmp_path / "corpus")
+
+    def run(preset: str):
+        return from_dict({"model": {"preset": preset, "vocab_size": 300},
+                          "data": {"source": str(corpus), "vocab_size": 300, "seq_len": 32,
+                                   "val_sequences": 4, "cache_dir": str(tmp_path / "data")},
+                          "train": {"batch_size": 8, "tokens": 8 * 32 * 6}}, "test")
+
+    saved = {k: getattr(jax.config, k) for k in (
+        "jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
+        "jax_persistent_cache_min_entry_size_bytes")}
+
+    def use_cache(path):  # in-memory caches cleared: every program is looked up in `path`
+        jax.clear_caches()
+        compilation_cache.reset_cache()
+        jax.config.update("jax_compilation_cache_dir", path and str(path))
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+    def metrics(d):
+        return [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]
+
+    try:
+        use_cache(tmp_path / "c1")
+        train(run("tiny-45k"), tmp_path / "solo", progress=False)  # compiled at start-up
+        use_cache(tmp_path / "c2")
+        train(run("tiny-17k"), tmp_path / "a", progress=False)  # the shape-free eager ops
+        assert warm.cache_enabled()
+        assert warm.compile_run(run("tiny-45k")) == ["step", "init", "optimizer init",
+                                                     "all_finite", "eval"]
+        ahead = set(os.listdir(tmp_path / "c2"))
+        assert len(ahead) >= 5
+        train(run("tiny-45k"), tmp_path / "b", progress=False)
+        assert set(os.listdir(tmp_path / "c2")) == ahead  # nothing compiled at start-up
+    finally:
+        jax.clear_caches()
+        compilation_cache.reset_cache()
+        for k, v in saved.items():
+            jax.config.update(k, v)
+    drop = ("tokens_per_s", "mfu")  # timings
+    assert [{k: v for k, v in m.items() if k not in drop} for m in metrics(tmp_path / "b")] \
+        == [{k: v for k, v in m.items() if k not in drop} for m in metrics(tmp_path / "solo")]
