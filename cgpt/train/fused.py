@@ -118,7 +118,8 @@ def member_optimizer(h: Hyper, recipe, cfg: ModelConfig) -> optax.GradientTransf
 
 
 def make_fused_step(cfg: ModelConfig, recipe, loss: Callable = model.loss_fn,
-                    spmd_axis_name: str | None = None, shardings=None) -> Callable:
+                    spmd_axis_name: str | None = None, shardings=None,
+                    per_pass: int | None = None) -> Callable:
     """step(params, opt_state, batch [M, accum, micro, T+1], hyper, active [M]) ->
     (params, opt_state, {loss, grad_norm, ok} each [M]), jitted with params and state donated.
 
@@ -135,11 +136,20 @@ def make_fused_step(cfg: ModelConfig, recipe, loss: Callable = model.loss_fn,
         return (jax.tree.map(keep, new_p, params), jax.tree.map(keep, new_o, opt_state),
                 {**m, "ok": ok})
 
-    vmapped = jax.vmap(member, spmd_axis_name=spmd_axis_name)
+    vmapped = _over_members(member, spmd_axis_name, per_pass)
     if shardings is None:
         return jax.jit(vmapped, donate_argnums=(0, 1))
     return jax.jit(vmapped, in_shardings=shardings[0], out_shardings=shardings[1],
                    donate_argnums=(0, 1))
+
+
+def _over_members(fn: Callable, spmd_axis_name: str | None, per_pass: int | None,
+                  in_axes=0) -> Callable:
+    """`fn` over the leading member axis: vmapped over all members (per_pass None), or
+    `per_pass` members vmapped at a time in a loop over the rest (`jax.lax.map`)."""
+    if per_pass is None or spmd_axis_name is not None:
+        return jax.vmap(fn, in_axes=in_axes, spmd_axis_name=spmd_axis_name)
+    return lambda *args: jax.lax.map(lambda xs: fn(*xs), args, batch_size=per_pass)
 
 
 def make_fused_eval(cfg: ModelConfig, loss: Callable = model.loss_fn,
