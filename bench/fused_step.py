@@ -4,10 +4,13 @@ sweeps/mup_transfer.yaml (issue #21 item 5 (a)): the step alone, no data, no swe
     python bench/fused_step.py [--widths 16 32 64] [--members 1 2 7] [--steps 30] [--mup]
 
 Per width: the solo step (`make_step` with `optim.make_optimizer`, jitted, donated) and
-`train.fused.make_fused_step` with k members (k LRs), both on a batch of 16 x 64 tokens
-(vocab 512, 2 layers, 2 heads), timed after a warm-up with `jax.block_until_ready`, in turn: best-of-N
-ms per step, ms per member-step and the ratio fused / solo (below 1: fusion is cheaper per
-member). --hlo DIR writes each program's optimized HLO there (to compare what vmap changed).
+`train.fused.make_fused_step` with k members (k LRs) two ways: all members in one vmapped
+pass (`per_pass=0`, what every fused step was before) and a loop of `per_pass` members
+(`fused.members_per_pass()`, 1 on a CPU), all on a batch of 16 x 64 tokens (vocab 512, 2
+layers, 2 heads). Timed after a warm-up with `jax.block_until_ready`, the three in turn
+(a shared machine's load drifts over all alike), best of --steps: ms per member-step and
+the ratio to the solo step (<= 1: fusing costs nothing per member). --hlo DIR writes each
+program's optimized HLO there (to compare what vmap changed).
 """
 from __future__ import annotations
 
@@ -45,7 +48,7 @@ def _setup(width: int, mup: bool):
     return res.cfg, res.recipe, jax
 
 
-def bench(width: int, ks, steps: int, mup: bool, hlo: str | None, per_pass=None) -> list[tuple]:
+def bench(width: int, ks, steps: int, mup: bool, hlo: str | None, per_pass: int) -> list[tuple]:
     import dataclasses
 
     import jax.numpy as jnp
@@ -73,22 +76,27 @@ def bench(width: int, ks, steps: int, mup: bool, hlo: str | None, per_pass=None)
     rows = []
     for k in ks:
         recipes = [dataclasses.replace(recipe, peak_lr=1e-3 * 2 ** i) for i in range(k)]
-        step = fused.make_fused_step(cfg, recipe, per_pass=per_pass)
+        steps_ = {"vmap": fused.make_fused_step(cfg, recipe, per_pass=0),
+                  "loop": fused.make_fused_step(cfg, recipe, per_pass=per_pass)}
         members = [fused.init_member(cfg, recipe, i) for i in range(k)]
         f = {"p": fused.stack([m[0] for m in members]), "o": fused.stack([m[1] for m in members])}
+        g = {"p": jax.tree.map(jnp.copy, f["p"]), "o": jax.tree.map(jnp.copy, f["o"])}
         hyper = fused.stack_hyper(recipes)
         fb = jnp.broadcast_to(batch[None], (k,) + batch.shape)
         active = jnp.ones((k,), bool)
-        if hlo:
-            with open(f"{hlo}/fused_w{width}_k{k}.txt", "w") as fh:
-                fh.write(step.lower(f["p"], f["o"], fb, hyper, active).compile().as_text())
+        for name, st in steps_.items() if hlo else ():
+            with open(f"{hlo}/fused_{name}_w{width}_k{k}.txt", "w") as fh:
+                fh.write(st.lower(f["p"], f["o"], fb, hyper, active).compile().as_text())
 
-        def run_fused():
-            f["p"], f["o"], m = step(f["p"], f["o"], fb, hyper, active)
-            return m["loss"]
+        def runner(st, state):
+            def run():
+                state["p"], state["o"], m = st(state["p"], state["o"], fb, hyper, active)
+                return m["loss"]
+            return run
 
-        t_solo, t = _interleaved_ms([run_solo, run_fused], steps)
-        rows.append((width, k, t_solo, t, t / k, t / k / t_solo))
+        t_solo, t_v, t_l = _interleaved_ms(
+            [run_solo, runner(steps_["vmap"], f), runner(steps_["loop"], g)], steps)
+        rows.append((width, k, t_solo, t_v / k, t_v / k / t_solo, t_l / k, t_l / k / t_solo))
     return rows
 
 
@@ -98,15 +106,21 @@ def main() -> None:
     ap.add_argument("--members", type=int, nargs="+", default=[1, 2, 7])
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--mup", action="store_true", help="the μP preset (tiny-45k-mup)")
-    ap.add_argument("--per-pass", type=int, help="members vmapped per pass (default: all)")
+    ap.add_argument("--per-pass", type=int, help="members per pass of the loop arm "
+                    "(default: fused.members_per_pass(), 1 on a CPU)")
     ap.add_argument("--hlo", help="write the optimized HLO of every program into this folder")
     a = ap.parse_args()
     print(f"load {os.getloadavg()[0]:.1f}; batch 16 x 64, vocab 512, 2 layers, 2 heads, "
           f"{'μP' if a.mup else 'SP'}")
-    print(f"{'width':>5} {'k':>3} {'solo ms':>8} {'fused ms':>9} {'ms/member':>10} {'ratio':>6}")
+    from cgpt.train import fused
+    per_pass = fused.members_per_pass() if a.per_pass is None else a.per_pass
+    print(f"ms per member-step; vmap: all members in one vmapped pass (before), loop: "
+          f"{per_pass or 'all'} per pass (make_fused_step's per_pass); ratio: / solo")
+    print(f"{'width':>5} {'k':>3} {'solo':>7} {'vmap':>7} {'ratio':>6} {'loop':>7} {'ratio':>6}")
     for w in a.widths:
-        for row in bench(w, a.members, a.steps, a.mup, a.hlo, a.per_pass):
-            print("{:>5} {:>3} {:>8.2f} {:>9.2f} {:>10.2f} {:>6.2f}".format(*row), flush=True)
+        for row in bench(w, a.members, a.steps, a.mup, a.hlo, per_pass):
+            print("{:>5} {:>3} {:>7.2f} {:>7.2f} {:>6.2f} {:>7.2f} {:>6.2f}".format(*row),
+                  flush=True)
     print(f"load {os.getloadavg()[0]:.1f} at the end")
 
 
