@@ -72,7 +72,7 @@ def test_fused_step_forms_equal_the_solo_step(setup, per_pass):
     p0 = model.init_params(cfg, 1)
     inactive = jax.tree.map(lambda x: x[1], p)  # member 1 never active: its init, unchanged
     assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(inactive), jax.tree.leaves(p0)))
-    for i in (0, 2):
+    for i in (0, 2) if per_pass != 1 else (0,):  # (one solo compile in the default suite)
         sp, sl = _solo(cfg, recipes[i], i, batches[:, i])
         mine = jax.tree.map(lambda x: x[i], p)
         if per_pass == 1:  # the solo program member after member: bit for bit
