@@ -5,7 +5,9 @@ CPU the tiny presets reach 16-30% of the matmul peak; each run also pays its own
 process start). Runs that share a model shape and a step count but differ in seed, data
 order, peak LR, warmup, schedule, weight decay or clipping are one program with a leading
 member axis: `jax.vmap` over the members' params, optimizer states, batches and
-hyperparameters (HFTA, Wang et al., MLSys 2021).
+hyperparameters (HFTA, Wang et al., MLSys 2021). On a CPU with the members on one device the
+step loops over them instead (`members_per_pass`: the vmap made each member's step 1.2-3x
+dearer than the solo step there; the loop runs the solo step's program, bit-identical).
 
 Each member's optimizer is `cgpt.train.optim.make_optimizer`'s chain with the same state
 (so its checkpoints restore into a run trained alone), but the learning rate is read from a
