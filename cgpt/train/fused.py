@@ -5,7 +5,9 @@ CPU the tiny presets reach 16-30% of the matmul peak; each run also pays its own
 process start). Runs that share a model shape and a step count but differ in seed, data
 order, peak LR, warmup, schedule, weight decay or clipping are one program with a leading
 member axis: `jax.vmap` over the members' params, optimizer states, batches and
-hyperparameters (HFTA, Wang et al., MLSys 2021).
+hyperparameters (HFTA, Wang et al., MLSys 2021). On a CPU with the members on one device the
+step loops over them instead (`members_per_pass`: the vmap made each member's step 1.2-3x
+dearer than the solo step there; the loop runs the solo step's program, bit-identical).
 
 Each member's optimizer is `cgpt.train.optim.make_optimizer`'s chain with the same state
 (so its checkpoints restore into a run trained alone), but the learning rate is read from a
@@ -118,14 +120,16 @@ def member_optimizer(h: Hyper, recipe, cfg: ModelConfig) -> optax.GradientTransf
 
 
 def make_fused_step(cfg: ModelConfig, recipe, loss: Callable = model.loss_fn,
-                    spmd_axis_name: str | None = None, shardings=None) -> Callable:
+                    spmd_axis_name: str | None = None, shardings=None,
+                    per_pass: int = 0) -> Callable:
     """step(params, opt_state, batch [M, accum, micro, T+1], hyper, active [M]) ->
     (params, opt_state, {loss, grad_norm, ok} each [M]), jitted with params and state donated.
 
     A member that is not `active`, or whose loss or gradient norm is not finite, keeps its
     params and optimizer state (`ok` is False for it). On a mesh (`cgpt.sharding.members`):
     `loss` is the run's (its activation constraints), `spmd_axis_name` the mesh axis of the
-    members, `shardings` the (in, out) shardings that pin every layout."""
+    members, `shardings` the (in, out) shardings that pin every layout. `per_pass`: members
+    vmapped per pass of a loop over them (0: all in one pass; `members_per_pass`)."""
 
     def member(params, opt_state, batch, h, active):
         new_p, new_o, m = make_step(cfg, member_optimizer(h, recipe, cfg), loss)(
@@ -135,19 +139,57 @@ def make_fused_step(cfg: ModelConfig, recipe, loss: Callable = model.loss_fn,
         return (jax.tree.map(keep, new_p, params), jax.tree.map(keep, new_o, opt_state),
                 {**m, "ok": ok})
 
-    vmapped = jax.vmap(member, spmd_axis_name=spmd_axis_name)
+    vmapped = _over_members(member, spmd_axis_name, per_pass)
     if shardings is None:
         return jax.jit(vmapped, donate_argnums=(0, 1))
     return jax.jit(vmapped, in_shardings=shardings[0], out_shardings=shardings[1],
                    donate_argnums=(0, 1))
 
 
+def members_per_pass(member_sharding=None) -> int:
+    """How many members one pass of the fused step vmaps (0: all of them).
+
+    On a CPU with the members on one device (`member_sharding` None), 1: a loop over the
+    members, each step with the solo step's shapes. vmapping k members multiplies every
+    activation by k (the [k, B, T, V] logits leave the L2 cache, and XLA:CPU's YNNPACK
+    kernels run the batched dots and a leading member axis's reductions slower than k solo
+    ones), which made the step 1.2-3x dearer per member than the solo step
+    (bench/fused_step.py). Elsewhere (accelerators, members spread over devices) all members
+    in one vmapped program."""
+    from cgpt.config import backend
+
+    return 1 if member_sharding is None and backend.current_platform() == "cpu" else 0
+
+
+def _over_members(fn: Callable, spmd_axis_name: str | None, per_pass: int,
+                  in_axes=0) -> Callable:
+    """`fn` over the leading member axis: vmapped over all members (per_pass 0, or on a
+    member mesh axis), or `per_pass` members at a time in a loop over them (`jax.lax.map`;
+    one member a pass is not vmapped at all: the solo step's program, member after member)."""
+    if per_pass == 0 or spmd_axis_name is not None:
+        return jax.vmap(fn, in_axes=in_axes, spmd_axis_name=spmd_axis_name)
+    shared = [i for i, a in enumerate(in_axes if isinstance(in_axes, tuple) else ()) if a is None]
+
+    def looped(*args):
+        xs = tuple(a for i, a in enumerate(args) if i not in shared)
+
+        def one(x):
+            it = iter(x)
+            return fn(*(args[i] if i in shared else next(it) for i in range(len(args))))
+
+        return jax.lax.map(one, xs, batch_size=None if per_pass == 1 else per_pass)
+
+    return looped
+
+
 def make_fused_eval(cfg: ModelConfig, loss: Callable = model.loss_fn,
-                    spmd_axis_name: str | None = None, tokens_sharding=None) -> Callable:
+                    spmd_axis_name: str | None = None, tokens_sharding=None,
+                    per_pass: int = 0) -> Callable:
     """eval(params [M, ...], tokens [B, T+1]) -> [M] losses on one shared batch (on a mesh:
-    the tokens laid out as the run lays out an eval batch, `tokens_sharding`)."""
-    fn = jax.jit(jax.vmap(lambda p, tokens: loss(p, tokens, cfg), in_axes=(0, None),
-                          spmd_axis_name=spmd_axis_name))
+    the tokens laid out as the run lays out an eval batch, `tokens_sharding`; `per_pass` as
+    in `make_fused_step`)."""
+    fn = jax.jit(_over_members(lambda p, tokens: loss(p, tokens, cfg), spmd_axis_name,
+                               per_pass, in_axes=(0, None)))
     if tokens_sharding is None:
         return fn
     return lambda params, tokens: fn(params, jax.device_put(tokens, tokens_sharding))
