@@ -64,6 +64,7 @@ def _all_finite(tree) -> bool:
 
 
 # ---- 1, 3: a non-finite step saves nothing, and the advice works -------------------------
+@pytest.mark.slow  # test_nonfinite_state_is_never_checkpointed and the fused non-finite test run by default
 def test_nan_grad_norm_stops_before_saving_and_the_advice_works(corpus, cache, tmp_path, capsys):
     """The issue's recipe: at step 3 the loss is finite (~6e18) but grad_norm is NaN."""
     out = tmp_path / "run"
@@ -304,6 +305,7 @@ def test_lock_inherited_from_a_launcher_is_adopted(tmp_path):
 
 
 # ---- 8: smaller items ----------------------------------------------------------------------
+@pytest.mark.slow  # test_train's corrupt-checkpoint fallback runs by default
 def test_corrupt_checkpoint_warning_is_short(corpus, cache, tmp_path):
     out = tmp_path / "run"
     run = _run(corpus, cache, tokens=8 * 16 * 20)

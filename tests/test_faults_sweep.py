@@ -187,6 +187,7 @@ def test_truncated_summary_is_not_done_and_the_relaunch_writes_it(tmp_path, caps
     assert (out / rid / "summary.json.damaged").is_file()
 
 
+@pytest.mark.slow  # a rarer fault; the sweep's resume tests run by default
 def test_run_directory_deleted_mid_sweep_is_made_again(tmp_path, monkeypatch):
     """A run's directory is deleted after the launch made it and before its training process
     starts: the sweep used to stop with a traceback and never attempt that run (the default

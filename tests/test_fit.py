@@ -200,6 +200,7 @@ def test_train_chooses_what_plan_chooses_and_records_it(corpus, tmp_path, accumu
     assert saved["train"]["micro_batch"] is None and saved["model"]["remat"] is None
 
 
+@pytest.mark.slow  # fit's refusal is unit-tested by default; this is its end-to-end twin
 def test_train_stops_before_writing_when_nothing_fits(corpus, tmp_path):
     _devices()
     with pytest.raises(TrainError) as e:

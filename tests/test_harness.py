@@ -158,6 +158,7 @@ def test_local_task_same_accuracy_as_hf(models, ckpt, tmp_path, monkeypatch):
     assert by_name["results"]["cgpt_local_mc"]["acc,none"] == res["hf"]
 
 
+@pytest.mark.slow  # the CLI twin of test_local_task_same_accuracy_as_hf
 def test_cli_eval_tasks_writes_results_beside_the_run(ckpt, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     tasks = _task(tmp_path)

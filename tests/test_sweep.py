@@ -281,6 +281,7 @@ def test_resume_interrupted_run(launched):
     assert _rows(out)[rid]["status"] == "done"
 
 
+@pytest.mark.slow  # the SLURM tests (-m slurm) run submitit against a real cluster
 def test_submitit_local_executor(tmp_path):
     """The SLURM code path (submitit job array of `execute_run`) on submitit's local executor."""
     spec = _spec(tmp_path, "sub", {"model": ["tiny-17k"], "seed": [5]},
