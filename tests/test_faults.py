@@ -241,6 +241,7 @@ def test_read_only_run_directory_mid_run(corpus, cache, tmp_path, monkeypatch):
 
 
 # ---- 5, 8: a failed launch leaves nothing behind that the next one reuses ------------------
+@pytest.mark.slow  # test_faults_rundir's start-up signal test checks "leaves nothing" by default
 def test_failed_launch_leaves_nothing_behind(corpus, cache, tmp_path, capsys):
     out = tmp_path / "new" / "run"
     bad = _flags(corpus, cache, out, "data.vocab_size=400")  # fails after making a tokenizer

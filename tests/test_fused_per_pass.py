@@ -64,7 +64,8 @@ def test_members_per_pass_loops_on_one_cpu_device():
     assert fused.members_per_pass(sh) == 0  # members spread over devices: one vmapped pass
 
 
-@pytest.mark.parametrize("per_pass", [1, pytest.param(2, marks=pytest.mark.slow),
+@pytest.mark.parametrize("per_pass", [pytest.param(1, marks=pytest.mark.slow),  # test_fused's equality runs the loop by default
+                                      pytest.param(2, marks=pytest.mark.slow),
                                       pytest.param(0, marks=pytest.mark.slow)])
 def test_fused_step_forms_equal_the_solo_step(setup, per_pass):
     cfg, recipes, batches = setup

@@ -65,6 +65,7 @@ def test_signal_checkpoints_stops_and_resumes_identically(corpus, tmp_path, sig)
     assert json.loads((out / "summary.json").read_text())["resumed_from_step"] == stopped
 
 
+@pytest.mark.slow  # ~11 s end to end: slow to keep the default suite within 15 minutes
 def test_checkpoint_minutes_adds_wall_clock_checkpoints(corpus, tmp_path):
     out = tmp_path / "timed"
     run = RunConfig(preset="tiny-17k", model=get_config("tiny-17k"),
