@@ -25,7 +25,7 @@ that axis lives on the devices:
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -36,10 +36,18 @@ from cgpt.config.model import ModelConfig
 from cgpt.model import gpt as model
 from cgpt.sharding.axes import member_groups
 from cgpt.sharding.mesh import build_mesh
+from cgpt.sharding.pipeline import pipelined_loss
 from cgpt.sharding.strategies import strategy_on
 
 MEMBER = "member"
-FUSABLE_MODES = ("single", "data_parallel", "weight_streaming")
+FUSABLE_MODES = ("single", "data_parallel", "weight_streaming", "layer_pipelined")
+
+
+class _Split(NamedTuple):
+    """The batch split `LayerPipelined.prepare` checks (a resolved run's fields)."""
+
+    micro_batch: int
+    replicas: int
 
 
 class Members:
@@ -51,7 +59,8 @@ class Members:
 
     def __init__(self, mode: str, axes: dict[str, int], cfg: ModelConfig, members: int,
                  devices: Sequence, abstract_state, *, spread: bool, batch: int,
-                 micro: int | None = None, mesh_reason: str = "", auto_reason: str | None = None):
+                 micro: int | None = None, mesh_reason: str = "", auto_reason: str | None = None,
+                 micro_batches: int | None = None):
         if mode not in FUSABLE_MODES:
             raise ValueError(f"train.mode resolved to {mode}: fused training supports "
                              f"{', '.join(FUSABLE_MODES)} (a {mode} step is not vmapped); "
@@ -72,10 +81,16 @@ class Members:
                                            for t in abstract_state)
             return
         self.mesh = build_mesh({MEMBER: self.groups, **self.axes}, devices)
-        self.strategy = strategy_on(self.mesh, mode, cfg, batch, micro, None, mesh_reason,
-                                    auto_reason)
+        self.strategy = strategy_on(self.mesh, mode, cfg, batch, micro, micro_batches,
+                                    mesh_reason, auto_reason)
+        if mode == "layer_pipelined" and micro is not None:  # M checked, the bubble recorded
+            self.strategy.prepare(_Split(micro, self.strategy.data_replicas))
         self.spmd_axis_name = MEMBER
         self.loss = self.strategy.loss
+        if mode == "layer_pipelined":  # vmapped over the members: see `gpipe`'s check_vma
+            s = self.strategy
+            self.loss = pipelined_loss(cfg, self.mesh, s.micro_batches_for, s.constrain,
+                                       check_vma=False)
         a_p, a_o = abstract_state
         # a member's own layout (the run's specs, replicated over the member groups): its
         # init and checkpoint restore land there, sharded as the run alone would hold it

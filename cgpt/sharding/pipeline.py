@@ -32,12 +32,20 @@ def bubble_fraction(stages: int, micro_batches: int) -> float:
 
 
 def gpipe(layers: model.Params, x: jax.Array, cfg: ModelConfig, mesh: Mesh,
-          stage_axis: str = "stage", data_axis: str | None = "data") -> jax.Array:
+          stage_axis: str = "stage", data_axis: str | None = "data",
+          check_vma: bool = True) -> jax.Array:
     """Run micro-batches x [M, mb, T, d] through all stacked `layers`; returns [M, mb, T, d].
 
     `layers` is the stacked block tree ([n_layer, ...] leaves) sharded P(stage_axis) on the
     layer axis, so stage s holds layers [s*L/S, (s+1)*L/S): the contiguous slice that
     `model.apply_layers` scans. Numerically this is `apply_layers(layers, x[m])` for every m.
+
+    `check_vma=False` when the pipeline is vmapped over a fused group's members
+    (`cgpt.sharding.members`): jax 0.10's shard_map batching rule puts `member` in the
+    inputs' specs, but a value it broadcasts to the batch (the zero carries, the stage masks)
+    does not vary over `member`, and the varying-axes check then refuses the program (the
+    error itself names check_vma=False as the workaround). Without the check the shard_map
+    transpose sums the layer gradients over `data` itself, as the check's casts do here.
     """
     S = mesh.shape[stage_axis]
     M = x.shape[0]
@@ -74,17 +82,18 @@ def gpipe(layers: model.Params, x: jax.Array, cfg: ModelConfig, mesh: Mesh,
         return jax.lax.psum(jnp.where(last, outs, jnp.zeros_like(outs)), stage_axis)
 
     return jax.shard_map(run, mesh=mesh, in_specs=(layer_specs, x_spec), out_specs=x_spec,
-                         check_vma=True)(layers, x)
+                         check_vma=check_vma)(layers, x)
 
 
 def pipelined_loss(cfg: ModelConfig, mesh: Mesh, micro_batches: Callable[[int], int],
-                   constrain: model.Constrain) -> Callable:
+                   constrain: model.Constrain, check_vma: bool = True) -> Callable:
     """loss(params, tokens [B, T+1], cfg) with the layer stack run as a GPipe pipeline.
 
     Embedding and head run outside the pipeline (GSPMD, batch sharded over `data`). The
     batch rows are dealt round-robin into M micro-batches (row b -> micro-batch b % M),
     which keeps each device's rows on that device, and put back in order before the head,
     so the loss is exactly `model.loss_fn`'s mean cross-entropy over the whole batch.
+    `check_vma`: as in `gpipe` (False for a fused group's vmapped step).
     """
 
     def loss(params: model.Params, tokens: jax.Array, cfg: ModelConfig = cfg) -> jax.Array:
@@ -93,7 +102,7 @@ def pipelined_loss(cfg: ModelConfig, mesh: Mesh, micro_batches: Callable[[int], 
         x = model.embed(params, tokens[:, :-1], cfg, constrain=constrain)  # [B, T, d]
         d = x.shape[-1]
         x = x.reshape(B // M, M, T, d).swapaxes(0, 1)  # [M, B/M, T, d]
-        y = gpipe(params["h"], x, cfg, mesh)
+        y = gpipe(params["h"], x, cfg, mesh, check_vma=check_vma)
         y = y.swapaxes(0, 1).reshape(B, T, d)
         y = constrain(y, ("act_batch", "act_seq", "act_embed"))
         return model.head_loss(params, y, tokens[:, 1:], cfg, constrain=constrain)

@@ -49,10 +49,8 @@ def check_group(resolved: Sequence, names: Sequence[str]) -> None:
     for i, r in enumerate(resolved):
         if r.mode not in FUSABLE_MODES:
             raise TrainError(f"fused run {names[i]}: train.mode={r.run.train.mode} resolved to "
-                             f"{r.mode}; fused training supports {', '.join(FUSABLE_MODES)} "
-                             "(a layer_pipelined step is not vmapped): set train.mode="
-                             "data_parallel or weight_streaming, or train the run alone "
-                             "(cgpt sweep --no-fuse)")
+                             f"{r.mode}; fused training supports {', '.join(FUSABLE_MODES)}: "
+                             "set train.mode, or train the run alone (cgpt sweep --no-fuse)")
         for key, a, b in (("train.mode", first.mode, r.mode), ("train.mesh", first.mesh, r.mesh)):
             if a != b:  # one program has one mesh
                 raise TrainError(f"fused runs must share {key}: {names[0]} resolved to {a!r} "

@@ -182,7 +182,7 @@ def _compiled(r0, members: int):
     key = (r0.cfg.replace(name="", init_std=0.0, out_init_std=None, mup_init_std=0.0),
            r0.recipe.b1, r0.recipe.b2, r0.recipe.adam_eps, r0.total_steps, r0.accum,
            r0.micro_batch, r0.seq_len, members, _SPREAD.get(), r0.mode,
-           tuple(r0.mesh.items()))
+           tuple(r0.mesh.items()), r0.run.train.micro_batches)
     if key not in _COMPILED:
         cfg = r0.cfg
         a_p, a_o = jax.eval_shape(lambda: fused.init_member(cfg, r0.recipe, 0))
@@ -218,14 +218,15 @@ def layout(r0, members: int) -> Members:
     """Where `members` stacked members of `r0`'s shape live (`cgpt.sharding.members`): one
     device, the member axis over the devices (`spread`), or beside the run's mesh."""
     key = (r0.cfg, r0.mode, tuple(r0.mesh.items()), r0.batch_size, r0.micro_batch, members,
-           _SPREAD.get())
+           _SPREAD.get(), r0.run.train.micro_batches)
     if key not in _LAYOUTS:
         abstract = jax.eval_shape(lambda: fused.init_member(r0.cfg, r0.recipe, 0))
         try:
             _LAYOUTS[key] = Members(r0.mode, r0.mesh, r0.cfg, members, jax.local_devices(),
                                     abstract, spread=_SPREAD.get(), batch=r0.batch_size,
                                     micro=r0.micro_batch, mesh_reason=r0.mesh_reason,
-                                    auto_reason=r0.auto_reason)
+                                    auto_reason=r0.auto_reason,
+                                    micro_batches=r0.run.train.micro_batches)
         except ValueError as e:
             raise TrainError(str(e)) from None
     return _LAYOUTS[key]
