@@ -1,7 +1,8 @@
 """Fused training on a multi-device mesh (#21 item 3): the member axis beside a run's own
 data/fsdp mesh. Each member equals the same run trained alone on that mesh (emulated CPU
 devices, tests/conftest.py), the layouts put `member` in front of the run's own specs, and
-what cannot be fused (layer_pipelined) is refused with one line naming the key."""
+members on different meshes are refused with one line naming the key (layer_pipelined groups:
+tests/test_fused_pipeline.py)."""
 import json
 import math
 
@@ -143,15 +144,6 @@ def test_members_on_different_meshes_are_refused(corpus, cache, tmp_path, other,
     assert not (tmp_path / "a").exists()
 
 
-def test_layer_pipelined_group_is_refused(corpus, cache, tmp_path):
-    runs = [_run(corpus, cache, mode="layer_pipelined", mesh="stage=2", seed=s, **KW)
-            for s in (0, 1)]
-    with pytest.raises(TrainError, match="train.mode=layer_pipelined resolved to "
-                                         "layer_pipelined; fused training supports"):
-        train_fused(runs, [tmp_path / "a", tmp_path / "b"], progress=False)
-    assert not (tmp_path / "a").exists()
-
-
 def test_dry_run_shows_the_member_axis(tmp_path, capsys, monkeypatch):
     """--dry-run: a sharded group's mesh with the member axis, on the job's devices."""
     from cgpt import sweep as sw
@@ -173,7 +165,9 @@ def test_dry_run_shows_the_member_axis(tmp_path, capsys, monkeypatch):
     pipe = _spec(tmp_path, "p", {"model": ["tiny-17k"], "seed": [0, 1]},
                  base={"train": {"tokens": 4000, "mode": "layer_pipelined", "mesh": "stage=2"}})
     assert sw.main([str(pipe), "--dry-run", "--no-fit"]) == 0
-    assert "0 fused group(s)" in capsys.readouterr().out  # pipelined runs train alone
+    out = capsys.readouterr().out  # pipelined runs fuse too, the member axis beside `stage`
+    assert "fused groups: 1 jobs for 2 runs" in out
+    assert "placement: layer_pipelined mesh member=1 x stage=2 on 2 of 4 device(s)" in out
 
 
 def _iota(dims: str, perm: str | None):

@@ -10,12 +10,12 @@ device: the fused step is compiled for the whole group and, if it does not fit t
 memory, for fewer (`members_that_fit`); the group then trains in consecutive chunks.
 
 Where the members go (`cgpt.sharding.members`): a train.mode=single group spreads them over
-the job's devices (each member's step on one device, no communication); a data_parallel or
-weight_streaming group puts the member axis beside the runs' own mesh (`{member: k, **mesh}`,
-k groups of the run's devices, or k = 1: every device holds its shard of every member).
-Not fused: cooldown branches (they start from a parent's checkpoint), layer_pipelined runs
-(a `stage` mesh: the GPipe step is not vmapped), runs over several nodes (a fused job is
-one process), and everything under `--no-fuse`.
+the job's devices (each member's step on one device, no communication); a data_parallel,
+weight_streaming or layer_pipelined group puts the member axis beside the runs' own mesh
+(`{member: k, **mesh}`, e.g. member x stage x data, k groups of the run's devices, or k = 1:
+every device holds its shard, or its stage, of every member).
+Not fused: cooldown branches (they start from a parent's checkpoint), runs over several nodes
+(a fused job is one process), and everything under `--no-fuse`.
 """
 from __future__ import annotations
 
@@ -32,9 +32,7 @@ from cgpt.train.members import shared_part
 
 def fuse_key(run: Run) -> str | None:
     """The group a run can train in (None: it trains alone)."""
-    t = run.config.train
-    if (run.branch_from is not None or int(run.slurm.get("nodes", 1) or 1) > 1
-            or t.mode == "layer_pipelined" or "stage" in (t.mesh or "")):
+    if run.branch_from is not None or int(run.slurm.get("nodes", 1) or 1) > 1:
         return None
     return json.dumps(shared_part(run.config.to_dict()), sort_keys=True, default=str)
 
@@ -109,16 +107,12 @@ def placement_line(g: list[Run]) -> str:
         k = member_groups(len(g), 1, n, spread)
         return f"placement: each member on one device, members on {k} of {n} device(s)"
     if run.config.train.mode == "auto":  # decided from the devices' memory at the start
-        return ("placement: train.mode=auto is decided at the job's start (fused beside its "
-                "mesh if data_parallel or weight_streaming; a layer_pipelined choice fails the "
-                "group: set train.mode, or --no-fuse)")
+        return ("placement: train.mode=auto is decided at the job's start (the member axis "
+                "beside the mesh it chooses)")
     try:
         r = resolve(run.config, n, platform="gpu" if spread else "cpu")
     except Exception as e:  # noqa: BLE001 - a dry run reports it and goes on
         return f"placement: not resolved here ({type(e).__name__}: {e})"
-    if r.mode == "layer_pipelined":
-        return ("placement: resolves to layer_pipelined, which fused training refuses; "
-                "train these runs alone (--no-fuse) or set train.mode")
     per = max(1, r.num_devices)
     k = member_groups(len(g), per, n, spread)
     mesh = " x ".join(f"{a}={v}" for a, v in {"member": k, **r.mesh}.items())
