@@ -19,8 +19,17 @@ that axis lives on the devices:
                     on the run's devices (each device holds its shard of every member),
                     unless `spread` and devices are left over: then k is the largest divisor
                     of the members with k x (the run's devices) <= the devices.
-  layer_pipelined   refused: its GPipe schedule is a `shard_map` over `stage` that is not
-                    vmapped here; such runs train alone (`--no-fuse`).
+  layer_pipelined   the same: `{member: k, stage: s, data: d}`, params P('member', 'stage',
+                    ...) (each stage holds its layers of its members), batches P('member',
+                    None, 'data'). The step: on a CPU with k = 1 (every device holding its
+                    stage of every member) a loop over the members (`loop`: `lax.map` of the
+                    solo pipelined step, its program and its `shard_map` unchanged, so
+                    bit-identical to the run alone; vmapped it cost 1.9x the loop per member
+                    on tiny-240k, as the vmapped single-device step does, `members_per_pass`).
+                    Elsewhere vmapped with spmd_axis_name='member': jax's shard_map batching
+                    rule adds `member` to the GPipe map's specs, so each member group runs its
+                    own pipeline (ppermutes and psums stay inside the group); that map is
+                    traced with check_vma=False (`cgpt.sharding.pipeline.gpipe` says why).
 """
 from __future__ import annotations
 
@@ -32,6 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from cgpt.config.backend import platform_of
 from cgpt.config.model import ModelConfig
 from cgpt.model import gpt as model
 from cgpt.sharding.axes import member_groups
@@ -70,6 +80,7 @@ class Members:
         self.run_devices = math.prod(self.axes.values()) if self.axes else 1
         self.groups = member_groups(members, self.run_devices, len(devices), spread)
         self.strategy = None
+        self.loop = False  # members one after another in the step (`members_per_pass`)
         self.member_state = None  # one member's (params, opt_state) shardings, before stacking
         if mode == "single":
             self.mesh = (None if self.groups == 1 else
@@ -87,7 +98,13 @@ class Members:
             self.strategy.prepare(_Split(micro, self.strategy.data_replicas))
         self.spmd_axis_name = MEMBER
         self.loss = self.strategy.loss
-        if mode == "layer_pipelined":  # vmapped over the members: see `gpipe`'s check_vma
+        # layer_pipelined: a loop over the members on a CPU whose devices hold every member
+        # (the solo step's program, member after member), else vmapped (`gpipe`'s check_vma)
+        self.loop = (mode == "layer_pipelined" and self.groups == 1
+                     and platform_of(list(devices)[0]) == "cpu")
+        if self.loop:
+            self.spmd_axis_name = None
+        elif mode == "layer_pipelined":
             s = self.strategy
             self.loss = pipelined_loss(cfg, self.mesh, s.micro_batches_for, s.constrain,
                                        check_vma=False)

@@ -144,7 +144,7 @@ def make_fused_step(cfg: ModelConfig, recipe, loss: Callable = model.loss_fn,
                    donate_argnums=(0, 1))
 
 
-def members_per_pass(member_sharding=None) -> int:
+def members_per_pass(member_sharding=None, loop: bool = False) -> int:
     """How many members one pass of the fused step vmaps (0: all of them).
 
     On a CPU with the members on one device (`member_sharding` None), 1: a loop over the
@@ -153,10 +153,11 @@ def members_per_pass(member_sharding=None) -> int:
     kernels run the batched dots and a leading member axis's reductions slower than k solo
     ones), which made the step 1.2-3x dearer per member than the solo step
     (bench/fused_step.py). Elsewhere (accelerators, members spread over devices) all members
-    in one vmapped program."""
+    in one vmapped program. `loop`: a layer_pipelined group held on a CPU mesh
+    (`cgpt.sharding.members.Members.loop`), 1."""
     from cgpt.config import backend
 
-    return 1 if member_sharding is None and backend.current_platform() == "cpu" else 0
+    return 1 if loop or member_sharding is None and backend.current_platform() == "cpu" else 0
 
 
 def _over_members(fn: Callable, spmd_axis_name: str | None, per_pass: int,

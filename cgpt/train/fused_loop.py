@@ -197,9 +197,9 @@ def _compiled(r0, members: int):
         a_batch = jax.ShapeDtypeStruct(
             (members, r0.accum, r0.micro_batch * r0.replicas, r0.seq_len + 1), jnp.int32,
             sharding=bsh)
+        per_pass = fused.members_per_pass(lay.member_sharding(), lay.loop)
         compiled = fused.make_fused_step(cfg, r0.recipe, lay.loss, lay.spmd_axis_name,
-                                         lay.step_shardings(),
-                                         fused.members_per_pass(lay.member_sharding())).lower(
+                                         lay.step_shardings(), per_pass).lower(
             *(jax.tree.map(lambda x: grow(x, None), a) if s is None else jax.tree.map(grow, a, s)
               for a, s in ((a_p, lay.params), (a_o, lay.opt_state))),
             a_batch, a_hyper,
@@ -434,7 +434,7 @@ def _validation(r0, data, lay: Members):
     """evaluate(params [M, ...]) -> [M] mean losses over the validation split, batched as a
     solo run batches it (`cgpt.train.loop._validation`); the split is the same for every seed."""
     eval_fn = fused.make_fused_eval(r0.cfg, lay.loss, lay.spmd_axis_name, lay.eval_sharding(),
-                                    fused.members_per_pass(lay.member_sharding()))
+                                    fused.members_per_pass(lay.member_sharding(), lay.loop))
     eval_bs = min(r0.micro_batch * r0.replicas, data.num_val_sequences)
     eval_bs -= eval_bs % r0.replicas
     limit = r0.run.train.eval_batches
