@@ -65,7 +65,8 @@ class Members:
 
     `axes`: the run's own mesh ({} for single), `abstract_state`: one member's (params,
     optimizer state) shapes, `batch`/`micro`: the global batch and micro-batch (the run's
-    batch axes follow from them, as for a solo run)."""
+    batch axes follow from them, as for a solo run), `micro_batches`: a layer_pipelined run's
+    train.micro_batches (checked against `micro` as a solo run's `prepare` does)."""
 
     def __init__(self, mode: str, axes: dict[str, int], cfg: ModelConfig, members: int,
                  devices: Sequence, abstract_state, *, spread: bool, batch: int,
@@ -73,9 +74,8 @@ class Members:
                  micro_batches: int | None = None):
         if mode not in FUSABLE_MODES:
             raise ValueError(f"train.mode resolved to {mode}: fused training supports "
-                             f"{', '.join(FUSABLE_MODES)} (a {mode} step is not vmapped); "
-                             "set train.mode=data_parallel or weight_streaming, or train these "
-                             "runs alone (cgpt sweep --no-fuse)")
+                             f"{', '.join(FUSABLE_MODES)}; set train.mode to one of them, or "
+                             "train these runs alone (cgpt sweep --no-fuse)")
         self.mode, self.members, self.axes = mode, members, dict(axes)
         self.run_devices = math.prod(self.axes.values()) if self.axes else 1
         self.groups = member_groups(members, self.run_devices, len(devices), spread)
