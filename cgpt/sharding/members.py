@@ -24,8 +24,10 @@ that axis lives on the devices:
                     None, 'data'). The step: on a CPU with k = 1 (every device holding its
                     stage of every member) a loop over the members (`loop`: `lax.map` of the
                     solo pipelined step, its program and its `shard_map` unchanged, so
-                    bit-identical to the run alone; vmapped it cost 1.9x the loop per member
-                    on tiny-240k, as the vmapped single-device step does, `members_per_pass`).
+                    bit-identical to the run alone; per member the loop took 1.04x the solo
+                    step and the vmap 2.16x on tiny-240k, 0.61x and 0.85x on tiny-45k,
+                    bench/fused_pipeline.py: the vmapped single-device step's cost again,
+                    `members_per_pass`).
                     Elsewhere vmapped with spmd_axis_name='member': jax's shard_map batching
                     rule adds `member` to the GPipe map's specs, so each member group runs its
                     own pipeline (ppermutes and psums stay inside the group); that map is
