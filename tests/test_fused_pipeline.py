@@ -167,3 +167,34 @@ def test_sweep_fuses_pipelined_runs_as_unfused(tmp_path):
         assert "fused" not in alone[rid]["placement"]
         assert s["val_loss"] == alone[rid]["val_loss"]  # the loop: the solo step's program
         assert s["train_loss"] == alone[rid]["train_loss"]
+
+
+@pytest.mark.slow  # one compile of an 8-device program (~40 s under load)
+def test_pipelined_member_groups_never_communicate(corpus, cache):
+    """member=2 x stage=2 x data=2: every collective of the compiled fused step (the stage
+    ppermutes, the psums over stage, the gradient all-reduces over data) stays inside one
+    member group's 4 devices: each group runs its own pipeline."""
+    import re
+
+    from cgpt.train import fused_loop
+    from tests.test_fused_mesh import _collective_groups
+
+    run = _run(corpus, cache, mode="layer_pipelined", mesh="stage=2,data=2", **KW)
+    r = fused_loop.resolve_member(run, 2**33)
+    token = fused_loop._SPREAD.set(True)
+    try:
+        compiled, _ = fused_loop._compiled(r, 2)
+        mesh = fused_loop.layout(r, 2).mesh
+    finally:
+        fused_loop._SPREAD.reset(token)
+    assert dict(mesh.shape) == {"member": 2, "stage": 2, "data": 2}
+    group = {d.id: m for m in range(2) for d in mesh.devices[m].flat}
+    hlo = compiled.as_text()
+    pairs = [[int(a), int(b)] for line in hlo.splitlines() if "source_target_pairs=" in line
+             for a, b in re.findall(r"\{(\d+),(\d+)\}", line.split("source_target_pairs=")[1])]
+    assert pairs  # the stage-to-stage transfers
+    assert all(group[a] == group[b] for a, b in pairs), pairs
+    groups = _collective_groups(hlo)
+    assert groups  # psums over stage, gradient reductions over data
+    for g in groups:
+        assert all(len({group[d] for d in grp}) == 1 for grp in g), g
