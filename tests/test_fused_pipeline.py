@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
+import cgpt
+
 from cgpt.errors import TrainError
 from cgpt.model import gpt as model
 from cgpt.sharding.members import Members
@@ -66,10 +68,17 @@ def test_pipelined_member_layouts():
 
 
 @pytest.mark.slow  # two compiles on 4 devices (~20 s under load); layouts run by default
-def test_vmapped_pipeline_equals_solo():
-    """The vmapped GPipe loss and gradient on member=2 x stage=2 (4 devices) are each member's
-    solo loss and gradient on stage=2."""
-    lay, cfg = _lay({"stage": 2}, 2, spread=True)
+@pytest.mark.parametrize("spread", [True, False])
+def test_vmapped_pipeline_equals_solo(spread, monkeypatch):
+    """The vmapped GPipe loss and gradient on member=2 x stage=2 (4 devices; spread) or on
+    member=1 x stage=2 (an accelerator holding every member: vmapped, not looped) are each
+    member's solo loss and gradient on stage=2."""
+    if not spread:
+        import cgpt.sharding.members as members_mod
+
+        monkeypatch.setattr(members_mod, "platform_of", lambda d: "gpu")
+    lay, cfg = _lay({"stage": 2}, 2, spread=spread)
+    assert lay.groups == (2 if spread else 1) and not lay.loop
     rng = np.random.default_rng(0)  # random params of the model's shapes: no init compile
     shapes = jax.eval_shape(lambda: model.init_params(cfg, 0))
     ps = [jax.tree_util.tree_map_with_path(lambda path, x: (rng.normal(0, 0.1, x.shape) + (
@@ -122,6 +131,7 @@ def test_fused_pipelined_equals_solo_and_resumes(corpus, cache, tmp_path, monkey
     s = train(runs[1], killed[1], resume=True, from_step=3, progress=False)
     assert s["resumed_from_step"] == 3
     _assert_close_params(_params(killed[1]), _params(tmp_path / "solo1"))
+    assert cgpt.load(outs[0]).config.n_layer == 2  # a member directory is an ordinary run
 
 
 @pytest.mark.slow  # a vmapped group on 8 devices and one solo run (~1.5 min under load)
