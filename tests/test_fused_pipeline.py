@@ -208,3 +208,20 @@ def test_pipelined_member_groups_never_communicate(corpus, cache):
     assert groups  # psums over stage, gradient reductions over data
     for g in groups:
         assert all(len({group[d] for d in grp}) == 1 for grp in g), g
+
+
+def test_sweep_groups_pipelined_runs_by_mesh(tmp_path):
+    """Pipelined runs of one shape are one group per mesh (stage=2 and stage=2,data=2 are two
+    programs); no JAX: the grouping reads the configs."""
+    from cgpt import sweep as sw
+    from cgpt.sweep.groups import plan_groups
+    from tests.sweep_helpers import make_spec
+
+    spec = make_spec(tmp_path, "g", {"model": ["tiny-17k"], "seed": [0, 1, 2]},
+                     base={"train": {"tokens": 4000, "mode": "layer_pipelined",
+                                     "mesh": "stage=2"}})
+    runs = sw.load_sweep(spec).runs
+    assert [len(g) for g in plan_groups(runs)] == [3]
+    other = sw.load_sweep(spec, ["train.mesh=stage=2,data=2"]).runs
+    assert sorted(len(g) for g in plan_groups(runs[:2] + other[:2])) == [2, 2]
+    assert len(plan_groups(runs, fuse=False)) == 3
