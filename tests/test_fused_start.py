@@ -12,12 +12,13 @@ from cgpt.config.run import RunConfig, TrainConfig
 from cgpt.train import fused, fused_loop
 
 
-def _runs(corpus, cache):
+def _runs(corpus, cache):  # test_fused.py's shape and step count: one compile in a session
     return [RunConfig(
         preset="tiny-17k", model=get_config("tiny-17k").replace(compute_dtype="float32"),
         data=DataConfig(source=str(corpus), vocab_size=512, seq_len=16, val_sequences=16,
                         cache_dir=str(cache), seed=s),
-        train=TrainConfig(tokens=8 * 16 * 4, batch_size=8, seed=s, peak_lr=lr))
+        train=TrainConfig(tokens=8 * 16 * 20, batch_size=8, seed=s, peak_lr=lr, eval_every=10,
+                          ckpt_every=10))
         for s, lr in ((0, 3e-3), (1, 1e-3))]
 
 
@@ -36,7 +37,7 @@ def test_a_group_trains_with_the_step_compiled_ahead(ahead, tmp_path, monkeypatc
     monkeypatch.setattr(fused, "make_fused_step", no_compile)
     outs = [tmp_path / "a", tmp_path / "b"]
     got = fused_loop.train_fused(ahead, outs, progress=False)
-    assert [r["steps"] for r in got] == [4, 4]
+    assert [r["steps"] for r in got] == [20, 20]
     losses = [json.loads((o / "summary.json").read_text())["val_loss"] for o in outs]
     assert losses[0] != losses[1]  # two members, two learning rates and seeds
 

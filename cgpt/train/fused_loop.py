@@ -106,8 +106,8 @@ def _train_fused(runs: list[RunConfig], outs: list[Path], resuming: bool, progre
         return results
     fused.check_group([res[i] for i in live], [str(outs[i]) for i in live])
     data = {i: setup.run_data(res[i], outs[i], fresh[i]) for i in live}
-    # while the step compiles, the rest of the start is prepared for all members in one
-    # program (`fused_prep.Prepare`), used if they all fit
+    # while the step compiles, the rest of the start is prepared in a background thread
+    # (`fused_prep.Prepare`), used if all members fit one program
     r0 = res[live[0]]
     lay = layout(r0, len(live))
     evaluate = _validation(r0, data[live[0]], lay)
