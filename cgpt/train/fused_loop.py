@@ -110,7 +110,7 @@ def _train_fused(runs: list[RunConfig], outs: list[Path], resuming: bool, progre
     # (`fused_prep.Prepare`), used if all members fit one program
     r0 = res[live[0]]
     lay = layout(r0, len(live))
-    evaluate = _validation(r0, data[live[0]], lay)
+    evaluate = fused_prep.validation(r0, data[live[0]], lay)
     prep = fused_prep.Prepare(res, live, lay, evaluate, resuming)
     try:
         # as many members per program as fit the device (as micro-batches are chosen); the
@@ -187,7 +187,7 @@ def _train_chunk(live, res, saved, priors, fresh, memory, outs, launches, resumi
     ckpts = {i: checkpoint.Checkpointer(outs[i], keep=res[i].run.train.keep_checkpoints)
              for i in live}
     try:
-        prep, evaluate = prepared or (None, _validation(r0, data[live[0]], lay))
+        prep, evaluate = prepared or (None, fused_prep.validation(r0, data[live[0]], lay))
         ready = prep.get() if prep is not None else None
         hyper = ready[2] if ready else None
         start, params, opt_state = fused_prep.start(res, ckpts, outs, live, resuming, lay, ready)
@@ -438,26 +438,3 @@ def _loop(res, data, ckpts, outs, live, start, params, opt_state, step_fn, evalu
         rundir.close_all(saving.wait, triggers.uninstall, bar.close,
                    *(logs[i].close for k, i in enumerate(live) if active[k]))
     return speed, params, val_loss
-
-
-def _validation(r0, data, lay: Members):
-    """evaluate(params [M, ...]) -> [M] mean losses over the validation split, batched as a
-    solo run batches it (`cgpt.train.loop._validation`); the split is the same for every seed."""
-    eval_fn = fused.make_fused_eval(r0.cfg, lay.loss, lay.spmd_axis_name, lay.eval_sharding(),
-                                    fused.members_per_pass(lay.member_sharding()))
-    eval_bs = min(r0.micro_batch * r0.replicas, data.num_val_sequences)
-    eval_bs -= eval_bs % r0.replicas
-    limit = r0.run.train.eval_batches
-
-    def evaluate(params, batches: int | None = None) -> np.ndarray:
-        """`batches`: at most this many (the start's compile uses 1)."""
-        stop = min(limit or batches or 0, batches or limit or 0)
-        queued = []  # every batch dispatched before any is read: one wait, not one a batch
-        for batch in data.val_batches(eval_bs, drop_last=True):
-            queued.append(eval_fn(params, jnp.asarray(batch)))
-            if stop and len(queued) >= stop:
-                break
-        losses = [np.asarray(x, np.float64) for x in queued]
-        return sum(x * eval_bs for x in losses) / (len(losses) * eval_bs)
-
-    return evaluate

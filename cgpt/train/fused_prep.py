@@ -8,7 +8,7 @@ states (each exactly as a solo run initializes it) stacked, their learning-rate 
 one call of each other program on that state. The programs are the ones the loop would
 compile anyway, so the results do not change; nothing is written to disk here.
 
-`start` is the group's first step and state (fresh, or every member restored from the newest
+`validation` is the group's evaluation; `start` its first step and state (fresh, or every member restored from the newest
 checkpoint step all of them kept); `member_copy` one member's slice of the stacked state for
 its checkpoint, one compiled program for any number of members.
 """
@@ -17,6 +17,7 @@ from __future__ import annotations
 import threading
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from cgpt.errors import TrainError
@@ -58,7 +59,7 @@ class Prepare:
     thread (started here); `get()` joins it and returns them, raising its error if it failed.
 
     `lay`: the layout the states are made for (`fused_loop.layout`), `evaluate`: the group's
-    evaluation (`fused_loop._validation`), called on one batch to compile it. Resuming, the
+    evaluation (`validation`), called on one batch to compile it. Resuming, the
     members' inits serve as restore templates only: nothing is stacked (one stacked state in
     memory at a time)."""
 
@@ -137,3 +138,26 @@ def start(res, ckpts, outs, live, resuming: bool, lay, prepared=None):
     if stacked is None:
         stacked = lay.stack([states[i][0] for i in live], [states[i][1] for i in live])
     return start_step, stacked[0], stacked[1]
+
+
+def validation(r0, data, lay):
+    """evaluate(params [M, ...]) -> [M] mean losses over the validation split, batched as a
+    solo run batches it (`cgpt.train.loop._validation`); the split is the same for every seed."""
+    eval_fn = fused.make_fused_eval(r0.cfg, lay.loss, lay.spmd_axis_name, lay.eval_sharding(),
+                                    fused.members_per_pass(lay.member_sharding()))
+    eval_bs = min(r0.micro_batch * r0.replicas, data.num_val_sequences)
+    eval_bs -= eval_bs % r0.replicas
+    limit = r0.run.train.eval_batches
+
+    def evaluate(params, batches: int | None = None) -> np.ndarray:
+        """`batches`: at most this many (the start's compile uses 1)."""
+        stop = min(limit or batches or 0, batches or limit or 0)
+        queued = []  # every batch dispatched before any is read: one wait, not one a batch
+        for batch in data.val_batches(eval_bs, drop_last=True):
+            queued.append(eval_fn(params, jnp.asarray(batch)))
+            if stop and len(queued) >= stop:
+                break
+        losses = [np.asarray(x, np.float64) for x in queued]
+        return sum(x * eval_bs for x in losses) / (len(losses) * eval_bs)
+
+    return evaluate
