@@ -17,9 +17,10 @@ and one `python -m cgpt train` process per run (`executors.execute_run`, what `c
 did before #21). Each launch gets a fresh persistent compilation cache, so no arm reuses
 another's compiles. The data are prepared before anything is timed. Prints wall-clock
 seconds and CPU seconds (this process and its workers: on a shared machine a steadier
-measure of an arm's work than its wall), the ratios, each arm's wall time against its own training-step time (its overhead),
-the per-member step time fused and alone (on a compute-bound CPU fusion cannot beat the sum
-of the members' steps), and the largest |val_loss| difference between the arms.
+measure of an arm's work than its wall), the ratios, each arm's wall time against its own
+training-step time (its overhead), the per-member step time fused and alone (on a
+compute-bound CPU fusion cannot beat the sum of the members' steps), and the largest
+|val_loss| difference between the arms.
 """
 from __future__ import annotations
 

@@ -8,9 +8,9 @@ states (each exactly as a solo run initializes it) stacked, their learning-rate 
 one call of each other program on that state. The programs are the ones the loop would
 compile anyway, so the results do not change; nothing is written to disk here.
 
-`validation` is the group's evaluation; `start` its first step and state (fresh, or every member restored from the newest
-checkpoint step all of them kept); `member_copy` one member's slice of the stacked state for
-its checkpoint, one compiled program for any number of members.
+`validation` is the group's evaluation; `start` its first step and state (fresh, or every
+member restored from the newest checkpoint step all of them kept); `member_copy` one member's
+slice of the stacked state for its checkpoint, one compiled program for any number of members.
 """
 from __future__ import annotations
 
