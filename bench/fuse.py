@@ -16,9 +16,11 @@ fresh directories: fused; --no-fuse (one program per run, all runs in one worker
 and one `python -m cgpt train` process per run (`executors.execute_run`, what `cgpt sweep`
 did before #21). Each launch gets a fresh persistent compilation cache, so no arm reuses
 another's compiles. The data are prepared before anything is timed. Prints wall-clock
-seconds, the ratios, each arm's wall time against its own training-step time (its overhead),
-the per-member step time fused and alone (on a compute-bound CPU fusion cannot beat the sum
-of the members' steps), and the largest |val_loss| difference between the arms.
+seconds and CPU seconds (this process and its workers: on a shared machine a steadier
+measure of an arm's work than its wall), the ratios, each arm's wall time against its own
+training-step time (its overhead), the per-member step time fused and alone (on a
+compute-bound CPU fusion cannot beat the sum of the members' steps), and the largest
+|val_loss| difference between the arms.
 """
 from __future__ import annotations
 
@@ -81,25 +83,39 @@ def _steps(out: Path, rows: dict) -> tuple[float, float]:
     return sum(seen.values()), sum(per.values()) / len(per)
 
 
+def _cpu() -> float:
+    """CPU seconds of this process and its finished children (the sweep's worker processes):
+    on a shared machine the wall clock measures the load as much as the arm, CPU seconds
+    mostly the arm (a quiet machine's wall can still be lower, where threads overlap)."""
+    import resource
+
+    me, kids = (resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
 def compare(name: str, sweep, root: Path, only: str | None = None,
             arms: str = "fused,nofuse,procs") -> None:
     """One spec launched each way; prints wall-clock times and ratios."""
-    walls, rows, per = {}, {}, {}
+    walls, rows, per, cpu = {}, {}, {}, {}
     for arm in arms.split(","):
         out = root / f"{name}-{arm}"
+        c0 = _cpu()
         walls[arm], rows[arm] = _launch(sweep, out, arm, only)
+        cpu[arm] = _cpu() - c0
         steps, per[arm] = _steps(out, rows[arm])
         steps = steps or float("nan")  # a run of 1 step times none after its compile
         print(f"  {ARMS[arm]:>17}: {walls[arm]:7.1f} s wall, training steps {steps:7.1f} s "
               f"(wall = {walls[arm] / steps:.2f}x the steps; {1e3 * per[arm]:.1f} ms per step "
-              f"per run; {len(rows[arm])} runs)", flush=True)
+              f"per run; {len(rows[arm])} runs; {cpu[arm]:.1f} CPU s, load "
+              f"{os.getloadavg()[0]:.1f})", flush=True)
     if "fused" not in walls:
         return
     for arm in [a for a in walls if a != "fused"]:
         diff = max(abs(float(rows["fused"][k]["val_loss"]) - float(rows[arm][k]["val_loss"]))
                    for k in rows["fused"])
         print(f"  ({name}) fused is {walls[arm] / walls['fused']:.2f}x faster than "
-              f"{ARMS[arm]} in wall-clock time (per-run step time: fused "
+              f"{ARMS[arm]} in wall-clock time ({cpu[arm] / cpu['fused']:.2f}x in CPU seconds; "
+              f"per-run step time: fused "
               f"{1e3 * per['fused']:.1f} ms, alone {1e3 * per[arm]:.1f} ms); largest "
               f"|val_loss| difference {diff:.1e}", flush=True)
 

@@ -1,5 +1,6 @@
-"""A fused group's checkpoint saves (#21 item 5): the member slices come from one program, and
-the members' saves run in a background thread whose errors reach the training loop."""
+"""A fused group's checkpoint saves (#21 item 5): each member's slice comes from one program
+compiled once for every member, and the members' saves run in a background thread whose
+errors reach the training loop."""
 import subprocess
 import sys
 import threading
@@ -10,27 +11,31 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from cgpt.train import fused
-from cgpt.train.fused_loop import _Saves, _unstack
+from cgpt.train import fused, fused_prep
+from cgpt.train.fused_loop import _Saves
+from cgpt.train.fused_prep import member_copy
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def test_unstack_equals_each_members_slice():
+def test_member_copy_equals_each_members_slice_from_one_program():
     tree = ({"w": jnp.arange(24.0).reshape(3, 2, 4), "b": jnp.arange(3.0) - 1},
             (jnp.arange(3, dtype=jnp.int32), {"m": jnp.ones((3, 5)) * jnp.arange(3.0)[:, None]}))
-    finite, each = _unstack(tree)
-    assert np.asarray(finite).tolist() == [True] * 3 and len(each) == 3
+    assert np.asarray(fused.members_finite(tree)).tolist() == [True] * 3
+    member_copy(tree, 0)
+    compiled = fused_prep._COPY[None]._cache_size()
     for k in range(3):
         want = fused.member(tree, k)
-        got = each[k]
+        got = member_copy(tree, k)
         assert [np.asarray(x).tolist() for x in jax.tree.leaves(got)] == \
             [np.asarray(x).tolist() for x in jax.tree.leaves(want)]
         assert [x.dtype for x in jax.tree.leaves(got)] == \
             [x.dtype for x in jax.tree.leaves(want)]
+        assert jax.tree.structure(got) == jax.tree.structure(want)
+    assert fused_prep._COPY[None]._cache_size() == compiled  # members 1, 2: no new program
     bad = jax.tree.map(lambda x: x, tree)
     bad[1][1]["m"] = bad[1][1]["m"].at[1, 2].set(jnp.nan)
-    assert np.asarray(_unstack(bad)[0]).tolist() == [True, False, True]
+    assert np.asarray(fused.members_finite(bad)).tolist() == [True, False, True]
 
 
 class _Fake:

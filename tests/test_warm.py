@@ -36,11 +36,14 @@ def test_ahead_keeps_a_failure_and_runs_one_at_a_time():
     assert not any(t.name.startswith("cgpt-ahead") for t in threading.enumerate())
 
 
-def test_worker_compiles_the_next_lone_job_ahead(tmp_path, monkeypatch):
+def test_worker_compiles_the_next_job_ahead(tmp_path, monkeypatch):
     jobs = [Job(f"r{i}", str(tmp_path / f"r{i}"), False) for i in range(3)]
-    jobs[2] = Job("g", str(tmp_path / "g"), False, members=(jobs[0],))  # fused: not ahead
+    jobs[2] = Job("g", str(tmp_path / "g"), False, members=(jobs[0],))  # fused
     monkeypatch.setattr(warm, "cache_enabled", lambda: True)
     seen = []
+    from cgpt.train import fused_loop
+
+    monkeypatch.setattr(fused_loop, "compile_group", lambda runs: seen.append(runs) or ["s"])
 
     def compile_run(run):
         seen.append(run)
@@ -52,7 +55,8 @@ def test_worker_compiles_the_next_lone_job_ahead(tmp_path, monkeypatch):
     assert ahead.next(0) == ""  # nothing was compiled for the first job
     assert ahead.next(1) == ("compile-ahead failed (ValueError: model.d_model: bad); "
                              "compiling at start-up\n")
-    assert ahead.next(2) == "" and seen == ["r1"]
+    assert ahead.next(2).startswith("compiled ahead while the previous job ran (")
+    assert seen == ["r1", ["r0"]]  # the group's members, by `fused_loop.compile_group`
     monkeypatch.setattr(warm, "compile_run", lambda run: ["step", "eval"])
     ahead = worker._Ahead(jobs[:2])
     ahead.next(0)

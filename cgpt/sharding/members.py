@@ -150,15 +150,15 @@ class Members:
                 (self.params, self.opt_state, m))
 
     def stack(self, params: Sequence, opt_states: Sequence):
-        """Member states -> the stacked (params, opt_state) on this layout. On a mesh the
-        members (each in `member_state`) are stacked by one jitted program straight into the
-        stacked shardings: no member is ever gathered on one device."""
+        """Member states -> the stacked (params, opt_state) on this layout, by one jitted
+        program; on a mesh the members (each in `member_state`) go straight into the stacked
+        shardings: no member is ever gathered on one device."""
         join = lambda *xs: jnp.stack(xs)  # noqa: E731
-        if self.strategy is None:
-            return (self.put(jax.tree.map(join, *params), self.params),
-                    self.put(jax.tree.map(join, *opt_states), self.opt_state))
-        fn = jax.jit(lambda p, o: (jax.tree.map(join, *p), jax.tree.map(join, *o)),
-                     out_shardings=(self.params, self.opt_state))
+        both = lambda p, o: (jax.tree.map(join, *p), jax.tree.map(join, *o))  # noqa: E731
+        if self.strategy is None:  # one program, not one per leaf (51 for tiny-45k: 1.8 s)
+            p, o = jax.jit(both)(list(params), list(opt_states))
+            return self.put(p, self.params), self.put(o, self.opt_state)
+        fn = jax.jit(both, out_shardings=(self.params, self.opt_state))
         return fn(list(params), list(opt_states))
 
     @staticmethod

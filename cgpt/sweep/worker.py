@@ -304,8 +304,9 @@ def run_job(job: Job, redirect: bool, note: str = "") -> list[dict]:
 class _Ahead:
     """While job i starts and trains, job i+1's programs compile in a background thread
     (`cgpt.train.warm`), into the persistent compilation cache the sweep sets: the next job
-    then loads them instead of compiling. Lone runs only (a fused group or a branch compiles
-    for itself), and only with a cache (`--compile-cache none`: nothing is compiled ahead)."""
+    then loads them instead of compiling; a fused group's step is kept in this process
+    (`fused_loop.compile_group`). Not for a branch (it compiles for itself), and only with a
+    cache (`--compile-cache none`: nothing is compiled ahead)."""
 
     def __init__(self, jobs: list[Job]):
         self.jobs, self.runner = jobs, None
@@ -316,7 +317,7 @@ class _Ahead:
                 self.runner, self.warm = warm.Ahead(), warm
 
     def _wanted(self, job: Job) -> bool:
-        return not (job.members or job.branch_from)
+        return not job.branch_from
 
     def next(self, i: int) -> str:
         """Join job i's compile-ahead (a line for its log, or ""), start job i+1's."""
@@ -329,7 +330,13 @@ class _Ahead:
                 f"compile-ahead failed ({err}); compiling at start-up\n" if err else "")
         nxt = self.jobs[i + 1] if i + 1 < len(self.jobs) else None
         if nxt is not None and self._wanted(nxt):
-            self.runner.start(nxt.run_id, lambda: self.warm.compile_run(_config(nxt)))
+            if nxt.members:
+                from cgpt.train.fused_loop import compile_group
+
+                self.runner.start(nxt.run_id,
+                                  lambda: compile_group([_config(m) for m in nxt.members]))
+            else:
+                self.runner.start(nxt.run_id, lambda: self.warm.compile_run(_config(nxt)))
         return note
 
 

@@ -35,8 +35,8 @@ from cgpt.errors import TrainError
 from cgpt.fileio import atomic_write_text, probe_writable
 from cgpt.sharding.mesh import device_memory_bytes
 from cgpt.sharding.members import Members
-from cgpt.sharding.strategies import SingleDevice
-from cgpt.train import checkpoint, fit, fused, metrics, preempt, resume, rundir, setup, summary
+from cgpt.train import checkpoint, fit, fused, fused_prep, metrics, preempt, resume, rundir, \
+    setup, summary
 from cgpt.train.mfu import Throughput
 from cgpt.train.resolve import resolve
 
@@ -105,13 +105,55 @@ def _train_fused(runs: list[RunConfig], outs: list[Path], resuming: bool, progre
     if not live:
         return results
     fused.check_group([res[i] for i in live], [str(outs[i]) for i in live])
-    # as many members per program as fit the device (as micro-batches are chosen); the rest
-    # train next, in this process, from the same compiled step
-    per, _ = members_that_fit(res[live[0]], len(live), memory[live[0]])
-    for c in range(0, len(live), per):
-        _train_chunk(live[c:c + per], res, saved, priors, fresh, memory, outs, launches,
-                     resuming, progress, results, wall0 if c == 0 else time.perf_counter())
+    data = {i: setup.run_data(res[i], outs[i], fresh[i]) for i in live}
+    # while the step compiles, the rest of the start is prepared in a background thread
+    # (`fused_prep.Prepare`), used if all members fit one program
+    r0 = res[live[0]]
+    lay = layout(r0, len(live))
+    evaluate = fused_prep.validation(r0, data[live[0]], lay)
+    prep = fused_prep.Prepare(res, live, lay, evaluate, resuming)
+    try:
+        # as many members per program as fit the device (as micro-batches are chosen); the
+        # rest train next, in this process, from the same compiled step
+        per, _ = members_that_fit(r0, len(live), memory[live[0]])
+        if per < len(live):
+            prep.drop()  # made for all members: not held while the chunks train
+        for c in range(0, len(live), per):
+            _train_chunk(live[c:c + per], res, saved, priors, fresh, memory, outs, launches,
+                         resuming, progress, results, wall0 if c == 0 else time.perf_counter(),
+                         data, (prep, evaluate) if per == len(live) else None)
+    finally:
+        prep.join()
     return results
+
+
+def compile_group(runs: Sequence[RunConfig]) -> list[str]:
+    """Compile a fresh group's step ahead, on abstract values (kept in this process, where
+    `train_fused(runs, ...)` then finds it), and its members' init into the persistent cache
+    when one is set: a sweep's worker calls this in a background thread for its next group
+    while the current job trains (`cgpt.sweep.worker`). Returns the names compiled; nothing
+    is written to a run directory."""
+    from dataclasses import replace
+
+    from cgpt.config import backend
+
+    token = _SPREAD.set(jax.default_backend() != "cpu")
+    try:
+        t = runs[0].train
+        memory = (parse_bytes(t.device_memory, "train.device_memory") if t.device_memory
+                  else device_memory_bytes())
+        res = [resolve_member(replace(r, model=backend.resolve(r.model)), memory)  # as
+               for r in runs]  # resume.check_config resolves a fresh run's model
+        fused.check_group(res, [f"member {k}" for k in range(len(res))])
+        members_that_fit(res[0], len(res), memory)
+        done = ["fused step"]
+        if jax.config.jax_compilation_cache_dir and res[0].mode == "single":
+            for cfg in {r.cfg for r in res}:  # the init programs `fused.init_member` runs
+                fused._init_params.lower(cfg, res[0].run.train.seed).compile()
+            done.append("init")
+        return done
+    finally:
+        _SPREAD.reset(token)
 
 
 def resolve_member(run: RunConfig, memory: int):
@@ -124,7 +166,7 @@ def resolve_member(run: RunConfig, memory: int):
 
 
 def _train_chunk(live, res, saved, priors, fresh, memory, outs, launches, resuming, progress,
-                 results, wall0) -> None:
+                 results, wall0, data, prepared) -> None:
     from tqdm.auto import tqdm
 
     r0 = res[live[0]]
@@ -134,9 +176,7 @@ def _train_chunk(live, res, saved, priors, fresh, memory, outs, launches, resumi
     print(f"{cfg.name}: {M} runs fused into one program, micro-batch {r0.micro_batch} x "
           f"{r0.accum} accumulation step(s): {fmt_bytes(bytes_['total'])} per device, "
           f"{lay.line()}", file=sys.stderr, flush=True)
-    data = {}
     for i in live:
-        data[i] = setup.run_data(res[i], outs[i], fresh[i])
         if fresh[i]:
             launches[i].created.append(outs[i] / "tokenizer.json")
             data[i].save_tokenizer(outs[i])
@@ -147,14 +187,17 @@ def _train_chunk(live, res, saved, priors, fresh, memory, outs, launches, resumi
     ckpts = {i: checkpoint.Checkpointer(outs[i], keep=res[i].run.train.keep_checkpoints)
              for i in live}
     try:
-        start, params, opt_state = _start(res, ckpts, outs, live, resuming, lay)
+        prep, evaluate = prepared or (None, fused_prep.validation(r0, data[live[0]], lay))
+        ready = prep.get() if prep is not None else None
+        hyper = ready[2] if ready else None
+        start, params, opt_state = fused_prep.start(res, ckpts, outs, live, resuming, lay, ready)
+        del ready  # the members' unstacked initial states are not kept while training
         changes = {}
         for i in live:
             rundir.resume_log(outs[i] / rundir.METRICS_FILE, start, res[i].total_steps)
             changes[i] = resume.record_changes(outs[i], priors[i], saved[i], start)
-        evaluate = _validation(r0, data[live[0]], lay)
         trained = _loop(res, data, ckpts, outs, live, start, params, opt_state, step_fn,
-                        evaluate, progress, tqdm, results, lay)
+                        evaluate, progress, tqdm, results, lay, hyper)
     finally:
         rundir.close_all(*(c.close for c in ckpts.values()))
 
@@ -185,7 +228,7 @@ def _compiled(r0, members: int):
            tuple(r0.mesh.items()), r0.run.train.micro_batches)
     if key not in _COMPILED:
         cfg = r0.cfg
-        a_p, a_o = jax.eval_shape(lambda: fused.init_member(cfg, r0.recipe, 0))
+        a_p, a_o = fused_prep.abstract_member(cfg, r0.recipe)
         lay = layout(r0, members)
         sh, bsh = lay.member_sharding(), lay.batch_sharding()
         grow = lambda x, s: jax.ShapeDtypeStruct((members, *x.shape), x.dtype,  # noqa: E731
@@ -220,7 +263,7 @@ def layout(r0, members: int) -> Members:
     key = (r0.cfg, r0.mode, tuple(r0.mesh.items()), r0.batch_size, r0.micro_batch, members,
            _SPREAD.get(), r0.run.train.micro_batches)
     if key not in _LAYOUTS:
-        abstract = jax.eval_shape(lambda: fused.init_member(r0.cfg, r0.recipe, 0))
+        abstract = fused_prep.abstract_member(r0.cfg, r0.recipe)
         try:
             _LAYOUTS[key] = Members(r0.mode, r0.mesh, r0.cfg, members, jax.local_devices(),
                                     abstract, spread=_SPREAD.get(), batch=r0.batch_size,
@@ -264,15 +307,6 @@ def _compile(r0, members: int, memory: int):
     return compiled, b
 
 
-@jax.jit
-def _unstack(tree) -> tuple[jax.Array, list]:
-    """([M] members finite (`fused.members_finite`), every member's slice of a stacked tree as
-    its own arrays) in one program: a save dispatches and compiles once, not once per leaf and
-    member (8 members of tiny-45k: 400 eager slices)."""
-    return fused.members_finite(tree), [
-        jax.tree.map(lambda x: x[k], tree) for k in range(jax.tree.leaves(tree)[0].shape[0])]
-
-
 class _Saves:
     """The members' checkpoint saves of one step, issued one after another from a background
     thread while the next steps train (each save is Orbax's: atomic, into the member's own
@@ -307,39 +341,12 @@ class _Saves:
             raise err
 
 
-def _start(res, ckpts, outs, live, resuming, lay: Members):
-    """(start step, stacked params, stacked optimizer state). Resuming, every member restarts
-    from the newest step all of them kept; later checkpoints are set aside (a rewind)."""
-    states = {i: fused.init_member(res[i].cfg, res[live[0]].recipe, res[i].run.train.seed,
-                                   lay.member_state)
-              for i in live}  # one optimizer init compiled (its state holds no hyperparameter)
-    start = 0
-    if resuming:
-        common = set.intersection(*(set(ckpts[i].steps()) for i in live))
-        start = max(common, default=0)
-        for i in live:
-            ckpts[i].discard_after(start)
-        strategy = lay.strategy or SingleDevice(res[live[0]].cfg)  # restored in its layout
-        got = {}
-        for i in live:
-            got[i], p, o = setup.start_state(res[i], strategy, ckpts[i], *states[i], outs[i],
-                                             resume=True, from_step=None, branch_from=None)
-            states[i] = (p, o)
-        if len(set(got.values())) > 1:  # a checkpoint was unreadable and fell back further
-            raise TrainError("the fused runs restored different steps ("
-                             + ", ".join(f"{outs[i]}: {got[i]}" for i in live)
-                             + "); resume them with --from-step at a step all of them keep")
-        start = got[live[0]]
-    params, opt_state = lay.stack([states[i][0] for i in live], [states[i][1] for i in live])
-    return start, params, opt_state
-
-
 def _loop(res, data, ckpts, outs, live, start, params, opt_state, step_fn, evaluate, progress,
-          tqdm, results, lay: Members):
+          tqdm, results, lay: Members, hyper=None):
     r0 = res[live[0]]
     total, B, T = r0.total_steps, r0.batch_size, r0.seq_len
     sh, bsh = lay.member_sharding(), lay.batch_sharding()
-    hyper = lay.put(fused.stack_hyper([res[i].recipe for i in live]), sh)
+    hyper = lay.put(hyper or fused.stack_hyper([res[i].recipe for i in live]), sh)
     lrs = np.asarray(hyper.lr)
     tr = {i: res[i].run.train for i in live}
     eval_every = {i: tr[i].eval_every or max(1, total // 10) for i in live}
@@ -348,6 +355,7 @@ def _loop(res, data, ckpts, outs, live, start, params, opt_state, step_fn, evalu
     speed = Throughput.for_model(r0.cfg, T, 1)
     logs = {i: metrics.MetricsLog(outs[i], start) for i in live}
     active = np.ones(len(live), bool)
+    on_device = [None]  # `active` on the device
     val_loss = [math.nan] * len(live)
     bar = tqdm(total=total, initial=start, disable=not progress, unit="step", dynamic_ncols=True,
                desc=f"{r0.cfg.name} x{len(live)} fused")
@@ -358,6 +366,7 @@ def _loop(res, data, ckpts, outs, live, start, params, opt_state, step_fn, evalu
     def fail(k: int, err: TrainError) -> None:
         i = live[k]
         active[k] = False
+        on_device[0] = None
         results[i] = err
         logs[i].close()
         atomic_write_text(outs[i] / FAILED_FILE, json.dumps({"status": "failed",
@@ -373,9 +382,11 @@ def _loop(res, data, ckpts, outs, live, start, params, opt_state, step_fn, evalu
                     by_seed[s] = data[i].train_batch(step, B).reshape(r0.accum, -1, T + 1)
             batch = np.stack([by_seed[data[i].seed] for i in live])
             t0 = time.perf_counter()
+            if on_device[0] is None:  # the mask moves to the device when it changes
+                on_device[0] = lay.put(active, sh)
             params, opt_state, m = step_fn(params, opt_state, lay.put(batch, bsh), hyper,
-                                           lay.put(active, sh))
-            loss, gnorm, ok = (np.asarray(m[k]) for k in ("loss", "grad_norm", "ok"))
+                                           on_device[0])
+            loss, gnorm, ok = jax.device_get((m["loss"], m["grad_norm"], m["ok"]))  # one wait
             dt = time.perf_counter() - t0
             if not ok[active].all():
                 saving.wait()  # the advice lists the member's checkpoints
@@ -408,15 +419,15 @@ def _loop(res, data, ckpts, outs, live, start, params, opt_state, step_fn, evalu
             saves = [k for k, i in enumerate(live) if active[k] and (
                 done % ckpt_every[i] == 0 or done == total or save_now)]
             if saves:
-                finite, each = _unstack((params, opt_state))
-                finite = np.asarray(finite)
+                finite = np.asarray(fused.members_finite((params, opt_state)))
                 if not finite[saves].all():
                     saving.wait()  # its checkpoints are listed in the advice
                 for k in [k for k in saves if not finite[k]]:  # the last guard before disk
                     i = live[k]
                     fail(k, resume.nonfinite_stop("non-finite parameters or optimizer "
                                                   "state", done, ckpts[i].steps(), outs[i]))
-                saving.start([(ckpts[live[k]], done, *each[k]) for k in saves if finite[k]])
+                saving.start([(ckpts[live[k]], done, *fused_prep.member_copy(
+                    (params, opt_state), k, lay.member_state)) for k in saves if finite[k]])
                 triggers.saved()
             bar.set_postfix(loss=f"{np.nanmean(np.where(active, loss, np.nan)):.3f}",
                             tok_s=f"{speed.tokens_per_s * active.sum():,.0f}", refresh=False)
@@ -428,23 +439,3 @@ def _loop(res, data, ckpts, outs, live, start, params, opt_state, step_fn, evalu
         rundir.close_all(saving.wait, triggers.uninstall, bar.close,
                    *(logs[i].close for k, i in enumerate(live) if active[k]))
     return speed, params, val_loss
-
-
-def _validation(r0, data, lay: Members):
-    """evaluate(params [M, ...]) -> [M] mean losses over the validation split, batched as a
-    solo run batches it (`cgpt.train.loop._validation`); the split is the same for every seed."""
-    eval_fn = fused.make_fused_eval(r0.cfg, lay.loss, lay.spmd_axis_name, lay.eval_sharding(),
-                                    fused.members_per_pass(lay.member_sharding(), lay.loop))
-    eval_bs = min(r0.micro_batch * r0.replicas, data.num_val_sequences)
-    eval_bs -= eval_bs % r0.replicas
-    limit = r0.run.train.eval_batches
-
-    def evaluate(params) -> np.ndarray:
-        losses = []
-        for batch in data.val_batches(eval_bs, drop_last=True):
-            losses.append(np.asarray(eval_fn(params, jnp.asarray(batch)), np.float64))
-            if limit and len(losses) >= limit:
-                break
-        return sum(x * eval_bs for x in losses) / (len(losses) * eval_bs)
-
-    return evaluate
