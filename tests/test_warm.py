@@ -127,7 +127,11 @@ def test_fresh_state_is_init_then_optimizer_init():
     from cgpt.sharding.strategies import SingleDevice
     from cgpt.train import fused, optim
 
-    cfg = get_config("tiny-17k")
+    from cgpt.config import backend
+
+    assert backend.init_compile_options("cpu") == {"xla_backend_optimization_level": 1}
+    assert backend.init_compile_options("gpu") is None
+    cfg = get_config("tiny-17k")  # compiled with the CPU's init options, compared without
     opt = optim.make_optimizer(Recipe(peak_lr=1e-2, decay="linear", adam_eps=1e-8, batch_size=1,
                                       warmup_steps=1, total_steps=10), cfg)
     got = SingleDevice(cfg).init_state(opt)(3)
