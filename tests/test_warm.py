@@ -164,3 +164,25 @@ def test_state_finite_reads_cpu_arrays_on_the_host(monkeypatch):
     assert calls == []  # never compiled here
     assert step.state_finite({"n": jnp.int32(1)}) and step.state_finite({})
     assert not step.state_finite([1.0, float("nan")]) and calls == [1]  # not jax arrays: jitted
+
+
+def test_background_returns_or_reraises_in_the_callers_thread():
+    """The helper of the compile-ahead and a fused job's saves: one call at a time; `wait()`
+    gives its result or raises its error (once); `start` raises a pending error first."""
+    from cgpt.train.background import Background
+
+    bg = Background("cgpt-test-bg")
+    assert bg.wait() is None  # nothing ran
+    bg.start(lambda: 41 + 1)
+    assert bg.wait() == 42 and bg.wait() is None
+    bg.start(lambda: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        bg.wait()
+    assert bg.wait() is None  # raised once
+    bg.start(lambda: [][0])
+    with pytest.raises(IndexError):  # the next start waits for it and raises it
+        bg.start(lambda: 7)
+    assert bg.outcome() == (None, None)
+    bg.start(lambda: 7)
+    assert bg.outcome() == (7, None) and bg.seconds >= 0
+    assert not any(t.name == "cgpt-test-bg" for t in threading.enumerate())
