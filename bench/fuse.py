@@ -175,8 +175,13 @@ def main() -> None:
             load_data(s.runs[0].config.data)
             wall, rows = _launch(s, root / "demo", "fused", None)
             steps = _steps(root / "demo", rows)[0]
-            inside = sum(json.loads((root / "demo" / r / "summary.json").read_text())
-                         ["wall_time_s"] for r in rows)
+            runs = {r: json.loads((root / "demo" / r / "summary.json").read_text())
+                    for r in rows}
+            inside = sum(x["wall_time_s"] for x in runs.values())
+            for r, x in runs.items():  # per shape: its start-up (compiles, data), evals, saves
+                print(f"    {r}: {x['wall_time_s']:.1f} s in the run, steps "
+                      f"{x['train_time_s']:.1f} s, {x['wall_time_s'] - x['train_time_s']:.1f} s "
+                      "beyond them", flush=True)
             print(f"(c) demo.yaml, {len(rows)} runs: {wall:.1f} s wall, training steps "
                   f"{steps:.1f} s: wall = {wall / steps:.2f}x the training steps (target <= 1.3x)"
                   f"; of the {wall - steps:.1f} s beyond the steps, {inside - steps:.1f} s are "

@@ -197,6 +197,23 @@ def device_memory(bytes_limit: int, environ) -> int:
 # --xla_gpu_enable_async_all_gather/_reduce_scatter/_all_reduce, --xla_gpu_graph_level,
 # --xla_gpu_enable_triton_softmax_fusion, --xla_gpu_enable_pipelined_collectives (unknown to
 # XLA in jaxlib 0.10.2: async collectives are XLA's default now).
+# XLA options of a run's fresh-state init on CPU devices (`init_compile_options`): it runs once,
+# so its compile is all its cost (the second-largest per shape after the step's). Backend
+# optimization level 1 instead of XLA's default, measured on the 2-core CPU (tiny-45k, CPU
+# seconds of the compile, options interleaved in one process, 4 rounds): 1.7-2.5 -> 1.2-1.3 s,
+# its values bit-identical (an elementwise program: RNG bits, their transforms to normals;
+# `tests/test_warm.py` checks). Not for the step or the evaluation: they compile ~20% faster
+# too, but the step's update differs in the last bit at some shapes (tiny-17k at batch 4 x 33:
+# 6e-8), and results must not depend on the compile. Level 0 changes the init too.
+CPU_INIT_COMPILE_OPTIONS: dict[str, int] = {"xla_backend_optimization_level": 1}
+
+
+def init_compile_options(platform: str) -> dict | None:
+    """`compiler_options` of the fresh-state init for `platform`'s devices: the CPU's
+    (CPU_INIT_COMPILE_OPTIONS), None (XLA's defaults) elsewhere."""
+    return dict(CPU_INIT_COMPILE_OPTIONS) if _platform_name(platform) == "cpu" else None
+
+
 GPU_XLA_FLAGS: tuple[tuple[str, str, str], ...] = (
     ("xla_gpu_enable_latency_hiding_scheduler", "true",
      "schedule collectives asynchronously around compute: the weight-streaming gathers and "

@@ -19,6 +19,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from cgpt.sharding import distributed
 from cgpt.model import gpt as model
+from cgpt.config import backend
 from cgpt.config.model import ModelConfig
 from cgpt.config.recipe import published_defaults
 from cgpt.sharding.auto import placement
@@ -64,9 +65,12 @@ class SingleDevice:
         self.device = jax.devices()[0]
 
     def compile_step(self, step, optimizer, seed: int, plan):
-        params = jax.jit(model.init_params, static_argnums=0)(self.cfg, seed)
-        opt_state = jax.jit(optimizer.init)(params)
+        params, opt_state = self.init_state(optimizer)(seed)
         return jax.jit(step, donate_argnums=(0, 1)), params, opt_state
+
+    def init_state(self, optimizer) -> Callable:
+        """The jitted init(seed) -> (params, opt_state) `compile_step` runs (`fresh_state`)."""
+        return fresh_state(self.cfg, optimizer, self.device)
 
     def compile_eval(self, cfg: ModelConfig):
         return jax.jit(lambda params, tokens: self.loss(params, tokens, cfg))
@@ -89,6 +93,20 @@ class SingleDevice:
 
     def describe(self) -> dict:
         return {"mode": self.mode, "devices": 1, "data_replicas": 1, "unsharded": []}
+
+
+def fresh_state(cfg: ModelConfig, optimizer, device, **jit_kw) -> Callable:
+    """jitted init(seed) -> (params, opt_state): the parameters and the optimizer's state as
+    one program (one compile per shape, not two; the same values as initializing them one
+    after the other), compiled with `device`'s platform's init options
+    (`cgpt.config.backend.init_compile_options`). `jit_kw`: e.g. out_shardings."""
+
+    def init_state(seed):
+        params = model.init_params(cfg, seed)
+        return params, optimizer.init(params)
+
+    return jax.jit(init_state, compiler_options=backend.init_compile_options(
+        backend.platform_of(device)), **jit_kw)
 
 
 # ---- sharded strategies --------------------------------------------------------------------
@@ -202,9 +220,9 @@ class Sharded:
         abstract_p = jax.eval_shape(lambda: model.init_params(self.cfg))
         abstract_o = jax.eval_shape(optimizer.init, abstract_p)
         psh = self.param_shardings(abstract_p)
-        params = jax.jit(model.init_params, static_argnums=0, out_shardings=psh)(self.cfg, seed)
-        opt_state = jax.jit(optimizer.init, out_shardings=self.opt_shardings(
-            abstract_o, abstract_p))(params)
+        params, opt_state = fresh_state(self.cfg, optimizer, self.mesh.devices.flat[0],
+                                        out_shardings=(psh, self.opt_shardings(abstract_o,
+                                                                              abstract_p)))(seed)
         return self.jit_step(step, abstract_p, abstract_o), params, opt_state
 
     def compile_eval(self, cfg: ModelConfig):

@@ -19,7 +19,6 @@ import contextvars
 import json
 import math
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Sequence
@@ -37,6 +36,7 @@ from cgpt.sharding.mesh import device_memory_bytes
 from cgpt.sharding.members import Members
 from cgpt.train import checkpoint, fit, fused, fused_prep, metrics, preempt, resume, rundir, \
     setup, summary
+from cgpt.train.background import Background
 from cgpt.train.mfu import Throughput
 from cgpt.train.resolve import resolve
 
@@ -315,30 +315,19 @@ class _Saves:
     while saving is raised there, in the loop's thread."""
 
     def __init__(self) -> None:
-        self._thread: threading.Thread | None = None
-        self._error: BaseException | None = None
+        self._bg = Background("cgpt-fused-saves")
 
     def start(self, saves: list) -> None:
         """Issue `saves` ((checkpointer, step, params, opt_state) each) after the previous ones."""
-        self.wait()
 
         def run() -> None:
-            try:
-                for ckpt, step, params, opt_state in saves:
-                    ckpt.save(step, params, opt_state)
-            except BaseException as e:  # noqa: BLE001 - re-raised by wait(), in the loop
-                self._error = e
+            for ckpt, step, params, opt_state in saves:
+                ckpt.save(step, params, opt_state)
 
-        self._thread = threading.Thread(target=run, name="cgpt-fused-saves", daemon=True)
-        self._thread.start()
+        self._bg.start(run)
 
     def wait(self) -> None:
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
-        if self._error is not None:
-            err, self._error = self._error, None
-            raise err
+        self._bg.wait()
 
 
 def _loop(res, data, ckpts, outs, live, start, params, opt_state, step_fn, evaluate, progress,

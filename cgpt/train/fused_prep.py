@@ -14,7 +14,6 @@ slice of the stacked state for its checkpoint, one compiled program for any numb
 """
 from __future__ import annotations
 
-import threading
 
 import jax
 import jax.numpy as jnp
@@ -22,6 +21,7 @@ import numpy as np
 
 from cgpt.errors import TrainError
 from cgpt.sharding.strategies import SingleDevice
+from cgpt.train.background import Background
 from cgpt.train import fused, setup
 
 _ABSTRACT: dict = {}
@@ -64,46 +64,38 @@ class Prepare:
     memory at a time)."""
 
     def __init__(self, res, live: list, lay, evaluate, resuming: bool):
-        self.live, self.lay, self.out, self._error = list(live), lay, None, None
-        self._thread = threading.Thread(target=self._run, name="cgpt-fused-prepare",
-                                        args=(res, evaluate, resuming), daemon=True)
-        self._thread.start()
+        self.live, self.lay = list(live), lay
+        self._bg = Background("cgpt-fused-prepare")
+        self._bg.start(lambda: self._run(res, evaluate, resuming))
 
-    def _run(self, res, evaluate, resuming: bool) -> None:
-        try:
-            try:  # `metrics.MetricsLog` imports it (seconds): here it overlaps the compile
-                import tensorboardX  # noqa: F401
-            except ImportError:
-                pass
-            r0 = res[self.live[0]]
-            states = {i: fused.init_member(res[i].cfg, r0.recipe, res[i].run.train.seed,
-                                           self.lay.member_state)
-                      for i in self.live}  # one optimizer init (its state holds no hyper)
-            hyper = fused.stack_hyper([res[i].recipe for i in self.live])
-            stacked = None
-            if not resuming:
-                stacked = self.lay.stack([states[i][0] for i in self.live],
-                                         [states[i][1] for i in self.live])
-                fused.members_finite(stacked)  # the save's programs and the evaluation,
-                member_copy(stacked, 0, self.lay.member_state)  # compiled off the loop
-                evaluate(stacked[0], batches=1)
-                jax.block_until_ready(stacked)
-            self.out = states, stacked, hyper
-        except BaseException as e:  # noqa: BLE001 - raised in the loop's thread by get()
-            self._error = e
+    def _run(self, res, evaluate, resuming: bool):
+        try:  # `metrics.MetricsLog` imports it (seconds): here it overlaps the compile
+            import tensorboardX  # noqa: F401
+        except ImportError:
+            pass
+        r0 = res[self.live[0]]
+        states = {i: fused.init_member(res[i].cfg, r0.recipe, res[i].run.train.seed,
+                                       self.lay.member_state)
+                  for i in self.live}  # one optimizer init (its state holds no hyper)
+        hyper = fused.stack_hyper([res[i].recipe for i in self.live])
+        stacked = None
+        if not resuming:
+            stacked = self.lay.stack([states[i][0] for i in self.live],
+                                     [states[i][1] for i in self.live])
+            fused.members_finite(stacked)  # the save's programs and the evaluation,
+            member_copy(stacked, 0, self.lay.member_state)  # compiled off the loop
+            evaluate(stacked[0], batches=1)
+            jax.block_until_ready(stacked)
+        return states, stacked, hyper
 
     def get(self):
         """(each member's (params, opt_state), the stacked state or None, the stacked Hyper)."""
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-        out, self.out = self.out, None
-        return out
+        return self._bg.wait()
 
     def drop(self) -> None:
-        """Wait for the thread and let go of what it made (the group trains in chunks)."""
-        self._thread.join()
-        self.out = self._error = None
+        """Wait for the thread and let go of what it made or raised (the group trains in
+        chunks, or the launch failed)."""
+        self._bg.outcome()
 
     join = drop  # the launch failed, or it is over
 

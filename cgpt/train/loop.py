@@ -14,18 +14,14 @@ import sys
 import time
 from pathlib import Path
 
-import jax
-
-from cgpt.config.run import RunConfig, parse_bytes
+from cgpt.config.run import RunConfig
 from cgpt.errors import TrainError
 from cgpt.fileio import atomic_write_text, probe_writable
 from cgpt.sharding import distributed
-from cgpt.sharding.mesh import device_memory_bytes, job_nodes
-from cgpt.train import (ahead, checkpoint, fit, metrics, optim, preempt, resume, rundir, setup,
-                        summary)
+from cgpt.train import ahead, checkpoint, metrics, preempt, resume, rundir, setup, summary
 from cgpt.train.mfu import Throughput
-from cgpt.train.resolve import Resolved, resolve
-from cgpt.train.step import all_finite, make_step
+from cgpt.train.resolve import Resolved
+from cgpt.train.step import make_step, state_finite
 
 
 def train(run: RunConfig, out: str | Path, resume: bool = False, progress: bool = True,
@@ -70,17 +66,9 @@ def _train(run: RunConfig, out: Path, resuming: bool, progress: bool, launch: ru
     distributed.barrier("config-read")  # every process has read config.yaml before it is written
     if resuming and (out / summary.SUMMARY_FILE).exists():  # finished already: nothing to redo
         return summary.read(out)
-    memory = (parse_bytes(saved.train.device_memory, "train.device_memory")
-              if saved.train.device_memory else device_memory_bytes())
-    memory = distributed.smallest_mib(memory)  # every process compiles the same step
-    devices = jax.devices()
-    res = resolve(saved, devices, device_memory=memory, num_processes=jax.process_count(),
-                  nodes=job_nodes(devices))
-    strategy = setup.place(res, devices)
-    optimizer = optim.make_optimizer(res.recipe, res.cfg)
     # the micro-batch x accumulation and remat whose compiled step fits (cgpt.train.fit): that
     # compiled step is the one trained; stop here, before any file is written, if none fits
-    res, step_fn, fitted = fit.fit_step(res, strategy, optimizer, memory)
+    res, strategy, optimizer, step_fn, fitted, _ = setup.start_up(saved)
     if not fitted.fits:
         mesh = ",".join(f"{k}={v}" for k, v in res.mesh.items())
         raise TrainError(fitted.error(f"{res.cfg.name} ({res.cfg.num_params():,} params), "
@@ -172,7 +160,7 @@ def _train(run: RunConfig, out: Path, resuming: bool, progress: bool, launch: ru
             queued = None
             finish(step, m, t0, params)
             if done % ckpt_every == 0 or done == total or save_now:
-                if not bool(all_finite((params, opt_state))):  # the last guard before disk
+                if not state_finite((params, opt_state)):  # the last guard before disk
                     raise resume.nonfinite_stop("non-finite parameters or optimizer state",
                                                 done, ckpt.steps(), out)
                 ckpt.save(done, params, opt_state)
@@ -199,8 +187,7 @@ def _validation(res: Resolved, strategy, data):
     """evaluate(params) -> the mean loss over the validation split (or its first
     train.eval_batches batches), in batches of a micro-batch per replica."""
     eval_fn = strategy.compile_eval(res.cfg)
-    eval_bs = min(res.micro_batch * res.replicas, data.num_val_sequences)
-    eval_bs -= eval_bs % res.replicas
+    eval_bs = setup.eval_batch_size(res, data.num_val_sequences)
     if eval_bs < 1:
         raise TrainError(f"data.val_sequences={data.num_val_sequences} is smaller than the "
                          f"{res.replicas} data replicas; raise data.val_sequences")

@@ -1,16 +1,50 @@
-"""A run's inputs before step 0: its devices' strategy, its data (prepared once per job) and its
-starting state (fresh, restored from its own checkpoint, or a branch's parent)."""
+"""A run's inputs before step 0: its resolved, placed and fitted step (`start_up`, shared by
+`train` and the sweep's compile-ahead, `cgpt.train.warm`), its data (prepared once per job)
+and its starting state (fresh, restored from its own checkpoint, or a branch's parent)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, NamedTuple
 
+import jax
+
+from cgpt.config.run import RunConfig, parse_bytes
 from cgpt.data.batches import TokenData, load_data
 from cgpt.errors import TrainError
 from cgpt.sharding import distributed
-from cgpt.sharding.mesh import build_mesh
+from cgpt.sharding.mesh import build_mesh, device_memory_bytes, job_nodes
 from cgpt.sharding.strategies import SingleDevice, strategy_on
-from cgpt.train import branch, checkpoint
-from cgpt.train.step import all_finite
+from cgpt.train import branch, checkpoint, fit, optim
+from cgpt.train.resolve import Resolved, resolve
+from cgpt.train.step import state_finite
+
+
+class StartUp(NamedTuple):
+    """What a run trains with, decided before any file is written."""
+
+    res: Resolved  # fitted: its micro-batch, accumulation and remat chosen
+    strategy: Any  # its devices' strategy (`cgpt.sharding.strategies`)
+    optimizer: Any  # optax.GradientTransformation
+    step: Any  # the compiled step (jax.stages.Compiled) the fit chose
+    fitted: fit.Choice  # the fit's choice; `fitted.fits` False: nothing fits
+    memory: int  # bytes per device the fit assumed
+
+
+def start_up(run: RunConfig) -> StartUp:
+    """Resolve `run` on this job's devices, place it, build its optimizer and compile the step
+    that fits (`cgpt.train.fit`): `train`'s start-up, and the compile-ahead's, so both compile
+    the same program. Every process of a multi-process job takes the smallest memory."""
+    t = run.train
+    memory = (parse_bytes(t.device_memory, "train.device_memory") if t.device_memory
+              else device_memory_bytes())
+    memory = distributed.smallest_mib(memory)  # every process compiles the same step
+    devices = jax.devices()
+    res = resolve(run, devices, device_memory=memory, num_processes=jax.process_count(),
+                  nodes=job_nodes(devices))
+    strategy = place(res, devices)
+    optimizer = optim.make_optimizer(res.recipe, res.cfg)
+    res, step, fitted = fit.fit_step(res, strategy, optimizer, memory)
+    return StartUp(res, strategy, optimizer, step, fitted, memory)
 
 
 def place(res, devices):
@@ -52,7 +86,7 @@ def start_state(res, strategy, ckpt: checkpoint.Checkpointer, params, opt_state,
         got = ckpt.restore_latest(*strategy.abstract_state(params, opt_state))
         if got is not None:
             start, params, opt_state = got
-            if not bool(all_finite((params, opt_state))):
+            if not state_finite((params, opt_state)):
                 raise TrainError(f"checkpoint {start} in {out / checkpoint.CKPT_DIR} holds "
                                  "non-finite values; resume from an earlier one with "
                                  f"--from-step (kept: {ckpt.steps()}), or start over")
@@ -61,3 +95,10 @@ def start_state(res, strategy, ckpt: checkpoint.Checkpointer, params, opt_state,
                                          *strategy.abstract_state(params, opt_state))
         start = branch_from[1]
     return start, params, opt_state
+
+
+def eval_batch_size(res, num_val_sequences: int) -> int:
+    """Rows per evaluation batch: a micro-batch per replica, capped by the validation split,
+    a multiple of the replicas (0: the split is smaller than the replicas)."""
+    bs = min(res.micro_batch * res.replicas, num_val_sequences)
+    return bs - bs % res.replicas
