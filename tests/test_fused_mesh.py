@@ -233,21 +233,28 @@ def test_member_groups_never_communicate(corpus, cache):
         [[[0, 4], [1, 5], [2, 6], [3, 7]]]  # what a member-spanning collective would read
 
 
-@pytest.mark.slow  # two sweeps of 2 runs (~2 min under load)
-def test_sweep_fuses_sharded_runs_as_unfused(tmp_path):
-    """`cgpt sweep` fuses data_parallel runs on data=2 (the worker inherits the 8 emulated
-    devices): one program, each run's summary as the same sweep's under --no-fuse."""
+def sweep_fused_and_alone(tmp_path, train: dict) -> tuple[dict, dict]:
+    """Two seeds of tiny-17k with `train` swept fused and --no-fuse: ({run: summary}, the
+    same unfused); both sweeps finished, the same two runs."""
     from cgpt import sweep as sw
     from tests.test_sweep import _spec
 
     spec = _spec(tmp_path, "s", {"model": ["tiny-17k"], "seed": [0, 1]},
-                 base={"train": {"tokens": 4000, "mode": "data_parallel", "mesh": "data=2"}})
+                 base={"train": {"tokens": 4000, **train}})
     assert sw.main([str(spec), "--out", str(tmp_path / "f")]) == 0
     assert sw.main([str(spec), "--out", str(tmp_path / "u"), "--no-fuse"]) == 0
     read = lambda d: {p.parent.name: json.loads(p.read_text())  # noqa: E731
                       for p in d.glob("*/summary.json")}
     fused_, alone = read(tmp_path / "f"), read(tmp_path / "u")
     assert sorted(fused_) == sorted(alone) and len(fused_) == 2
+    return fused_, alone
+
+
+@pytest.mark.slow  # two sweeps of 2 runs (~2 min under load)
+def test_sweep_fuses_sharded_runs_as_unfused(tmp_path):
+    """`cgpt sweep` fuses data_parallel runs on data=2 (the worker inherits the 8 emulated
+    devices): one program, each run's summary as the same sweep's under --no-fuse."""
+    fused_, alone = sweep_fused_and_alone(tmp_path, {"mode": "data_parallel", "mesh": "data=2"})
     for rid, s in fused_.items():
         assert s["placement"]["fused"] == 2 and s["placement"]["mesh"] == {"data": 2}
         assert s["placement"]["member_mesh"] == {"member": 1, "data": 2}  # CPU: not spread

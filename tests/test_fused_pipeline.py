@@ -158,19 +158,10 @@ def test_vmapped_pipelined_group_equals_solo_and_faults_stay_per_member(corpus, 
 def test_sweep_fuses_pipelined_runs_as_unfused(tmp_path):
     """`cgpt sweep` fuses layer_pipelined runs on stage=2 into one job (the worker inherits
     the 8 emulated devices): each run's summary as the same sweep's under --no-fuse."""
-    import json
+    from tests.test_fused_mesh import sweep_fused_and_alone
 
-    from cgpt import sweep as sw
-    from tests.test_sweep import _spec
-
-    spec = _spec(tmp_path, "s", {"model": ["tiny-17k"], "seed": [0, 1]},
-                 base={"train": {"tokens": 4000, "mode": "layer_pipelined", "mesh": "stage=2"}})
-    assert sw.main([str(spec), "--out", str(tmp_path / "f")]) == 0
-    assert sw.main([str(spec), "--out", str(tmp_path / "u"), "--no-fuse"]) == 0
-    read = lambda d: {p.parent.name: json.loads(p.read_text())  # noqa: E731
-                      for p in d.glob("*/summary.json")}
-    fused_, alone = read(tmp_path / "f"), read(tmp_path / "u")
-    assert sorted(fused_) == sorted(alone) and len(fused_) == 2
+    fused_, alone = sweep_fused_and_alone(tmp_path, {"mode": "layer_pipelined",
+                                                     "mesh": "stage=2"})
     for rid, s in fused_.items():
         assert s["placement"]["fused"] == 2 and s["placement"]["mode"] == "layer_pipelined"
         assert s["placement"]["member_mesh"] == {"member": 1, "stage": 2}
