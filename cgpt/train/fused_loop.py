@@ -29,10 +29,9 @@ import numpy as np
 
 from cgpt.config.units import fmt_bytes
 from cgpt.config.model import remat_value
-from cgpt.config.run import RunConfig, parse_bytes
+from cgpt.config.run import RunConfig
 from cgpt.errors import TrainError
 from cgpt.fileio import atomic_write_text, probe_writable
-from cgpt.sharding.mesh import device_memory_bytes
 from cgpt.sharding.members import Members
 from cgpt.train import checkpoint, fit, fused, fused_prep, metrics, preempt, resume, rundir, \
     setup, summary
@@ -97,9 +96,7 @@ def _train_fused(runs: list[RunConfig], outs: list[Path], resuming: bool, progre
         if resuming and (out / summary.SUMMARY_FILE).exists():  # finished already
             results[i] = summary.read(out)
             continue
-        t = saved[i].train
-        memory[i] = (parse_bytes(t.device_memory, "train.device_memory") if t.device_memory
-                     else device_memory_bytes())
+        memory[i] = setup.device_memory(saved[i].train)
         res[i] = resolve_member(saved[i], memory[i])
         live.append(i)
     if not live:
@@ -139,9 +136,7 @@ def compile_group(runs: Sequence[RunConfig]) -> list[str]:
 
     token = _SPREAD.set(jax.default_backend() != "cpu")
     try:
-        t = runs[0].train
-        memory = (parse_bytes(t.device_memory, "train.device_memory") if t.device_memory
-                  else device_memory_bytes())
+        memory = setup.device_memory(runs[0].train)
         res = [resolve_member(replace(r, model=backend.resolve(r.model)), memory)  # as
                for r in runs]  # resume.check_config resolves a fresh run's model
         fused.check_group(res, [f"member {k}" for k in range(len(res))])

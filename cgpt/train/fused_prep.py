@@ -54,6 +54,13 @@ def member_copy(tree, k: int, shardings=None):
     return _COPY[key](tree, np.int32(k))
 
 
+def init_states(res, live, lay) -> dict:
+    """{member: its fresh (params, opt_state)} in its own layout on `lay`, each as a solo run
+    initializes it; one optimizer init for all (its state holds no hyperparameter)."""
+    return {i: fused.init_member(res[i].cfg, res[live[0]].recipe, res[i].run.train.seed,
+                                 lay.member_state) for i in live}
+
+
 class Prepare:
     """The group's initial states, stacked state and hyperparameters, computed in a background
     thread (started here); `get()` joins it and returns them, raising its error if it failed.
@@ -73,10 +80,7 @@ class Prepare:
             import tensorboardX  # noqa: F401
         except ImportError:
             pass
-        r0 = res[self.live[0]]
-        states = {i: fused.init_member(res[i].cfg, r0.recipe, res[i].run.train.seed,
-                                       self.lay.member_state)
-                  for i in self.live}  # one optimizer init (its state holds no hyper)
+        states = init_states(res, self.live, self.lay)
         hyper = fused.stack_hyper([res[i].recipe for i in self.live])
         stacked = None
         if not resuming:
@@ -105,8 +109,7 @@ def start(res, ckpts, outs, live, resuming: bool, lay, prepared=None):
     from the newest step all of them kept; later checkpoints are set aside (a rewind).
     `prepared`: `Prepare.get()`'s states for these members on `lay`, or None (made here)."""
     if prepared is None:
-        states = {i: fused.init_member(res[i].cfg, res[live[0]].recipe, res[i].run.train.seed,
-                                       lay.member_state) for i in live}
+        states = init_states(res, live, lay)
         stacked = None
     else:
         states, stacked = dict(prepared[0]), prepared[1]

@@ -34,10 +34,7 @@ def start_up(run: RunConfig) -> StartUp:
     """Resolve `run` on this job's devices, place it, build its optimizer and compile the step
     that fits (`cgpt.train.fit`): `train`'s start-up, and the compile-ahead's, so both compile
     the same program. Every process of a multi-process job takes the smallest memory."""
-    t = run.train
-    memory = (parse_bytes(t.device_memory, "train.device_memory") if t.device_memory
-              else device_memory_bytes())
-    memory = distributed.smallest_mib(memory)  # every process compiles the same step
+    memory = distributed.smallest_mib(device_memory(run.train))  # one step for every process
     devices = jax.devices()
     res = resolve(run, devices, device_memory=memory, num_processes=jax.process_count(),
                   nodes=job_nodes(devices))
@@ -45,6 +42,13 @@ def start_up(run: RunConfig) -> StartUp:
     optimizer = optim.make_optimizer(res.recipe, res.cfg)
     res, step, fitted = fit.fit_step(res, strategy, optimizer, memory)
     return StartUp(res, strategy, optimizer, step, fitted, memory)
+
+
+def device_memory(train) -> int:
+    """Bytes per device a run's step must fit: `train.device_memory` when set, else what this
+    process's first device reports."""
+    return (parse_bytes(train.device_memory, "train.device_memory") if train.device_memory
+            else device_memory_bytes())
 
 
 def place(res, devices):
