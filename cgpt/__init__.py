@@ -8,9 +8,10 @@ if _sys.argv[:1] == ["-m"] and "-m" in _sys.orig_argv:  # `python -m cgpt CMD`, 
 
         _preempt.install_process((_sys.orig_argv[_m + 2:_m + 3] or [""])[0])
 from cgpt.config.model import ModelConfig, get_config, list_configs
-from cgpt.errors import LoadError
+from cgpt.errors import CgptError, LoadError, TrainError
 
-__all__ = ["ModelConfig", "get_config", "list_configs", "LoadError", "LM", "load", "save_hf"]
+__all__ = ["ModelConfig", "get_config", "list_configs", "CgptError", "LoadError", "TrainError",
+           "LM", "load", "save_hf"]
 __version__ = "0.1.0"
 
 

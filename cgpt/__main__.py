@@ -5,6 +5,7 @@ traceback or a crash (`preempt.finish`)."""
 import signal
 import sys
 
+from cgpt.errors import Preempted, Stopped
 from cgpt.train import preempt
 
 
@@ -19,7 +20,7 @@ def run() -> None:
     except KeyboardInterrupt:  # Ctrl-C while the modules load, before main's own handler
         print(preempt.stop_line(signal.SIGINT, command), file=sys.stderr)
         code = 130
-    except (preempt.Stopped, preempt.Preempted) as e:
+    except (Stopped, Preempted) as e:
         print(f"cgpt {command}: {e}", file=sys.stderr)
         code = e.exit_code
     preempt.finish(code, command)

@@ -49,9 +49,9 @@ def build_run(args):
     raw = load_yaml(args.config) if args.config else {}
     if getattr(args, "branch_from", None) and not args.config:  # the parent's config by default
         from cgpt.train.branch import parse_spec
-        from cgpt.train.checkpoint import read_run_config
+        from cgpt.rundir import read_config
 
-        raw = read_run_config(parse_spec(args.branch_from)[0])
+        raw = read_config(parse_spec(args.branch_from)[0])
     if args.model:
         raw["preset"] = args.model
     flags = []
@@ -163,6 +163,7 @@ def cmd_eval(args) -> int:
     import cgpt
     from cgpt.data.batches import load_data
     from cgpt.config.data import DataConfig
+    from cgpt.rundir import TOKENIZER_FILE, json_line
 
     for flag, v, low in (("--seq-len", args.seq_len, 2), ("--sequences", args.sequences, 1),
                          ("--batch-size", args.batch_size, 1)):
@@ -176,22 +177,21 @@ def cmd_eval(args) -> int:
         raise ValueError(f"--seq-len {seq_len} exceeds the model's context n_ctx="
                          f"{lm.config.n_ctx}")
     with tempfile.TemporaryDirectory() as tmp:
-        (Path(tmp) / "tokenizer.json").write_text(lm.tokenizer.to_str())
+        (Path(tmp) / TOKENIZER_FILE).write_text(lm.tokenizer.to_str())  # tmp: as a run
         data = load_data(DataConfig(source=args.data, seq_len=seq_len,
                                     val_sequences=args.sequences, tokenizer=tmp), tmp)
         total, n = 0.0, 0
         for batch in data.val_batches(args.batch_size):  # every held-out sequence, weighted
             total += lm.loss(batch) * len(batch)
             n += len(batch)
-    from cgpt.train.rundir import json_line  # strict JSON: a non-finite loss is null, and named
-
     print(json_line({"source": str(args.source), "data": args.data, "seq_len": seq_len,
-                     "sequences": n, "val_loss": total / n}))
+                     "sequences": n, "val_loss": total / n}))  # strict: NaN is null, named
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    from cgpt.errors import Preempted, Stopped
     from cgpt.train import preempt
 
     # Ctrl-C anywhere, a scheduler's signal before the loop: one line, not a traceback or a
@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     old = preempt.defer_early(command)
     try:
         return _main(argv)
-    except (preempt.Preempted, preempt.Stopped) as e:  # before _main's own handler took over
+    except (Preempted, Stopped) as e:  # before _main's own handler took over
         print(f"cgpt {command}: {e}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:  # also while the modules load
@@ -274,19 +274,15 @@ def _main(argv: list[str]) -> int:
 
 
 def _run_command(args, handlers) -> int:
-    from cgpt.data.batches import DataError
-    from cgpt.sharding.distributed import DistributedError
-    from cgpt.errors import LoadError
-    from cgpt.train.preempt import Preempted, Stopped, stop_line
-    from cgpt.train.rundir import RunDirError
-    from cgpt.errors import TrainError
+    from cgpt.errors import CgptError, Preempted, Stopped
+    from cgpt.train.preempt import stop_line
 
     try:
         return args.func(args) if hasattr(args, "func") else handlers[args.command](args)
     except (Preempted, Stopped) as e:  # checkpointed on SIGTERM/SIGUSR1/SIGUSR2, or before
         print(f"cgpt {args.command}: {e}", file=sys.stderr)  # the loop (cgpt.train.preempt)
         return e.exit_code
-    except (ValueError, TrainError, LoadError, DataError, RunDirError, DistributedError) as e:
+    except (ValueError, CgptError) as e:  # the config readers raise ValueError
         print(f"cgpt {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 import cgpt
-from cgpt.train import checkpoint, rundir
+from cgpt import rundir
+from cgpt.train import checkpoint
 from cgpt.cli import main as cli_main
 from cgpt.config.model import get_config
 from cgpt.config.data import DataConfig
@@ -264,7 +265,7 @@ def test_failed_launch_leaves_nothing_behind(corpus, cache, tmp_path, capsys):
 # ---- 7: one trainer per run directory ------------------------------------------------------
 _HOLD = r"""
 import sys, time
-from cgpt.train import rundir
+from cgpt import rundir
 lock = rundir.RunLock(sys.argv[1]).acquire()
 print("locked", flush=True)
 time.sleep(600)
@@ -365,7 +366,7 @@ def test_load_run_falls_back_past_a_corrupt_checkpoint_and_moves_nothing(tmp_pat
     import yaml
 
     cfg = get_config("tiny-17k")
-    (tmp_path / checkpoint.CONFIG_FILE).write_text(yaml.safe_dump({"model": cfg.to_dict()}))
+    (tmp_path / rundir.CONFIG_FILE).write_text(yaml.safe_dump({"model": cfg.to_dict()}))
     ck = checkpoint.Checkpointer(tmp_path, keep=3)
     for step in (1, 2):
         ck.save(step, init_params(cfg, step), {"count": np.int32(step)})

@@ -16,7 +16,8 @@ import pytest
 import cgpt
 from cgpt import LoadError
 from cgpt.train import preempt
-from cgpt.train import rundir
+from cgpt import rundir
+from cgpt.train import launch
 from cgpt.cli import main as cli_main
 from cgpt.config.model import get_config
 from cgpt.config.data import DataConfig
@@ -90,17 +91,17 @@ def test_a_run_without_config_yaml_is_still_a_run(base, corpus, tmp_path, capsys
 def test_what_marks_a_run(tmp_path):
     (tmp_path / "identity.json").write_text("{}")  # a sweep's run before its first launch
     assert rundir.recognise(tmp_path) == ["identity.json"]
-    assert rundir.check_launch(tmp_path, resume=False)
+    assert launch.check_launch(tmp_path, resume=False)
     with pytest.raises(LoadError, match=r"config.yaml is missing \(the directory holds a run: "
                                         r"identity.json\)"):
         cgpt.load(tmp_path)
     (tmp_path / "summary.json").write_text("{}")
     with pytest.raises(rundir.RunDirError, match=r"holds a run \(summary.json\)"):
-        rundir.check_launch(tmp_path, resume=False)
+        launch.check_launch(tmp_path, resume=False)
     empty = tmp_path / "empty"
     (empty / "checkpoints").mkdir(parents=True)
     (empty / "metrics.jsonl").write_text("")
-    assert rundir.recognise(empty) == [] and rundir.check_launch(empty, resume=False)
+    assert rundir.recognise(empty) == [] and launch.check_launch(empty, resume=False)
 
 
 # ---- 2: the log is read strictly ----------------------------------------------------------
@@ -150,8 +151,8 @@ def test_a_deleted_log_never_gives_a_wrong_train_loss(base, corpus, tmp_path):
     log = tmp_path / "m.jsonl"
     log.write_text("".join(json.dumps({"step": s, "loss": 1.0}) + "\n" for s in range(1, 91)))
     with pytest.raises(rundir.RunDirError, match=r"lacks step\(s\) 96, 97"):
-        rundir.resume_log(log, 97, 100)
-    rundir.resume_log(log, 90, 100)  # the window is still ahead: fine
+        launch.resume_log(log, 97, 100)
+    launch.resume_log(log, 90, 100)  # the window is still ahead: fine
     with pytest.raises(rundir.RunDirError, match=r"no logged loss for step\(s\) 96"):
         rundir.train_loss(log, 100)
 

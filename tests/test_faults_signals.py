@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from cgpt.train import rundir
+from cgpt import rundir
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""}

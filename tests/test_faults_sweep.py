@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cgpt import sweep as sw
+from cgpt import rundir, sweep as sw
 from cgpt.cli import main as cli_main
 from cgpt.data.prepare import LOCK_FILE, prepare
 from cgpt.data.sources import DataError
@@ -176,7 +176,7 @@ def test_truncated_summary_is_not_done_and_the_relaunch_writes_it(tmp_path, caps
     summary = out / rid / "summary.json"
     good = json.loads(summary.read_text())
     summary.write_text(summary.read_text()[:40])
-    assert state.run_state(out / rid) == "interrupted"
+    assert rundir.state(out / rid) == "interrupted"
     assert state.result_row(s.runs[0], out)["status"] == "pending"
     capsys.readouterr()
     assert sw.launch(s, out, report=False, compile_cache=None) == 0

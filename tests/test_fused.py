@@ -12,8 +12,10 @@ from cgpt.config.data import DataConfig
 from cgpt.config.model import get_config
 from cgpt.config.run import RunConfig, TrainConfig
 from cgpt.errors import TrainError
-from cgpt.train import checkpoint, rundir
-from cgpt.train.fused_loop import FAILED_FILE, train_fused
+from cgpt import rundir
+from cgpt.train import checkpoint
+from cgpt.rundir import FAILED_FILE
+from cgpt.train.fused_loop import train_fused
 from cgpt.train.loop import train
 
 STEPS = 20
@@ -165,7 +167,7 @@ def test_killed_group_resumes_bit_identically(corpus, cache, tmp_path, monkeypat
         same = jax.tree.map(lambda p, q: bool((np.asarray(p) == np.asarray(q)).all()),
                             _params(outs[i]), _params(ref[i]))
         assert all(jax.tree.leaves(same))
-    assert (outs[0] / checkpoint.DISCARDED_DIR / "16").is_dir()  # rewound to the common step
+    assert (outs[0] / rundir.DISCARDED_DIR / "16").is_dir()  # rewound to the common step
 
 
 def test_one_member_resumes_alone(corpus, cache, tmp_path, monkeypatch):

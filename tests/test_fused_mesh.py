@@ -106,7 +106,7 @@ def test_fused_on_data_mesh_equals_solo(corpus, cache, tmp_path):
 def test_fused_on_fsdp_mesh_equals_solo_and_resumes(corpus, cache, tmp_path, monkeypatch):
     """weight_streaming on fsdp=2, members held on the run's 2 devices (member=1): equal to
     the runs alone; killed, the group resumes on its mesh; one member resumes alone."""
-    from cgpt.train import rundir
+    from cgpt import rundir
 
     runs = [_run(corpus, cache, mode="weight_streaming", mesh="fsdp=2", seed=0, **KW),
             _run(corpus, cache, mode="weight_streaming", mesh="fsdp=2", seed=3, peak_lr=6e-3,
@@ -267,7 +267,7 @@ def test_sweep_fuses_sharded_runs_as_unfused(tmp_path):
 def test_nonfinite_member_stops_alone_on_a_mesh(corpus, cache, tmp_path):
     """On member=2 x data=2 a diverging member is masked and fails alone; the other is its
     solo run."""
-    from cgpt.train.fused_loop import FAILED_FILE
+    from cgpt.rundir import FAILED_FILE
 
     lean = dict(KW, eval_every=6, ckpt_every=6)
     good = _run(corpus, cache, mode="data_parallel", mesh="data=2", seed=0, **lean)

@@ -17,8 +17,10 @@ from cgpt.model import gpt as model
 from cgpt.sharding.members import Members
 from cgpt.sharding.mesh import build_mesh
 from cgpt.sharding.strategies import strategy_on
-from cgpt.train import fused, rundir
-from cgpt.train.fused_loop import FAILED_FILE, train_fused
+from cgpt import rundir
+from cgpt.train import fused
+from cgpt.rundir import FAILED_FILE
+from cgpt.train.fused_loop import train_fused
 from cgpt.train.loop import train
 from tests.test_fused import _assert_close_params, _assert_same_run, _params, _run, \
     kill_fused_at

@@ -140,7 +140,7 @@ def test_cpu_smoke_of_every_part_without_optional_packages(tmp_path):
 def test_metrics_log_without_tensorboardx(tmp_path, monkeypatch, capsys):
     """A GPU image without tensorboardX still trains: metrics.jsonl only, and one line says so."""
     from cgpt.train.metrics import MetricsLog
-    from cgpt.train.rundir import read_metrics
+    from cgpt.rundir import read_metrics
 
     monkeypatch.setitem(sys.modules, "tensorboardX", None)  # `import tensorboardX` fails
     log = MetricsLog(tmp_path, 0)

@@ -13,9 +13,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 MAX_LINES = 450
 # stages of cgpt, lowest first: a module may import its own stage and the ones below
-LAYERS = [("cgpt.errors", "cgpt.fileio"), ("cgpt.config",), ("cgpt.data", "cgpt.model"),
-          ("cgpt.sharding",), ("cgpt.train",), ("cgpt.plan", "cgpt.eval"), ("cgpt.sweep",),
-          ("cgpt.cli", "cgpt.__main__", "cgpt")]
+LAYERS = [("cgpt.errors", "cgpt.fileio", "cgpt.rundir"), ("cgpt.config",),
+          ("cgpt.data", "cgpt.model"), ("cgpt.sharding",), ("cgpt.train",),
+          ("cgpt.plan", "cgpt.eval"), ("cgpt.sweep",), ("cgpt.cli", "cgpt.__main__", "cgpt")]
 
 
 def _modules(package: str) -> dict[str, Path]:
@@ -111,7 +111,7 @@ def test_modules_stay_readable():
     assert long == {}
 
 
-@pytest.mark.parametrize("module", ["cgpt.train.resolve", "cgpt.config.recipe",
+@pytest.mark.parametrize("module", ["cgpt.rundir", "cgpt.train.resolve", "cgpt.config.recipe",
                                     "cgpt.sharding.auto", "cgpt.sweep.spec"])
 def test_deciding_a_run_imports_no_jax(module):
     code = f"import sys, {module}; assert 'jax' not in sys.modules, 'jax imported'"
@@ -126,3 +126,89 @@ def test_the_graph_sees_function_level_imports():
     assert "cgpt.config.flops" not in GRAPH["cgpt.config.model"]
     assert "cgpt.config.run" in GRAPH["cgpt.config.overrides"]
     assert "cgpt.config.overrides" not in GRAPH["cgpt.config.run"]
+
+
+def test_every_exception_is_defined_in_errors():
+    """One error hierarchy: callers (the CLI, the sweep's worker) import it from one place."""
+    found = []
+    for m, p in MODULES.items():
+        if not m.startswith("cgpt") or m == "cgpt.errors":
+            continue
+        for node in ast.walk(ast.parse(p.read_text())):
+            bases = [getattr(b, "id", getattr(b, "attr", "")) for b in getattr(node, "bases", ())]
+            if isinstance(node, ast.ClassDef) and any(
+                    b.endswith(("Error", "Exception", "Interrupt")) for b in bases):
+                found.append(f"{m}.{node.name}")
+    assert found == []
+
+
+def test_the_cli_catches_the_hierarchy():
+    from cgpt import errors
+
+    for name in ("LoadError", "TrainError", "RunDirError", "BranchError", "DataError",
+                 "DistributedError", "AllocationError", "Preempted"):
+        assert issubclass(getattr(errors, name), errors.CgptError), name
+    assert issubclass(errors.DataError, ValueError) and issubclass(errors.TrainError, RuntimeError)
+
+
+def _string_constants(path: Path) -> list[str]:
+    return [n.value for n in ast.walk(ast.parse(path.read_text()))
+            if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+
+
+def test_run_directory_names_are_spelled_once():
+    """The run directory's contract is `cgpt.rundir`: no other module of train, the sweep,
+    eval or the CLI spells one of its names (they read `rundir.SUMMARY_FILE` and the like).
+    `cgpt.data` and `cgpt.model.hf` also name a data store's and a Hugging Face directory's
+    tokenizer.json: other directories' contracts."""
+    from cgpt import rundir
+
+    names = {v for k, v in vars(rundir).items() if k.endswith(("_FILE", "_DIR"))}
+    assert {"summary.json", "config.yaml", "tokenizer.json", "checkpoints"} <= names
+    spelled = {m: sorted(names & set(_string_constants(p))) for m, p in MODULES.items()
+               if m.startswith(("cgpt.train", "cgpt.sweep", "cgpt.eval", "cgpt.cli", "cgpt.plan"))}
+    assert {m: s for m, s in spelled.items() if s} == {}
+
+
+def test_nothing_under_train_defines_a_file_name():
+    found = []
+    for m, p in MODULES.items():
+        if not m.startswith("cgpt.train"):
+            continue
+        for node in ast.parse(p.read_text()).body:
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) and any(
+                    isinstance(t, ast.Name) and t.id.endswith(("_FILE", "_DIR"))
+                    for t in node.targets):
+                found.append(f"{m}: {ast.unparse(node)}")
+    assert found == []
+
+
+def test_train_keeps_no_unbounded_module_cache():
+    """A long-lived worker trains job after job: module-level memos are `Memo`s (bounded,
+    owned by the function that fills them), never bare dicts or lists."""
+    found = []
+    for m, p in MODULES.items():
+        if not m.startswith("cgpt.train"):
+            continue
+        for node in ast.parse(p.read_text()).body:
+            value = getattr(node, "value", None)  # an empty container, to be filled later
+            if isinstance(node, (ast.Assign, ast.AnnAssign)) and (
+                    isinstance(value, (ast.Dict, ast.List)) and not ast.unparse(value)[1:-1]
+                    or isinstance(value, ast.Call) and not value.args and
+                    getattr(value.func, "id", "") in ("dict", "list", "set", "OrderedDict")):
+                found.append(f"{m}: {ast.unparse(node)[:60]}")
+    assert found == []
+
+
+def test_no_function_in_train_takes_more_than_eight_parameters():
+    wide = []
+    for m, p in MODULES.items():
+        if m.startswith("cgpt.train"):
+            for node in ast.walk(ast.parse(p.read_text())):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    a = node.args
+                    n = len(a.posonlyargs + a.args + a.kwonlyargs) - (
+                        1 if a.args and a.args[0].arg in ("self", "cls") else 0)
+                    if n > 8:
+                        wide.append(f"{m}.{node.name}: {n}")
+    assert wide == []

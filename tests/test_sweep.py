@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cgpt import sweep as sw
+from cgpt import rundir, sweep as sw
 from cgpt.config import flops as flops_mod
 from cgpt.config.model import get_config
 from tests.sweep_helpers import make_spec as _spec, result_rows as _rows
@@ -273,7 +273,7 @@ def test_resume_interrupted_run(launched):
     (d / "summary.json").unlink()
     steps = sorted(int(p.name) for p in (d / "checkpoints").iterdir() if p.name.isdigit())
     shutil.rmtree(d / "checkpoints" / str(steps[-1]))  # as if killed after steps[-2]
-    assert sw.run_state(d) == "interrupted"
+    assert rundir.state(d) == "interrupted"
     assert sw.main([str(spec), "--out", str(out), "--only", rid]) == 0
     summary = json.loads((d / "summary.json").read_text())
     assert summary["resumed_from_step"] == steps[-2] > 0 and summary["steps"] == 78
@@ -306,7 +306,7 @@ def test_sigkill_of_the_sweep_then_relaunch_resumes(tmp_path):
     out = tmp_path / "out"
     cmd = sigkill_once_checkpointed(spec, out, "tiny-17k_d200k_s0", 120)  # train dies with it
     d = out / "tiny-17k_d200k_s0"
-    assert sw.run_state(d) == "interrupted"
+    assert rundir.state(d) == "interrupted"
     assert subprocess.run(cmd, capture_output=True).returncode == 0
     summary = json.loads((d / "summary.json").read_text())
     assert summary["resumed_from_step"] > 0
@@ -378,13 +378,13 @@ def test_sigkilled_sweep_leaves_no_running_claim(tmp_path):
     while time.time() < deadline and not log.exists():
         time.sleep(0.1)
     time.sleep(1.0)
-    assert sw.run_state(out / "tiny-17k_d2M_s0") == "running"  # live state: from the lock
+    assert rundir.state(out / "tiny-17k_d2M_s0") == "running"  # live state: from the lock
     p.send_signal(signal.SIGKILL)
     p.wait()
     rows = _rows(out)
     assert rows["tiny-17k_d2M_s0"]["status"] == "pending"
     time.sleep(2)  # PR_SET_PDEATHSIG ends the orphaned train
-    assert sw.run_state(out / "tiny-17k_d2M_s0") in ("new", "interrupted")
+    assert rundir.state(out / "tiny-17k_d2M_s0") in ("new", "interrupted")
 
 
 def test_local_parallel_runs_get_their_own_devices(launched, monkeypatch):

@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from cgpt import sweep as sw
+from cgpt import rundir, sweep as sw
 from cgpt.sweep.groups import plan_groups
 from tests.sweep_helpers import make_spec as _spec, result_rows as _rows
 from tests.sweep_helpers import sigkill_once_checkpointed
@@ -111,7 +111,7 @@ def test_relaunch_resumes_one_fused_member(swept):
     out = tmp / "fused"
     rid = "tiny-17k_d4k_s1_b"
     (out / rid / "summary.json").unlink()
-    assert sw.run_state(out / rid) == "interrupted"
+    assert rundir.state(out / rid) == "interrupted"
     assert sw.main([str(spec), "--out", str(out)]) == 0
     s = json.loads((out / rid / "summary.json").read_text())
     assert s["resumed_from_step"] > 0 and _rows(out)[rid]["status"] == "done"

@@ -3,7 +3,7 @@ pipeline that reads it: `cgpt.data.batches`)."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -31,7 +31,7 @@ class DataConfig:
     vocab_size: int = 4096
     seq_len: int = 256
     val_sequences: int = 128
-    seed: int = 0
+    seed: int = field(default=0, metadata={"roles": ("member",)})  # the batch order
     cache_dir: str | None = None
 
     def __post_init__(self) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 COMPUTE_DTYPES = ("auto", "float32", "bfloat16")
@@ -43,7 +43,7 @@ class ModelConfig:
     0.02/sqrt(2L) formula). `None` means that formula.
     """
 
-    name: str = "custom"
+    name: str = field(default="custom", metadata={"roles": ("execution", "member")})
     n_layer: int = 2
     d_model: int = 64
     n_head: int = 2
@@ -52,29 +52,31 @@ class ModelConfig:
     vocab_size: int = 50257
     n_ctx: int = 2048
     ln_eps: float = 1e-5
-    init_std: float = 0.02
-    out_init_std: float | None = None
+    init_std: float = field(default=0.02, metadata={"roles": ("member",)})
+    out_init_std: float | None = field(default=None, metadata={"roles": ("member",)})
     # μP (Cerebras-GPT μP recipe): width multiplier m_w = d_model / mup_base_width.
     mup: bool = False
     mup_base_width: int = 256
     mup_embed_mult: float = 10.0
-    mup_init_std: float = 0.08
+    mup_init_std: float = field(default=0.08, metadata={"roles": ("member",)})
     # Execution: f32 parameters always; matmuls in `compute_dtype`. "auto" (and a None
     # vocab_multiple) means the platform's choice, made in `cgpt.config.backend`; a run records the
     # concrete dtype it trained with in its config.yaml.
-    compute_dtype: str = "auto"
-    attention: str = "auto"  # "chunked" | "xla" | "cudnn" (jax.nn.dot_product_attention)
-    vocab_multiple: int | None = None  # pad the LM head's vocabulary to a multiple of this
+    compute_dtype: str = field(default="auto", metadata={"roles": ("execution",)})
+    # "chunked" | "xla" | "cudnn" (jax.nn.dot_product_attention)
+    attention: str = field(default="auto", metadata={"roles": ("execution",)})
+    # pad the LM head's vocabulary to a multiple of this
+    vocab_multiple: int | None = field(default=None, metadata={"roles": ("execution",)})
     # Backward pass, a rung of the remat ladder `REMATS` (see `cgpt.model.remat.remat_policy`):
     # "none" keeps everything, "save_attn" the matmul and attention outputs, "save_dots" the
     # weight matmuls' outputs (the old false), "full" only each layer's input (the old true).
     # None: `train` and `plan` climb the platform's ladder and take the first rung whose step
     # fits (`cgpt.train.fit`); elsewhere "save_dots".
-    remat: str | None = None
+    remat: str | None = field(default=None, metadata={"roles": ("execution", "placement")})
     # The loss's head and cross-entropy in chunks of this many sequence positions, so the
     # f32 logits are never all held (`cgpt.model.gpt.chunked_cross_entropy`); 0: unchunked.
     # None: the platform's (`cgpt.config.backend`).
-    loss_chunk: int | None = None
+    loss_chunk: int | None = field(default=None, metadata={"roles": ("execution", "placement")})
 
     def __post_init__(self) -> None:
         for f in ("n_layer", "d_model", "n_head", "vocab_size", "n_ctx"):

@@ -20,11 +20,26 @@ from cgpt.config.model import ModelConfig, get_config
 from cgpt.config.data import DataConfig
 from cgpt.config.units import parse_bytes
 
-# train.* keys that say how a step runs on the hardware at hand, not what is trained (with
-# model.remat): `cgpt.train.fit` may choose another micro-batch on other devices, and on
-# --resume, or when the sweep compares a run with its spec, the launch's values win
-PLACEMENT_KEYS = ("mode", "mesh", "micro_batches", "host_offload", "micro_batch", "device_memory")
 MODES = ("single", "data_parallel", "weight_streaming", "layer_pipelined", "auto")
+# What a config key is for beyond its value, written once on its field (`role`, or
+# `metadata={"roles": (...)}` in the model's and data's configs) and read by `keys`:
+ROLES = {
+    # how a step runs on the hardware at hand, not what is trained (`cgpt.train.fit` may
+    # choose another micro-batch on other devices): a launch's values win on --resume and
+    # when the sweep compares a run with its spec; not part of a run's `identity`
+    "placement": "may change between launches of one run; not part of its identity",
+    # a preset changed only in these keeps the preset's name (`_reshaped_name`)
+    "execution": "how the model runs, not what it is",
+    # one fused program (`cgpt.train.fused`) trains runs equal in everything else
+    "member": "the members of a fused group may differ in it",
+    # the optimizer's values and the cadences, recorded with their step (config_changes.json)
+    "changeable": "`--resume --allow-train-changes` may change it",
+}
+
+
+def role(*roles: str, default=None):
+    """A TrainConfig field's `default`, with its `ROLES` as the field's metadata."""
+    return field(default=default, metadata={"roles": roles})
 
 
 @dataclass(frozen=True)
@@ -33,29 +48,35 @@ class TrainConfig:
 
     tokens: int | str = "chinchilla"  # "chinchilla" = 20 tokens/parameter, or a token count
     batch_size: int | None = None  # global batch in sequences
-    micro_batch: int | None = None  # per-replica micro-batch; accumulation fills the rest
-    peak_lr: float | None = None
-    decay: str | None = None  # "linear" | "cosine"; with schedule wsd "linear" | "1-sqrt"
-    schedule: str = "published"  # "published" | "wsd" (warmup-stable-decay, see cgpt.train.optim)
-    decay_fraction: float = 0.2  # wsd: the final fraction of the steps that decays
-    warmup_steps: int | None = None
-    adam_eps: float | None = None
-    weight_decay: float = 0.1
-    clip_norm: float = 1.0
-    end_lr_fraction: float = 0.1
-    seed: int = 0
-    log_every: int = 10
-    eval_every: int | None = None  # None: ~10 evaluations per run
-    eval_batches: int | None = None  # None: the whole validation split
-    ckpt_every: int | None = None  # None: ~10 checkpoints per run
-    keep_checkpoints: int = 2
+    # per-replica micro-batch; accumulation fills the rest
+    micro_batch: int | None = role("placement")
+    peak_lr: float | None = role("member", "changeable")
+    # "linear" | "cosine"; with schedule wsd "linear" | "1-sqrt"
+    decay: str | None = role("member", "changeable")
+    # "published" | "wsd" (warmup-stable-decay, see cgpt.train.optim)
+    schedule: str = role("member", default="published")
+    decay_fraction: float = role("member", default=0.2)  # wsd: the final fraction that decays
+    warmup_steps: int | None = role("member", "changeable")
+    adam_eps: float | None = role("changeable")
+    weight_decay: float = role("member", "changeable", default=0.1)
+    clip_norm: float = role("member", "changeable", default=1.0)
+    end_lr_fraction: float = role("member", "changeable", default=0.1)
+    seed: int = role("member", default=0)
+    log_every: int = role("member", "changeable", default=10)
+    eval_every: int | None = role("member", "changeable")  # None: ~10 evaluations per run
+    eval_batches: int | None = role("changeable")  # None: the whole validation split
+    ckpt_every: int | None = role("member", "changeable")  # None: ~10 checkpoints per run
+    keep_checkpoints: int = role("member", "changeable", default=2)
     checkpoint_minutes: float | None = None  # also checkpoint every this many minutes (wall clock)
-    mode: str = "single"
-    mesh: str = ""  # e.g. "data=2,stage=4"; empty = all devices on the mode's main axis
-    micro_batches: int | None = None  # layer_pipelined: micro-batches streamed per step
-    host_offload: bool = False  # removed: true is an error (cgpt.sharding.HOST_OFFLOAD_REMOVED)
-    device_memory: str | None = None  # e.g. "16GB": memory per device for the fit (cgpt.train.fit)
-    # and `--mode auto`; None: what the device reports (allocator limit; RAM / devices on CPU)
+    mode: str = role("placement", default="single")
+    # e.g. "data=2,stage=4"; empty = all devices on the mode's main axis
+    mesh: str = role("placement", default="")
+    micro_batches: int | None = role("placement")  # layer_pipelined: micro-batches per step
+    # removed: true is an error (cgpt.sharding.HOST_OFFLOAD_REMOVED)
+    host_offload: bool = role("placement", default=False)
+    # e.g. "16GB": memory per device for the fit (cgpt.train.fit) and `--mode auto`; None: what
+    # the device reports (allocator limit; RAM / devices on CPU)
+    device_memory: str | None = role("placement")
 
     def __post_init__(self) -> None:
         t = self.tokens
@@ -127,6 +148,44 @@ class RunConfig:
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
 
 
+SECTIONS = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig}
+
+
+def keys(cls, role: str) -> tuple[str, ...]:
+    """The fields of the config class `cls` that have `role` (one of `ROLES`)."""
+    if role not in ROLES:
+        raise ValueError(f"unknown key role {role!r}; roles: {', '.join(ROLES)}")
+    return tuple(f.name for f in dataclasses.fields(cls) if role in f.metadata.get("roles", ()))
+
+
+def without(cfg: dict, role: str) -> dict:
+    """A run config's dict (`RunConfig.to_dict()`, or its YAML) less the keys with `role`."""
+    return {s: ({k: v for k, v in sec.items() if k not in keys(SECTIONS[s], role)}
+                if s in SECTIONS and isinstance(sec, dict) else sec) for s, sec in cfg.items()}
+
+
+def identity(cfg: dict) -> dict:
+    """What makes two runs the same run: a config's dict less its placement keys. The sweep
+    hashes it (`cgpt.sweep.spec.config_hash`) and `--resume` compares it
+    (`cgpt.train.resume.check_config`)."""
+    return without(cfg, "placement")
+
+
+def config_diff(a: dict, b: dict) -> list[str]:
+    """The `section.key` names whose values differ between two run config dicts."""
+    return [f"{s}.{k}" for s in SECTIONS for k in a.get(s) or {}
+            if a[s][k] != (b.get(s) or {}).get(k)] + (
+        ["preset"] if a.get("preset") != b.get("preset") else [])
+
+
+def with_placement(cfg: RunConfig, launch: RunConfig) -> RunConfig:
+    """`cfg` with `launch`'s placement keys (a resumed run placed as this launch asks)."""
+    take = lambda cls, new: {k: getattr(new, k) for k in keys(cls, "placement")}  # noqa: E731
+    return dataclasses.replace(
+        cfg, model=cfg.model.replace(**take(ModelConfig, launch.model)),
+        train=dataclasses.replace(cfg.train, **take(TrainConfig, launch.train)))
+
+
 def _coerce(section: str, cls, values: dict):
     """Check keys, and read numbers that YAML 1.1 left as strings ("6e-4") as numbers."""
     types = {f.name: str(f.type) for f in dataclasses.fields(cls)}
@@ -148,8 +207,6 @@ def _coerce(section: str, cls, values: dict):
 
 
 MIN_VOCAB = 257
-EXECUTION_KEYS = ("name", "compute_dtype", "remat", "attention", "vocab_multiple",
-                  "loss_chunk")  # how it runs, not what
 
 
 def _reshaped_name(base: ModelConfig, model: ModelConfig, given: dict) -> str:
@@ -158,7 +215,7 @@ def _reshaped_name(base: ModelConfig, model: ModelConfig, given: dict) -> str:
     if given.get("name") not in (None, base.name):
         return model.name
     changed = [f"{f.name}={getattr(model, f.name)}" for f in dataclasses.fields(model)
-               if f.name not in EXECUTION_KEYS and f.name in given
+               if f.name not in keys(ModelConfig, "execution") and f.name in given
                and getattr(model, f.name) != getattr(base, f.name)]
     return "+".join([base.name, ",".join(changed)]) if changed else base.name
 

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
+from cgpt.errors import DataError
+
 # Suffix -> how documents are laid out. "text": one document per file; "jsonl": one JSON object
 # per line (a ".json" file may instead hold one JSON array of objects); "parquet": one per row.
 FORMATS = {
@@ -30,10 +32,6 @@ FORMATS = {
     ".parquet": "parquet",
 }
 BATCH_BYTES = 1 << 22  # documents are handed to the tokenizer in batches of about 4 MiB
-
-
-class DataError(ValueError):
-    """The data cannot be prepared as configured; the message says what to change."""
 
 
 def suffix_of(path: Path) -> str:

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from cgpt import rundir
 from cgpt.model import decode, hf
 from cgpt.config.model import ModelConfig
 from cgpt.errors import LoadError
@@ -246,8 +247,9 @@ def load(source: str | Path, dtype: str = "float32") -> LM:
         if not path.is_dir():
             raise LoadError(f"{path}: not a checkpoint directory; pass the directory holding "
                             "config.json and the weights")
-        from cgpt.train import checkpoint
-        if checkpoint.is_run_dir(path):
+        if rundir.is_run(path):
+            from cgpt.train import checkpoint  # the Orbax format's one reader
+
             cfg, params, tok = checkpoint.load_run(path, dtype)
             return LM(cfg, params, tok)
         cfg, params = hf.load_hf_dir(path, dtype)

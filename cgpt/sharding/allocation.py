@@ -18,13 +18,11 @@ import re
 from dataclasses import dataclass
 from typing import Mapping
 
+from cgpt.errors import AllocationError
+
 GPU_PLATFORMS = ("gpu", "cuda", "rocm")
 INSTALL_HINT = ("install JAX's CUDA wheels (`pip install -r requirements-gpu.txt`, "
                 "README: GPU clusters), or set JAX_PLATFORMS=cpu to train on the CPU on purpose")
-
-
-class AllocationError(ValueError):
-    """The devices JAX sees differ from what the scheduler allocated; the message says how."""
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from typing import Callable, NoReturn, TypeVar
 import jax
 import numpy as np
 
+from cgpt.errors import DistributedError
 from cgpt.sharding import allocation
 
 T = TypeVar("T")
@@ -35,10 +36,6 @@ BARRIER_TIMEOUT_S = 600  # for barriers that every process reaches within second
 SHUTDOWN_TIMEOUT_S = 300  # JAX's exit barrier: a live process that is slow to finish gets this
 LEAVE_GRACE_S = 2.0  # process 0 outlives the others' exits by this much in `leave`
 _peer_timeout = PEER_TIMEOUT_S  # this job's, set by `initialize`
-
-
-class DistributedError(RuntimeError):
-    """The processes of a job disagree or one of them failed; the message says which."""
 
 
 def job_processes(env: os._Environ | dict | None = None) -> int:

@@ -10,10 +10,10 @@ from cgpt.sweep.executors import Job, RunTask, device_share, execute_run, slurm_
 from cgpt.sweep.launch import EXECUTORS, compile_cache_env, launch, print_table
 from cgpt.sweep.spec import Estimate, Run, Sweep, config_hash, load_sweep, missing_required, \
     read_spec, select
-from cgpt.sweep.state import COLUMNS, config_change, result_row, run_state, write_results
+from cgpt.sweep.state import COLUMNS, config_change, result_row, write_results
 
 __all__ = ["COLUMNS", "EXECUTORS", "Estimate", "Job", "Run", "RunTask", "Sweep", "cmd_sweep",
            "compile_cache_env", "config_change", "config_hash", "device_share", "execute_run",
            "launch", "load_sweep", "main", "missing_required", "print_table", "read_spec",
-           "register", "result_row", "run_state", "select", "slurm_params", "train_argv",
+           "register", "result_row", "select", "slurm_params", "train_argv",
            "write_results"]

@@ -21,8 +21,8 @@ from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from cgpt import rundir
 from cgpt.fileio import atomic_write_text
-from cgpt.sweep.state import FAILED_FILE, LOCK_FILE, LOG_FILE, RUN_FILE, run_state
 
 # AutoExecutor's cluster-independent parameters; every other `slurm:` key gets a slurm_ prefix.
 SUBMITIT_GENERIC = ("timeout_min", "mem_gb", "gpus_per_node", "cpus_per_task", "nodes",
@@ -129,7 +129,7 @@ def device_share(slot: int, slots: int, gpus: list[str] | None = None,
 def train_argv(job: Job) -> list[str]:
     """The `python -m cgpt ...` arguments of one run."""
     d = Path(job.run_dir)
-    argv = ["train", "--config", str(d / RUN_FILE), "--out", str(d), "--no-progress"]
+    argv = ["train", "--config", str(d / rundir.RUN_FILE), "--out", str(d), "--no-progress"]
     if job.branch_from:
         argv += ["--branch-from", job.branch_from]
     return argv + (["--resume"] if job.resume else [])
@@ -153,11 +153,11 @@ def _wait_for_parent(job: Job, poll_s: float = 2.0) -> bool:
     parent, _, step = job.branch_from.rpartition("@")
     p = Path(parent)
     while not _stopping.is_set():
-        if (p / "checkpoints" / step).is_dir() and not any(
-                (p / "checkpoints").glob(f"{step}.orbax-checkpoint-tmp*")):
+        if (p / rundir.CKPT_DIR / step).is_dir() and not any(
+                (p / rundir.CKPT_DIR).glob(f"{step}.orbax-checkpoint-tmp*")):
             return True
-        if (p / FAILED_FILE).exists() or ((p / "summary.json").exists()
-                                          and not (p / "checkpoints" / step).is_dir()):
+        if (p / rundir.FAILED_FILE).exists() or ((p / rundir.SUMMARY_FILE).exists()
+                                          and not (p / rundir.CKPT_DIR / step).is_dir()):
             return False
         time.sleep(poll_s)
     return False
@@ -184,8 +184,7 @@ def slurm_tag() -> str:
 
 
 def wait_live(key: str, proc: subprocess.Popen) -> int:
-    """Wait for a training process, registered meanwhile so that a stop reaches it
-    (`stop_local`)."""
+    """Wait for a training process, registered meanwhile so a stop reaches it (`stop_local`)."""
     with _live_lock:
         _live[key] = proc
     try:
@@ -202,26 +201,21 @@ def execute_run(job: Job) -> dict:
     multi-task SLURM job every task runs this; rank 0 owns the lock, log and status files,
     and all ranks inherit the SLURM environment that `jax.distributed.initialize` reads.
     """
-    d = Path(job.run_dir)
-    rank = proc_rank()
-    for name, text in job.files.items():  # the directory may have been deleted since launch
-        if not (d / name).exists():
-            atomic_write_text(d / name, text)
+    d, rank = Path(job.run_dir), proc_rank()
+    prepare_job(job)
     # A requeued or relaunched run finds the config its first attempt wrote: resume it (every
     # rank alike; the sweep checked that the config is the same before launching).
-    job = replace(job, resume=job.resume or (d / "config.yaml").exists())
+    job = replace(job, resume=job.resume or (d / rundir.CONFIG_FILE).exists())
     if job.branch_from and not _wait_for_parent(job):
         return {"run_id": job.run_id, "status": "failed", "returncode": None,
                 "error": f"parent {job.branch_from} did not produce its checkpoint"}
-    log = d / (LOG_FILE if rank == 0 else f"train.rank{rank}.log")
-    if rank == 0:
-        (d / FAILED_FILE).unlink(missing_ok=True)
+    log = d / rundir.log_name(rank)
     env = dict(os.environ, PYTHONUNBUFFERED="1", **job.env)
     cpus: list[int] = []
     if job.pin:
         extra, cpus = device_share(*job.pin)
         env.update(extra)
-    cmd = [sys.executable, "-c", _LAUNCH, str(d / LOCK_FILE) if rank == 0 else "",
+    cmd = [sys.executable, "-c", _LAUNCH, str(d / rundir.LOCK_FILE) if rank == 0 else "",
            str(os.getpid()), ",".join(map(str, cpus)), "cgpt", *train_argv(job)]
     t0 = time.time()
     with open(log, "a") as f:
@@ -236,25 +230,50 @@ def execute_run(job: Job) -> dict:
             return {"run_id": job.run_id, "status": "interrupted", "error": "", "returncode": None}
         rc = wait_live(job.run_id, subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT,
                                                     env=env, stdin=subprocess.DEVNULL))
-    result = {"run_id": job.run_id, "returncode": rc, "error": "",
-              "seconds": round(time.time() - t0, 1)}
-    if rc == 0 and (d / "summary.json").exists():
-        return {**result, "status": "done"}
+    await_requeue(rc)
+    return outcome(job, rc, t0, log)
+
+
+def await_requeue(rc: int | None) -> None:
+    """Checkpointed on SLURM's signal: no result (the job's end, to submitit) until requeued."""
     if rc in SIGNAL_EXITS and "SLURM_JOB_ID" in os.environ:
-        # Checkpointed on the scheduler's signal: it is requeueing or ending this job. Return
-        # no result (submitit would read one as the job's end) until it does.
         time.sleep(float(os.environ.get("CGPT_REQUEUE_WAIT_S", "600")))
+
+
+def outcome(job: Job, rc: int | None, t0: float, log: Path) -> dict:
+    """One run's result once its process (or in-process job) ended with `rc`, from its
+    directory; a failure writes failed.json (unless the job wrote its own: a fused member's)."""
+    d = Path(job.run_dir)
+    res = {"run_id": job.run_id, "returncode": rc, "error": "",
+           "seconds": round(time.time() - t0, 1)}
+    if (d / rundir.SUMMARY_FILE).exists():
+        return {**res, "status": "done"}
     if _stopping.is_set() or rc in (130, -signal.SIGINT) or rc in SIGNAL_EXITS:
-        return {**result, "status": "interrupted"}
-    err = _error_from_log(log)
-    if rc < 0:
+        return {**res, "status": "interrupted"}
+    try:
+        own = json.loads((d / rundir.FAILED_FILE).read_text()).get("error")
+    except (OSError, ValueError, AttributeError):
+        own = None
+    err = own or _error_from_log(log)
+    if rc is not None and rc < 0:
         err = f"killed by signal {signal.Signals(-rc).name}; {err}"
-    elif rc == 0:
-        err = f"exited 0 without writing summary.json; {err}"
-    if rank == 0:
-        atomic_write_text(d / FAILED_FILE,
-                          json.dumps({**result, "error": err, "log": str(log)}, indent=2))
-    return {**result, "status": "failed", "error": err}
+    elif rc == 0 and not own:
+        err = f"exited 0 without writing {rundir.SUMMARY_FILE}; {err}"
+    if proc_rank() == 0:
+        atomic_write_text(d / rundir.FAILED_FILE, json.dumps(
+            {**res, "status": "failed", "error": err, "log": str(log)}, indent=2))
+    return {**res, "status": "failed", "error": err}
+
+
+def prepare_job(job: Job) -> None:
+    """The files a job starts with (its directory may be gone), its last failure forgotten."""
+    d = Path(job.run_dir)
+    for name, text in job.files.items():
+        if not (d / name).exists():
+            atomic_write_text(d / name, text)
+    if proc_rank() == 0:
+        (d / rundir.FAILED_FILE).unlink(missing_ok=True)
+
 
 
 def _child_exited(pid: int) -> bool:
@@ -282,15 +301,14 @@ class RunTask:
         and hand submitit the resuming call."""
         import submitit
 
-        if (Path(job.run_dir) / "summary.json").exists():
+        if (Path(job.run_dir) / rundir.SUMMARY_FILE).exists():
             return None  # finished just before the signal: nothing to requeue
 
         with _live_lock:
             proc = _live.get(job.run_id)
         if proc is not None:  # ask again each second: train ignores it until its loop starts
             grace = grace_s or float(job.env.get(GRACE_ENV) or requeue_grace({}))
-            with open(Path(job.run_dir) / (LOG_FILE if proc_rank() == 0 else
-                                           f"train.rank{proc_rank()}.log"), "a") as f:
+            with open(Path(job.run_dir) / rundir.log_name(proc_rank()), "a") as f:
                 f.write(f"==== cgpt sweep {time.strftime('%Y-%m-%d %H:%M:%S')}: the scheduler's "
                         f"signal: checkpoint, waiting up to {grace:.0f} s, then requeue\n")
             deadline = time.time() + grace
@@ -418,10 +436,11 @@ def run_submitit(jobs: list[Job], resources: dict[str, dict], name: str, folder:
             except Exception as e:  # the job itself died (time limit, node failure, ...)
                 res = {"run_id": j.run_id, "status": "failed",
                        "error": f"submitit job {s.job_id}: {str(e).strip().splitlines()[-1:]}"}
-                if run_state(Path(j.run_dir)) == "done":
+                if rundir.state(j.run_dir) == "done":
                     res["status"] = "done"
                 else:
-                    atomic_write_text(Path(j.run_dir) / FAILED_FILE, json.dumps(res, indent=2))
+                    atomic_write_text(Path(j.run_dir) / rundir.FAILED_FILE,
+                                      json.dumps(res, indent=2))
             finished(res)
     except KeyboardInterrupt:
         if cluster == "local":

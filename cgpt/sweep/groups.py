@@ -2,12 +2,13 @@
 
 Runs that share everything a program is compiled from (model shape, data, sequence length,
 batch, step count, execution mode) and differ only in what a fused member may differ in
-(`cgpt.train.members`: seed, data order, peak LR, warmup, schedule, weight decay, clipping,
-init scales) become one job: one process trains them as one vmapped program
-(`cgpt.train.fused_loop.train_fused`), each member still its own run directory. How many
-members one program holds is decided where micro-batches are, at the start of the job on its
-device: the fused step is compiled for the whole group and, if it does not fit the device's
-memory, for fewer (`members_that_fit`); the group then trains in consecutive chunks.
+(the keys with the "member" role, `cgpt.config.run.ROLES`: seed, data order, peak LR, warmup,
+schedule, weight decay, clipping, init scales) become one job: one process trains them as one
+vmapped program (`cgpt.train.fused_loop.train_fused`), each member still its own run
+directory. How many members one program holds is decided where micro-batches are, at the
+start of the job on its device: the fused step is compiled for the whole group and, if it
+does not fit the device's memory, for fewer (`members_that_fit`); the group then trains in
+consecutive chunks.
 
 Where the members go (`cgpt.sharding.members`): a train.mode=single group spreads them over
 the job's devices (each member's step on one device, no communication); a data_parallel,
@@ -27,14 +28,14 @@ import sys
 
 from cgpt.sweep.executors import Job
 from cgpt.sweep.spec import Run
-from cgpt.train.members import shared_part
+from cgpt.config.run import without
 
 
 def fuse_key(run: Run) -> str | None:
     """The group a run can train in (None: it trains alone)."""
     if run.branch_from is not None or int(run.slurm.get("nodes", 1) or 1) > 1:
         return None
-    return json.dumps(shared_part(run.config.to_dict()), sort_keys=True, default=str)
+    return json.dumps(without(run.config.to_dict(), "member"), sort_keys=True, default=str)
 
 
 def plan_groups(runs: list[Run], fuse: bool = True) -> list[list[Run]]:

@@ -13,12 +13,13 @@ from pathlib import Path
 
 import yaml
 
+from cgpt import rundir
 from cgpt.fileio import probe_writable
 from cgpt.sweep.executors import Job, run_local, run_submitit
 from cgpt.sweep.groups import group_jobs, plan_groups
 from cgpt.sweep.spec import Run, Sweep, fmt_count, fmt_time, missing_required, select
-from cgpt.sweep.state import LOG_FILE, SUPERSEDED_DIR, config_change, prepare_run_dir, read_json, \
-    run_files, run_state, supersede, write_results
+from cgpt.sweep.state import SUPERSEDED_DIR, config_change, prepare_run_dir, run_files, supersede, \
+    write_results
 
 EXECUTORS = ("local", "slurm", "submitit-local")
 ON_CHANGE = ("error", "rerun")
@@ -62,7 +63,7 @@ def print_table(sweep: Sweep, out: Path | None, runs: list[Run], parallel: int =
     print(hdr, file=file)
     total_s = left_s = 0.0
     for r in runs:
-        state = run_state(out / r.run_id) if out is not None else "new"
+        state = rundir.state(out / r.run_id) if out is not None else "new"
         est = e.seconds(r.steps, r.flops, r.devices)
         total_s += est
         left_s += 0 if state in ("done", "running") else est
@@ -194,7 +195,7 @@ def launch(sweep: Sweep, out: Path, parallel: int | None = None, executor: str =
     check_out_dir(out)
     lock = SweepLock(out)
     try:
-        states = {r.run_id: run_state(out / r.run_id) for r in runs}
+        states = {r.run_id: rundir.state(out / r.run_id) for r in runs}
         _check_identity(sweep, [r for r in runs if states[r.run_id] != "running"], out, on_change)
         cache = out / COMPILE_CACHE_DIR if compile_cache == "default" else compile_cache
         (out / "sweep.yaml").write_text(yaml.safe_dump(
@@ -202,7 +203,7 @@ def launch(sweep: Sweep, out: Path, parallel: int | None = None, executor: str =
              "compile_cache": str(cache) if cache else None,
              "runs": [r.run_id for r in sweep.runs]}, sort_keys=False))
         write_results(sweep.runs, out)
-        states = {r.run_id: run_state(out / r.run_id) for r in runs}
+        states = {r.run_id: rundir.state(out / r.run_id) for r in runs}
         todo = [r for r in runs if states[r.run_id] not in ("done", "running")]
         elsewhere = [r.run_id for r in runs if states[r.run_id] == "running"]
         n_done = sum(s == "done" for s in states.values())
@@ -219,7 +220,7 @@ def launch(sweep: Sweep, out: Path, parallel: int | None = None, executor: str =
                                      -sweep.estimate.seconds(r.steps, r.flops)))
         env = compile_cache_env(Path(cache).resolve() if cache else None)
         by_id = {r.run_id: Job(r.run_id, str(prepare_run_dir(r, out).resolve()),
-                    resume=(out / r.run_id / "config.yaml").exists(), env=env,
+                    resume=(out / r.run_id / rundir.CONFIG_FILE).exists(), env=env,
                     files=run_files(r),
                     branch_from=f"{(out / r.branch_from[0]).resolve()}@{r.branch_from[1]}"
                     if r.branch_from else "") for r in todo}
@@ -242,9 +243,9 @@ def launch(sweep: Sweep, out: Path, parallel: int | None = None, executor: str =
             if res["status"] == "failed":
                 failures[res["run_id"]] = res["error"]
                 bar.write(f"FAILED {res['run_id']}: {res['error']}  "
-                          f"(log: {out / res['run_id'] / LOG_FILE})")
+                          f"(log: {out / res['run_id'] / rundir.LOG_FILE})")
             elif res["status"] == "done":
-                s = read_json(out / res["run_id"] / "summary.json") or {}
+                s = rundir.try_json(out / res["run_id"] / rundir.SUMMARY_FILE) or {}
                 bar.write(f"done   {res['run_id']}: val_loss {s.get('val_loss', float('nan')):.4f}"
                           f"  {res.get('seconds', 0):.0f}s")
                 bar.update(1)
@@ -266,7 +267,7 @@ def launch(sweep: Sweep, out: Path, parallel: int | None = None, executor: str =
         except KeyboardInterrupt:
             bar.close()
             write_results(sweep.runs, out)
-            left = sum(run_state(out / r.run_id) != "done" for r in runs)
+            left = sum(rundir.state(out / r.run_id) != "done" for r in runs)
             print(f"\ncgpt sweep: interrupted; finished runs are kept and {left} left; rerun "
                   "the same command to resume"
                   + (" (SLURM jobs already submitted keep running)" if executor == "slurm"
@@ -274,14 +275,15 @@ def launch(sweep: Sweep, out: Path, parallel: int | None = None, executor: str =
             return 130
         bar.close()
         write_results(sweep.runs, out)
-        states = {r.run_id: run_state(out / r.run_id) for r in runs}
+        states = {r.run_id: rundir.state(out / r.run_id) for r in runs}
         n_done = sum(s == "done" for s in states.values())
         failed = [k for k, s in states.items() if s == "failed"]
         print(f"sweep {sweep.name}: {n_done}/{len(runs)} done, {len(failed)} failed"
               + (f" ({', '.join(failed)}; errors in {out / 'results.csv'}, logs in "
-                 f"<run>/{LOG_FILE})" if failed else "") + f"; results: {out / 'results.csv'}")
+                 f"<run>/{rundir.LOG_FILE})" if failed else "")
+              + f"; results: {out / 'results.csv'}")
         if report:
-            all_done = sum(run_state(out / r.run_id) == "done" for r in sweep.runs)
+            all_done = sum(rundir.state(out / r.run_id) == "done" for r in sweep.runs)
             _report(out, all_done)
         return 0 if n_done == len(runs) else 1
     finally:

@@ -19,7 +19,7 @@ from cgpt.config import flops as flops_mod
 from cgpt.config.model import get_config
 from cgpt.config.overrides import SECTIONS, check_key, coerce_source, seed_overrides, set_key, \
     split_override
-from cgpt.config.run import PLACEMENT_KEYS, RunConfig, from_dict, load_yaml, parse_bytes
+from cgpt.config.run import RunConfig, from_dict, identity, load_yaml, parse_bytes
 from cgpt.errors import TrainError
 from cgpt.train.resolve import resolve
 from cgpt.sweep.validate import check_estimate, check_slurm, check_spec
@@ -27,10 +27,6 @@ from cgpt.sweep.validate import check_estimate, check_slurm, check_spec
 SPEC_KEYS = ("name", "description", "base", "models", "grid", "per_model", "filter", "require",
              "estimate", "slurm", "runs")
 GRID_KEYS = ("model", "tokens", "tokens_per_param", "flops", "seed", "overrides", "branches")
-# Placement may change between launches of one run (checkpoints restore into any layout),
-# so it is not part of a run's identity (the same rule as `cgpt train --resume`).
-# model.remat (chosen per device, like micro_batch) and loss_chunk: how, not what, it trains
-EXECUTION_MODEL_KEYS = ("remat", "loss_chunk")
 
 
 # ---- the throughput model behind --dry-run's time estimate --------------------------------
@@ -91,18 +87,9 @@ class Run:
         return config_hash(self.config.to_dict())
 
 
-def identity(cfg: dict) -> dict:
-    """A resolved config's dict without its placement keys: what makes two runs the same."""
-    out = copy.deepcopy(cfg)
-    for k in PLACEMENT_KEYS:
-        (out.get("train") or {}).pop(k, None)
-    for k in EXECUTION_MODEL_KEYS:
-        (out.get("model") or {}).pop(k, None)
-    return out
-
-
 def config_hash(cfg: dict) -> str:
-    """sha256 of `identity(cfg)` as canonical JSON: equal hashes, equal runs."""
+    """sha256 of `identity(cfg)` (`cgpt.config.run`: the rule `--resume` checks too) as
+    canonical JSON: equal hashes, equal runs."""
     text = json.dumps(identity(cfg), sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 

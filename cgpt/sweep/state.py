@@ -1,20 +1,15 @@
-"""Run state: the run directories of a sweep are the source of truth, `results.csv` their table.
-
-* `summary.json` present            -> done, never rerun;
-* `config.yaml` present, no summary -> interrupted, rerun with `--resume`;
-* `failed.json` present             -> the last attempt failed (error kept); retried on relaunch;
-* `.lock` held by a live process    -> running (a `train` launched by some sweep holds it).
+"""A sweep's state: its run directories are the source of truth (`cgpt.rundir.state`: done,
+running, failed, interrupted, new), `results.csv` their table.
 
 `results.csv` records only what the files say (done / failed / pending), never "running": a
 claim that a run is live would outlive a SIGKILLed sweep. Live state is read from the locks
-(`run_state`, the --dry-run table). Each run directory also records `identity.json`, the
+(`cgpt.rundir.state`, the --dry-run table). Each run directory also records `identity.json`, the
 hash of its fully resolved config, so a relaunch after a spec change never reuses it silently.
 """
 from __future__ import annotations
 
 import csv
 import dataclasses
-import fcntl
 import json
 import shutil
 from pathlib import Path
@@ -22,56 +17,15 @@ from pathlib import Path
 import yaml
 
 from analysis.schema import COLUMNS  # the results contract `analysis.load_results` reads
+from cgpt import rundir
 from cgpt.config.model import ModelConfig
 from cgpt.fileio import atomic_write, atomic_write_text
-from cgpt.config.run import safe_load
-from cgpt.sweep.spec import Run, config_hash, identity
+from cgpt.config.run import identity, safe_load
+from cgpt.sweep.spec import Run, config_hash
 
 SUMMARY_COLUMNS = ("n_params", "n_params_nonembed", "tokens", "flops_6nd", "flops", "train_loss",
                    "val_loss", "wall_time_s", "tokens_per_s", "mfu", "epochs", "mup")
-RUN_FILE = "run.yaml"  # the fully resolved config the sweep hands to `cgpt train --config`
-IDENTITY_FILE = "identity.json"
-LOG_FILE = "train.log"
-FAILED_FILE = "failed.json"
-LOCK_FILE = ".lock"
 SUPERSEDED_DIR = ".superseded"
-
-
-def held_elsewhere(run_dir: Path) -> bool:
-    """True while some process (a train launched by any sweep) holds the run's lock."""
-    lock = run_dir / LOCK_FILE
-    if not lock.exists():
-        return False
-    with open(lock, "a") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            return True
-        fcntl.flock(f, fcntl.LOCK_UN)
-    return False
-
-
-def run_state(run_dir: Path) -> str:
-    """'done' | 'running' | 'failed' | 'interrupted' | 'new', read from the run directory.
-    A summary.json that does not parse (a crash mid-copy, a full disk) is not 'done'."""
-    if read_json(run_dir / "summary.json") is not None:
-        return "done"
-    if held_elsewhere(run_dir):
-        return "running"
-    if (run_dir / FAILED_FILE).exists():
-        return "failed"
-    if (run_dir / "config.yaml").exists():
-        return "interrupted"
-    return "new"
-
-
-def read_json(path: Path) -> dict | None:
-    """The JSON object in `path`; None when it is missing, unreadable or not an object."""
-    try:
-        out = json.loads(path.read_text())
-    except (OSError, ValueError, RecursionError):  # ValueError: bad JSON or bad UTF-8
-        return None
-    return out if isinstance(out, dict) else None
 
 
 def result_row(run: Run, out: Path) -> dict:
@@ -83,13 +37,13 @@ def result_row(run: Run, out: Path) -> dict:
                tokens=run.tokens, flops_6nd=run.flops_6nd, flops=run.flops,
                mup=run.config.model.mup, peak_lr=run.peak_lr,
                flops_budget="" if run.flops_budget is None else run.flops_budget)
-    summary = read_json(run_dir / "summary.json")
+    summary = rundir.try_json(run_dir / rundir.SUMMARY_FILE)
     if summary is not None:
         row["status"] = "done"
         row.update({k: summary[k] for k in SUMMARY_COLUMNS if k in summary})
         row["model"] = summary.get("model", run.model)
         return row
-    failed = read_json(run_dir / FAILED_FILE)
+    failed = rundir.try_json(run_dir / rundir.FAILED_FILE)
     if failed is not None:
         row.update(status="failed", error=failed.get("error", "failed (no message)"))
         return row
@@ -123,7 +77,7 @@ def _flat(d: dict) -> dict:
 def config_change(run: Run, out: Path) -> list[str]:
     """The keys in which `run`'s resolved config differs from the one its directory trained
     with (`config.yaml`): ['train.peak_lr: 0.002 -> 0.001', ...]; [] if same or never started."""
-    saved = out / run.run_id / "config.yaml"
+    saved = out / run.run_id / rundir.CONFIG_FILE
     if not saved.exists():
         return []
     try:
@@ -149,10 +103,10 @@ def supersede(run: Run, out: Path) -> Path:
     """Move a run directory whose config changed to DIR/.superseded/<run_id>.<old hash>/."""
     d = out / run.run_id
     try:
-        old = safe_load((d / "config.yaml").read_text(errors="replace"), "config.yaml")
+        old = safe_load((d / rundir.CONFIG_FILE).read_text(errors="replace"), rundir.CONFIG_FILE)
     except (ValueError, OSError):
         old = None
-    old = old if isinstance(old, dict) else {"damaged": (d / "config.yaml").stat().st_size}
+    old = old if isinstance(old, dict) else {"damaged": (d / rundir.CONFIG_FILE).stat().st_size}
     dest = out / SUPERSEDED_DIR / f"{run.run_id}.{config_hash(old)}"
     dest.parent.mkdir(parents=True, exist_ok=True)
     if dest.exists():
@@ -163,7 +117,7 @@ def supersede(run: Run, out: Path) -> Path:
 
 def run_files(run: Run) -> dict[str, str]:
     """The files a run directory starts with: the config train reads, its identity record."""
-    return {RUN_FILE: run.config.to_yaml(), IDENTITY_FILE: json.dumps(
+    return {rundir.RUN_FILE: run.config.to_yaml(), rundir.IDENTITY_FILE: json.dumps(
         {"run_id": run.run_id, "config_hash": run.config_hash}, indent=2)}
 
 
@@ -174,8 +128,8 @@ def prepare_run_dir(run: Run, out: Path) -> Path:
     d.mkdir(parents=True, exist_ok=True)
     for name, text in run_files(run).items():
         atomic_write_text(d / name, text)
-    summary = d / "summary.json"
-    if summary.exists() and read_json(summary) is None:
+    summary = d / rundir.SUMMARY_FILE
+    if summary.exists() and rundir.try_json(summary) is None:
         summary.replace(d / "summary.json.damaged")
         print(f"{run.run_id}: {summary} does not parse; moved it to summary.json.damaged and "
               "resuming the run to write it again")

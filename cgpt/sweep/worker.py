@@ -26,11 +26,10 @@ import sys
 import time
 from pathlib import Path
 
-from cgpt.fileio import atomic_write_text
-from cgpt.sweep.executors import _LAUNCH, SIGNAL_EXITS, Job, RunTask, _error_from_log, _live, \
-    _live_lock, _stopping, _wait_for_parent, device_share, execute_run, proc_rank, train_argv, \
-    slurm_tag, wait_live
-from cgpt.sweep.state import FAILED_FILE, LOCK_FILE, LOG_FILE, RUN_FILE
+from cgpt import rundir
+from cgpt.sweep.executors import _LAUNCH, Job, RunTask, _live, _live_lock, _stopping, \
+    _wait_for_parent, await_requeue, device_share, execute_run, outcome, prepare_job, \
+    train_argv, slurm_tag, wait_live
 
 RESULT = "CGPT-RESULT "  # prefix of a result line on the worker's report channel
 
@@ -46,45 +45,10 @@ def job_from_dict(d: dict) -> Job:
 
 def _header(job: Job, first: Job, n: int, where: str = "") -> str:
     fused = (f" (fused with {n - 1} other run(s) into one program; its output is in "
-             f"{Path(first.run_dir) / LOG_FILE})" if n > 1 and job is not first else
+             f"{Path(first.run_dir) / rundir.LOG_FILE})" if n > 1 and job is not first else
              f" ({n} runs fused into one program)" if n > 1 else "")
     return (f"==== cgpt sweep {time.strftime('%Y-%m-%d %H:%M:%S')}: python -m cgpt "
             f"{' '.join(train_argv(job))}{where}{fused}\n")
-
-
-def outcome(job: Job, rc: int | None, t0: float, log: Path) -> dict:
-    """One run's result after its process (or in-process job) ended with `rc`, read from its
-    directory; a failure writes failed.json (unless the job wrote its own, e.g. a non-finite
-    loss of one fused member)."""
-    d = Path(job.run_dir)
-    res = {"run_id": job.run_id, "returncode": rc, "error": "",
-           "seconds": round(time.time() - t0, 1)}
-    if (d / "summary.json").exists():
-        return {**res, "status": "done"}
-    if _stopping.is_set() or rc in (130, -signal.SIGINT) or rc in SIGNAL_EXITS:
-        return {**res, "status": "interrupted"}
-    try:
-        own = json.loads((d / FAILED_FILE).read_text()).get("error")
-    except (OSError, ValueError, AttributeError):
-        own = None
-    err = own or _error_from_log(log)
-    if rc is not None and rc < 0:
-        err = f"killed by signal {signal.Signals(-rc).name}; {err}"
-    elif rc == 0 and not own:
-        err = f"exited 0 without writing summary.json; {err}"
-    if proc_rank() == 0:
-        atomic_write_text(d / FAILED_FILE, json.dumps(
-            {**res, "status": "failed", "error": err, "log": str(log)}, indent=2))
-    return {**res, "status": "failed", "error": err}
-
-
-def _prepare(job: Job) -> None:
-    d = Path(job.run_dir)
-    for name, text in job.files.items():  # the directory may have been deleted since launch
-        if not (d / name).exists():
-            atomic_write_text(d / name, text)
-    if proc_rank() == 0:
-        (d / FAILED_FILE).unlink(missing_ok=True)
 
 
 # ---- parent side --------------------------------------------------------------------------
@@ -106,19 +70,19 @@ def execute_group(job: Job) -> dict:
     {'run_id', 'status', 'members': [one result per run]} (never raises on failure)."""
     members = list(job.members)
     for m in members:
-        _prepare(m)
+        prepare_job(m)
     if job.branch_from and not _wait_for_parent(job):
         return {"run_id": job.run_id, "status": "failed", "members": [
             {"run_id": m.run_id, "status": "failed", "returncode": None,
              "error": f"parent {job.branch_from} did not produce its checkpoint"}
             for m in members]}
-    log = Path(job.run_dir) / LOG_FILE
+    log = Path(job.run_dir) / rundir.LOG_FILE
     t0 = time.time()
     extra, cpus = device_share(*job.pin) if job.pin else ({}, [])
     where = (f" [cpus {','.join(map(str, cpus))}]" if cpus else "") + "".join(
         f" [{k}={v}]" for k, v in extra.items()) + slurm_tag()
     for m in members[1:]:
-        with open(Path(m.run_dir) / LOG_FILE, "a") as f:
+        with open(Path(m.run_dir) / rundir.LOG_FILE, "a") as f:
             f.write(_header(m, members[0], len(members), where))
     with open(log, "a") as f:
         f.write(_header(members[0], members[0], len(members), where))
@@ -128,8 +92,7 @@ def execute_group(job: Job) -> dict:
         else:
             rc = wait_live(job.run_id, _spawn([job], f, report=False, extra_env=extra,
                                               cpus=cpus))
-    if rc in SIGNAL_EXITS and "SLURM_JOB_ID" in os.environ:  # as execute_run: await requeue
-        time.sleep(float(os.environ.get("CGPT_REQUEUE_WAIT_S", "600")))
+    await_requeue(rc)
     results = [outcome(m, rc, t0, log) if rc is not None else
                {"run_id": m.run_id, "status": "interrupted", "error": "", "returncode": None}
                for m in members]
@@ -174,7 +137,7 @@ def run_one_process(jobs: list[Job], finished) -> None:
                     _live.pop("<worker>", None)
             if pending and not _stopping.is_set() and rc not in (130, -signal.SIGINT):
                 job = pending.pop(0)  # the one it was training when it died
-                res = [outcome(m, rc or 1, time.time(), Path(job.run_dir) / LOG_FILE)
+                res = [outcome(m, rc or 1, time.time(), Path(job.run_dir) / rundir.LOG_FILE)
                        for m in list(job.members) or [job]]
                 finished(res[0] if not job.members else
                          {"run_id": job.run_id, "status": "failed", "members": res})
@@ -188,11 +151,7 @@ def run_one_process(jobs: list[Job], finished) -> None:
 # ---- worker side --------------------------------------------------------------------------
 def _errors_as_lines(fn) -> int:
     """Run `fn`, mapping its errors to `cgpt train`'s exit codes and one-line messages."""
-    from cgpt.data.batches import DataError
-    from cgpt.errors import LoadError, TrainError
-    from cgpt.sharding.distributed import DistributedError
-    from cgpt.train.preempt import Preempted
-    from cgpt.train.rundir import RunDirError
+    from cgpt.errors import CgptError, Preempted
 
     try:
         fn()
@@ -200,7 +159,7 @@ def _errors_as_lines(fn) -> int:
     except Preempted as e:
         print(f"cgpt train: {e}", file=sys.stderr)
         return e.exit_code
-    except (ValueError, TrainError, LoadError, DataError, RunDirError, DistributedError) as e:
+    except (ValueError, CgptError) as e:
         print(f"cgpt train: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
@@ -219,13 +178,13 @@ def _errors_as_lines(fn) -> int:
 def _config(job: Job):
     from cgpt.config.run import from_dict, load_yaml
 
-    path = Path(job.run_dir) / RUN_FILE
+    path = Path(job.run_dir) / rundir.RUN_FILE
     return from_dict(load_yaml(str(path)), str(path))
 
 
 def _train_here(job: Job) -> None:
     members = list(job.members) or [job]
-    resume = job.resume or any((Path(m.run_dir) / "config.yaml").exists() for m in members)
+    resume = job.resume or any((Path(m.run_dir) / rundir.CONFIG_FILE).exists() for m in members)
     if len(members) > 1:
         from cgpt.train.fused_loop import train_fused
 
@@ -269,22 +228,22 @@ def run_job(job: Job, redirect: bool, note: str = "") -> list[dict]:
     """Train one job here: lock its run directories, train, release; one result per run.
     `note`: a line for the job's train.log after its header (its compile-ahead)."""
     members = list(job.members) or [job]
-    log, t0, locks = Path(job.run_dir) / LOG_FILE, time.time(), []
+    log, t0, locks = Path(job.run_dir) / rundir.LOG_FILE, time.time(), []
     try:
         for m in members:
             if redirect:
-                _prepare(m)
-            fd = os.open(Path(m.run_dir) / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+                prepare_job(m)
+            fd = os.open(Path(m.run_dir) / rundir.LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
             locks.append(fd)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError:
                 return [{"run_id": x.run_id, "status": "failed", "returncode": None,
-                         "error": f"{Path(m.run_dir) / LOCK_FILE} is held: another process "
+                         "error": f"{Path(m.run_dir) / rundir.LOCK_FILE} is held: another process "
                          "is training this run"} for x in members]
         if redirect:
             for m in members:
-                with open(Path(m.run_dir) / LOG_FILE, "a") as f:
+                with open(Path(m.run_dir) / rundir.LOG_FILE, "a") as f:
                     f.write(_header(m, members[0], len(members),
                                     f" [in the sweep's worker process, pid {os.getpid()}]")
                             + note)

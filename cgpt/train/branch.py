@@ -16,17 +16,12 @@ from dataclasses import replace
 from pathlib import Path
 
 from cgpt.config import backend
-from cgpt.train import checkpoint, rundir
+from cgpt.errors import BranchError
+from cgpt import rundir
+from cgpt.train import checkpoint
 from cgpt.fileio import atomic_write_text
 from cgpt.config.run import RunConfig, from_dict
 from cgpt.train.resolve import resolve
-
-BRANCH_FILE = "branch.json"
-
-
-class BranchError(ValueError):
-    """The branch cannot be made as asked; the message says why and what to do."""
-
 
 def parse_spec(spec: str) -> tuple[Path, int]:
     """'runs/x@1200' -> (Path('runs/x'), 1200)."""
@@ -38,10 +33,10 @@ def parse_spec(spec: str) -> tuple[Path, int]:
 
 def parent_config(parent: Path) -> RunConfig:
     """The parent run's config (its config.yaml), with errors naming the file."""
-    if not (parent / checkpoint.CONFIG_FILE).is_file():
+    if not (parent / rundir.CONFIG_FILE).is_file():
         raise BranchError(f"--branch-from: {parent} is not a run directory (no "
-                          f"{checkpoint.CONFIG_FILE})")
-    return from_dict(checkpoint.read_run_config(parent), str(parent / checkpoint.CONFIG_FILE))
+                          f"{rundir.CONFIG_FILE})")
+    return from_dict(rundir.read_config(parent), str(parent / rundir.CONFIG_FILE))
 
 
 def check_branch(parent_run: RunConfig, parent_recipe, run: RunConfig, recipe, step: int,
@@ -89,14 +84,14 @@ def precheck(branch_from: tuple[Path, int], run: RunConfig) -> None:
     run = replace(run, model=backend.resolve(run.model, saved=parent_run.model))
     check_branch(parent_run, resolve(parent_run).recipe, run, resolve(run).recipe, step,
                  parent)
-    ckpts = parent / checkpoint.CKPT_DIR
+    ckpts = parent / rundir.CKPT_DIR
     steps = sorted(int(p.name) for p in ckpts.iterdir() if p.name.isdigit()) \
         if ckpts.is_dir() else []
     if step not in steps:
         raise BranchError(f"--branch-from {parent}@{step}: no checkpoint at step {step} in "
                           f"{ckpts} (have {steps}); the parent must keep it (train.ckpt_every, "
                           "train.keep_checkpoints)")
-    rundir.read_metrics(parent / "metrics.jsonl", step)  # a damaged log fails here, not later
+    rundir.read_metrics(parent / rundir.METRICS_FILE, step)  # a damaged log fails here, not later
 
 
 def restore(parent: Path, step: int, abstract_params, abstract_opt_state):
@@ -108,7 +103,7 @@ def restore(parent: Path, step: int, abstract_params, abstract_opt_state):
         steps = sorted(mngr.all_steps())
         if step not in steps:
             raise BranchError(f"--branch-from {parent}@{step}: no checkpoint at step {step} in "
-                              f"{parent / checkpoint.CKPT_DIR} (have {steps}); the parent must "
+                              f"{parent / rundir.CKPT_DIR} (have {steps}); the parent must "
                               "keep it (train.ckpt_every, train.keep_checkpoints)")
         out = mngr.restore(step, args=ocp.args.Composite(
             params=ocp.args.StandardRestore(abstract_params),
@@ -120,9 +115,9 @@ def restore(parent: Path, step: int, abstract_params, abstract_opt_state):
 
 def start_log(parent: Path, out: Path, step: int) -> None:
     """The branch's metrics.jsonl begins with the parent's lines up to `step`; branch.json."""
-    lines = [line for line, _ in rundir.read_metrics(parent / "metrics.jsonl", step, raw=True)]
-    atomic_write_text(out / "metrics.jsonl", "".join(x + "\n" for x in lines))
-    atomic_write_text(out / BRANCH_FILE, json.dumps({"parent": str(parent), "step": step}))
+    lines = [line for line, _ in rundir.read_metrics(parent / rundir.METRICS_FILE, step, raw=True)]
+    atomic_write_text(out / rundir.METRICS_FILE, "".join(x + "\n" for x in lines))
+    atomic_write_text(out / rundir.BRANCH_FILE, json.dumps({"parent": str(parent), "step": step}))
 
 
 def begin(branch_from: tuple[Path, int], run: RunConfig, recipe, out: Path, abstract_params,

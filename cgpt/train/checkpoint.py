@@ -1,7 +1,6 @@
-"""Run-directory layout and Orbax checkpoints.
+"""A run's Orbax checkpoints, `checkpoints/<step>/` in its run directory (`cgpt.rundir`).
 
-A run directory holds `config.yaml`, `tokenizer.json`, `metrics.jsonl`, `events/`
-(TensorBoard), `checkpoints/<step>/` and, once finished, `summary.json`. Orbax writes each
+Orbax writes each
 checkpoint into a temporary directory and renames it when complete, so a SIGKILL leaves
 either the previous checkpoints or a finished new one, never a half-written one that is
 trusted. Parameters and optimizer state are separate items, so `cgpt.load(run_dir)` reads
@@ -19,19 +18,15 @@ import warnings
 from pathlib import Path
 
 import jax
-import yaml
 
+from cgpt import rundir
 from cgpt.sharding import distributed
-from cgpt.train import orbax_quiet as quiet, rundir
+from cgpt.train import launch, orbax_quiet as quiet
 from cgpt.config.model import ModelConfig
-from cgpt.errors import LoadError
+from cgpt.errors import CheckpointsChanged, LoadError
 
 log = logging.getLogger(__name__)
 
-CONFIG_FILE = "config.yaml"
-CKPT_DIR = "checkpoints"
-DISCARDED_DIR = "discarded_checkpoints"
-CORRUPT_DIR = "corrupt_checkpoints"
 
 
 def brief(e: BaseException, limit: int = 160) -> str:
@@ -53,11 +48,6 @@ def _set_aside(src: Path, aside: Path) -> None:
     shutil.move(str(src), str(aside))
 
 
-def is_run_dir(path: Path) -> bool:
-    """A cgpt run (not a Hugging Face directory): by its config.yaml, checkpoints/ or log."""
-    return not (path / "config.json").exists() and bool(rundir.recognise(path))
-
-
 def nonfinite_tensor(params) -> str | None:
     """The name ('h/attn/w_qkv') of the first parameter holding NaN or inf, or None."""
     import numpy as np
@@ -76,11 +66,7 @@ def _manager(run_dir: Path, keep: int | None = None, create: bool = True, on_wri
         max_to_keep=keep, create=create, enable_async_checkpointing=on_written is not None,
         async_options=ocp.AsyncOptions(post_finalization_callback=on_written)
         if on_written is not None else None)
-    return ocp.CheckpointManager((run_dir / CKPT_DIR).absolute(), options=opts)
-
-
-class CheckpointsChanged(Exception):
-    """A checkpoint vanished while it was read: a run training into the directory replaced it."""
+    return ocp.CheckpointManager((run_dir / rundir.CKPT_DIR).absolute(), options=opts)
 
 
 def restore_newest(mngr, run_dir: Path, items: dict, fix: str,
@@ -99,12 +85,12 @@ def restore_newest(mngr, run_dir: Path, items: dict, fix: str,
             out = quiet.quiet_restore(lambda: mngr.restore(step, args=ocp.args.Composite(
                 **{k: ocp.args.StandardRestore(v) for k, v in items.items()})))
         except Exception as e:  # orbax/tensorstore raise many types for bad files
-            if not (run_dir / CKPT_DIR / str(step)).exists():
+            if not (run_dir / rundir.CKPT_DIR / str(step)).exists():
                 raise CheckpointsChanged(step) from None
             bad.append((step, e))
             continue
         for b, e in bad:
-            src = run_dir / CKPT_DIR / str(b)
+            src = run_dir / rundir.CKPT_DIR / str(b)
             moved = ""
             if aside is not None:
                 _set_aside(src, aside / str(b))
@@ -114,7 +100,7 @@ def restore_newest(mngr, run_dir: Path, items: dict, fix: str,
         return step, out, [b for b, _ in bad]
     if bad:
         raise LoadError(
-            f"{run_dir / CKPT_DIR}: none of the checkpoints {[b for b, _ in bad]} could "
+            f"{run_dir / rundir.CKPT_DIR}: none of the checkpoints {[b for b, _ in bad]} could "
             f"be restored (newest error: {brief(bad[0][1])}); nothing was changed. Fix the "
             f"cause, or {fix}")
     return None
@@ -214,7 +200,7 @@ class Checkpointer:
         held, unraisable, prev_hook = self._holds
         self._holds = None
         absl = logging.getLogger("absl")
-        cause = (rundir.storage_oserror(error) if isinstance(error, Exception) else None)
+        cause = (launch.storage_oserror(error) if isinstance(error, Exception) else None)
         if cause is None:
             sys.unraisablehook = prev_hook
             absl.removeFilter(held)
@@ -227,14 +213,15 @@ class Checkpointer:
             return
         quiet.mute_storage_aftermath(prev_hook)  # replaces the hold above in one assignment
         absl.removeFilter(held)  # its records are of the failure raised here: dropped
-        raise OSError(cause.errno, cause.strerror, str(self.run_dir / CKPT_DIR / str(step))
+        raise OSError(cause.errno, cause.strerror, str(self.run_dir / rundir.CKPT_DIR / str(step))
                       ) from error
 
     def discard_after(self, step: int) -> list[int]:
         """Move the checkpoints newer than `step` to `discarded_checkpoints/` (a rewind)."""
         later = [s for s in self.steps() if s > step]
         for s in later:
-            _set_aside(self.run_dir / CKPT_DIR / str(s), self.run_dir / DISCARDED_DIR / str(s))
+            _set_aside(self.run_dir / rundir.CKPT_DIR / str(s),
+                       self.run_dir / rundir.DISCARDED_DIR / str(s))
         if later:
             distributed.barrier(f"discard-after-{step}")  # process 0 moved them; all reload
             self.mngr.reload()
@@ -248,7 +235,8 @@ class Checkpointer:
         """
         found = restore_newest(self.mngr, self.run_dir,
                                {"params": abstract_params, "opt_state": abstract_opt_state},
-                               "move the checkpoints away to start over", self.run_dir / CORRUPT_DIR)
+                               "move the checkpoints away to start over",
+                               self.run_dir / rundir.CORRUPT_DIR)
         if found is None:
             return None
         step, out, bad = found
@@ -265,39 +253,18 @@ class Checkpointer:
             self.mngr.close()
 
 
-def read_run_config(run_dir: Path) -> dict:
-    f = Path(run_dir) / CONFIG_FILE
-    if not f.exists():
-        found = rundir.recognise(run_dir)
-        raise LoadError(f"{f} is missing" + (f" (the directory holds a run: {', '.join(found)})"
-                                             if found else "")
-                        + "; restore the run's config.yaml, or pass a run directory")
-    try:
-        cfg = yaml.safe_load(f.read_bytes().decode())
-    except IsADirectoryError:
-        raise LoadError(f"{f} is a directory; the run's config must be a YAML file") from None
-    except UnicodeDecodeError as e:
-        raise LoadError(f"{f}: not a text file (byte {e.start} is not UTF-8); restore the "
-                        "run's config.yaml") from None
-    except (OSError, yaml.YAMLError) as e:
-        raise LoadError(f"{f}: unreadable run config ({e})") from e
-    if not isinstance(cfg, dict) or not isinstance(cfg.get("model"), dict):
-        raise LoadError(f"{f}: expected a mapping with a 'model' section")
-    return cfg
-
-
 def load_run(run_dir: Path, compute_dtype: str = "float32"):
     """(ModelConfig, params, tokenizer) from the newest good checkpoint of a cgpt run."""
     from cgpt.model.gpt import init_params
     from cgpt.data.tokenizer import load_checkpoint_tokenizer
 
-    raw = read_run_config(run_dir)
+    raw = rundir.read_config(run_dir)
     try:
         cfg = ModelConfig.from_dict(raw["model"]).replace(compute_dtype=compute_dtype)
     except (TypeError, ValueError) as e:
-        raise LoadError(f"{run_dir / CONFIG_FILE}: key 'model': {e}") from e
+        raise LoadError(f"{run_dir / rundir.CONFIG_FILE}: key 'model': {e}") from e
     abstract = jax.eval_shape(lambda: init_params(cfg))
-    ckpts = run_dir / CKPT_DIR
+    ckpts = run_dir / rundir.CKPT_DIR
     if not ckpts.is_dir():
         raise LoadError(f"{ckpts} " + ("is a file, not the run's checkpoint directory"
                                        if ckpts.exists() else "is missing")

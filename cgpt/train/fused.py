@@ -31,13 +31,16 @@ import numpy as np
 import optax
 
 from cgpt.config.model import ModelConfig
+from cgpt.config.run import TrainConfig, config_diff, keys, without
 from cgpt.errors import TrainError
 from cgpt.model import gpt as model
 from cgpt.sharding.members import FUSABLE_MODES
 from cgpt.train import optim
-from cgpt.train.members import MEMBER_DATA_KEYS, MEMBER_MODEL_KEYS, MEMBER_TRAIN_KEYS, \
-    SHARED_RECIPE_KEYS
+from cgpt.train.memo import Memo
 from cgpt.train.step import make_step
+
+# what one program fixes of the resolved recipe (the config's keys are checked by their role)
+SHARED_RECIPE_KEYS = ("total_steps", "batch_size", "adam_eps", "b1", "b2")
 
 
 def check_group(resolved: Sequence, names: Sequence[str]) -> None:
@@ -59,17 +62,15 @@ def check_group(resolved: Sequence, names: Sequence[str]) -> None:
     ra = dataclasses.asdict(first.recipe)
     for i, r in enumerate(resolved[1:], 1):
         b = r.run.to_dict()
-        keys = [f"model.{k}" for k in a["model"] if k not in MEMBER_MODEL_KEYS]
-        keys += [f"data.{k}" for k in a["data"] if k not in MEMBER_DATA_KEYS]
-        keys += [f"train.{k}" for k in a["train"] if k not in MEMBER_TRAIN_KEYS]
-        for key in keys:
-            s, k = key.split(".")
-            if a[s][k] != b[s][k]:
-                raise TrainError(
-                    f"fused runs must share {key}: {names[0]} has {a[s][k]!r} but {names[i]} "
-                    f"has {b[s][k]!r}; members may differ only in "
-                    f"{', '.join(['data.seed'] + [f'train.{x}' for x in MEMBER_TRAIN_KEYS])} "
-                    "and the init scales; train the others in another group")
+        diff = [d for d in config_diff(without(a, "member"), without(b, "member"))
+                if d != "preset"]
+        if diff:
+            s, k = diff[0].split(".")
+            member = ["data.seed"] + [f"train.{x}" for x in keys(TrainConfig, "member")]
+            raise TrainError(
+                f"fused runs must share {diff[0]}: {names[0]} has {a[s][k]!r} but {names[i]} "
+                f"has {b[s][k]!r}; members may differ only in {', '.join(member)} and the "
+                "init scales; train the others in another group")
         rb = dataclasses.asdict(r.recipe)
         for k in SHARED_RECIPE_KEYS:
             if ra[k] != rb[k]:
@@ -104,17 +105,10 @@ def stack_hyper(recipes: Sequence) -> Hyper:
 
 
 def member_optimizer(h: Hyper, recipe, cfg: ModelConfig) -> optax.GradientTransformation:
-    """One member's optimizer (`h`: its slice of the arrays, inside the vmap): the chain of
-    `optim.make_optimizer`, whose state it shares, with the per-member values traced."""
-    parts = [
-        optax.clip_by_global_norm(h.clip_norm),
-        optax.scale_by_adam(b1=recipe.b1, b2=recipe.b2, eps=recipe.adam_eps),
-        optax.add_decayed_weights(h.weight_decay, mask=optim.decay_mask),
-        optax.scale_by_learning_rate(lambda count: h.lr[count]),
-    ]
-    if cfg.mup:
-        parts.append(optax.masked(optax.scale(1.0 / cfg.width_mult), optim.decoder_kernel_mask))
-    return optax.chain(*parts)
+    """One member's optimizer (`h`: its slice of the arrays, inside the vmap): the run's chain
+    (`optim.make_optimizer`) with the per-member values traced."""
+    return optim.make_optimizer(recipe, cfg, lr=lambda count: h.lr[count],
+                                weight_decay=h.weight_decay, clip_norm=h.clip_norm)
 
 
 def make_fused_step(cfg: ModelConfig, recipe, loss: Callable = model.loss_fn,
@@ -234,15 +228,13 @@ def init_member(cfg: ModelConfig, recipe, seed: int, shardings=None):
     return params, init_o(recipe, cfg, params)
 
 
-_INIT_ON: dict = {}
+_INIT_ON = Memo("_init_on", 8)
 
 
 def _init_on(shardings):
     """The jitted inits with `shardings` as outputs, one per layout (compiled once a shape)."""
     key = tuple((jax.tree.structure(t), tuple(jax.tree.leaves(t))) for t in shardings)
-    if key not in _INIT_ON:
-        _INIT_ON[key] = (
-            jax.jit(model.init_params, static_argnums=0, out_shardings=shardings[0]),
-            jax.jit(lambda recipe, cfg, p: optim.make_optimizer(recipe, cfg).init(p),
-                    static_argnums=(0, 1), out_shardings=shardings[1]))
-    return _INIT_ON[key]
+    return _INIT_ON.get(key, lambda: (
+        jax.jit(model.init_params, static_argnums=0, out_shardings=shardings[0]),
+        jax.jit(lambda recipe, cfg, p: optim.make_optimizer(recipe, cfg).init(p),
+                static_argnums=(0, 1), out_shardings=shardings[1])))

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import json
 import math
 import sys
 import time
@@ -30,16 +29,16 @@ import numpy as np
 from cgpt.config.units import fmt_bytes
 from cgpt.config.model import remat_value
 from cgpt.config.run import RunConfig
-from cgpt.errors import TrainError
-from cgpt.fileio import atomic_write_text, probe_writable
+from cgpt.errors import Preempted, TrainError
 from cgpt.sharding.members import Members
-from cgpt.train import checkpoint, fit, fused, fused_prep, metrics, preempt, resume, rundir, \
-    setup, summary
+from cgpt.train import fit, fused, fused_prep, preempt, setup
 from cgpt.train.background import Background
+from cgpt.train.launch import close_all
+from cgpt.train.lifecycle import Lifecycle
+from cgpt.train.memo import Memo
 from cgpt.train.mfu import Throughput
 from cgpt.train.resolve import resolve
 
-FAILED_FILE = "failed.json"  # = cgpt.sweep.state.FAILED_FILE (train never imports the sweep)
 
 
 def train_fused(runs: Sequence[RunConfig], outs: Sequence[str | Path], resume: bool = False,
@@ -70,58 +69,51 @@ def _train_fused_locked(runs, outs, resume, progress):
         raise TrainError(f"fused runs need one directory each; {', '.join(dup)} is given twice")
     if jax.process_count() > 1:
         raise TrainError("fused training runs in one process; launch it without SLURM tasks")
+    lives = [Lifecycle(run, out, resuming=resume) for run, out in zip(runs, outs)]
     with contextlib.ExitStack() as stack:
-        launches = []
-        for out in outs:
-            new_dirs = rundir.first_missing(out)
-            try:
-                probe_writable(out)
-            except OSError as e:
-                raise TrainError(f"output directory {out} is not writable ({e.strerror or e}); "
-                                 "choose another --out") from e
-            launches.append(stack.enter_context(rundir.Launch(out, new_dirs)))
-        return _train_fused(list(runs), outs, resume, progress, launches)
+        for life in lives:
+            life.open(stack)
+        _train_fused(lives, progress)
+    return [life.result for life in lives]
 
 
-def _train_fused(runs: list[RunConfig], outs: list[Path], resuming: bool, progress: bool,
-                 launches: list[rundir.Launch]) -> list[dict | TrainError]:
+def _train_fused(lives: list[Lifecycle], progress: bool) -> None:
     # ---- set up: each member resolved, the group checked, one compiled step -----------------
     wall0 = time.perf_counter()
-    results: list[dict | TrainError | None] = [None] * len(runs)
-    live, res, saved, priors, fresh, memory = [], {}, {}, {}, {}, {}
-    for i, (run, out) in enumerate(zip(runs, outs)):
-        fresh[i] = not (out / checkpoint.CONFIG_FILE).exists()
-        priors[i] = None if fresh[i] or not resuming else checkpoint.read_run_config(out)
-        saved[i] = resume.check_config(run, out, resuming)
-        if resuming and (out / summary.SUMMARY_FILE).exists():  # finished already
-            results[i] = summary.read(out)
+    group, memory = [], None
+    for life in lives:
+        life.check()
+        if life.finished is not None:  # finished already
+            life.result = life.finished
             continue
-        memory[i] = setup.device_memory(saved[i].train)
-        res[i] = resolve_member(saved[i], memory[i])
-        live.append(i)
-    if not live:
-        return results
-    fused.check_group([res[i] for i in live], [str(outs[i]) for i in live])
-    data = {i: setup.run_data(res[i], outs[i], fresh[i]) for i in live}
+        mem = setup.device_memory(life.saved.train)
+        memory = mem if memory is None else memory  # the group's: its first member's
+        life.res = resolve_member(life.saved, mem)
+        group.append(life)
+    if not group:
+        return
+    fused.check_group([m.res for m in group], [str(m.out) for m in group])
+    data = [setup.run_data(m.res, m.out, m.fresh) for m in group]
     # while the step compiles, the rest of the start is prepared in a background thread
     # (`fused_prep.Prepare`), used if all members fit one program
-    r0 = res[live[0]]
-    lay = layout(r0, len(live))
-    evaluate = fused_prep.validation(r0, data[live[0]], lay)
-    prep = fused_prep.Prepare(res, live, lay, evaluate, resuming)
+    r0 = group[0].res
+    lay = layout(r0, len(group))
+    evaluate = fused_prep.validation(r0, data[0], lay)
+    prep = fused_prep.Prepare([m.res for m in group], lay, evaluate, group[0].resuming)
     try:
         # as many members per program as fit the device (as micro-batches are chosen); the
         # rest train next, in this process, from the same compiled step
-        per, _ = members_that_fit(r0, len(live), memory[live[0]])
-        if per < len(live):
+        per, _ = members_that_fit(r0, len(group), memory)
+        if per < len(group):
             prep.drop()  # made for all members: not held while the chunks train
-        for c in range(0, len(live), per):
-            _train_chunk(live[c:c + per], res, saved, priors, fresh, memory, outs, launches,
-                         resuming, progress, results, wall0 if c == 0 else time.perf_counter(),
-                         data, (prep, evaluate) if per == len(live) else None)
+        for c in range(0, len(group), per):
+            chunk = group[c:c + per]
+            for life, d in zip(chunk, data[c:c + per]):
+                life.data = d
+            _train_chunk(chunk, memory, progress, wall0 if c == 0 else time.perf_counter(),
+                         (prep, evaluate) if per == len(group) else None)
     finally:
         prep.join()
-    return results
 
 
 def compile_group(runs: Sequence[RunConfig]) -> list[str]:
@@ -160,59 +152,48 @@ def resolve_member(run: RunConfig, memory: int):
     return r.fitted(r.micro_batch, remat_value(r.cfg.remat))
 
 
-def _train_chunk(live, res, saved, priors, fresh, memory, outs, launches, resuming, progress,
-                 results, wall0, data, prepared) -> None:
-    from tqdm.auto import tqdm
-
-    r0 = res[live[0]]
-    cfg, M = r0.cfg, len(live)
-    step_fn, bytes_ = _compile(r0, M, memory[live[0]])
+def _train_chunk(group: list[Lifecycle], memory: int, progress: bool, wall0: float,
+                 prepared) -> None:
+    """Train `group` (members of one program) from their start to the end, then summarize."""
+    r0 = group[0].res
+    cfg, M = r0.cfg, len(group)
+    step_fn, bytes_ = _compile(r0, M, memory)
     lay = layout(r0, M)
     print(f"{cfg.name}: {M} runs fused into one program, micro-batch {r0.micro_batch} x "
           f"{r0.accum} accumulation step(s): {fmt_bytes(bytes_['total'])} per device, "
           f"{lay.line()}", file=sys.stderr, flush=True)
-    for i in live:
-        if fresh[i]:
-            launches[i].created.append(outs[i] / "tokenizer.json")
-            data[i].save_tokenizer(outs[i])
-        atomic_write_text(outs[i] / checkpoint.CONFIG_FILE, saved[i].to_yaml())
-    for i in live:
-        launches[i].commit()  # from here on each directory holds a resumable run
-
-    ckpts = {i: checkpoint.Checkpointer(outs[i], keep=res[i].run.train.keep_checkpoints)
-             for i in live}
+    for life in group:
+        life.commit(life.res, life.data)  # from here on each directory holds a resumable run
     try:
-        prep, evaluate = prepared or (None, fused_prep.validation(r0, data[live[0]], lay))
+        prep, evaluate = prepared or (None, fused_prep.validation(r0, group[0].data, lay))
         ready = prep.get() if prep is not None else None
         hyper = ready[2] if ready else None
-        start, params, opt_state = fused_prep.start(res, ckpts, outs, live, resuming, lay, ready)
+        start, params, opt_state = fused_prep.start(
+            [m.res for m in group], [m.ckpt for m in group], [m.out for m in group],
+            group[0].resuming, lay, ready)
         del ready  # the members' unstacked initial states are not kept while training
-        changes = {}
-        for i in live:
-            rundir.resume_log(outs[i] / rundir.METRICS_FILE, start, res[i].total_steps)
-            changes[i] = resume.record_changes(outs[i], priors[i], saved[i], start)
-        trained = _loop(res, data, ckpts, outs, live, start, params, opt_state, step_fn,
-                        evaluate, progress, tqdm, results, lay, hyper)
+        for life in group:
+            life.begin(start)
+        speed, params = _loop(group, start, (params, opt_state), step_fn, evaluate, lay,
+                              hyper, progress)
     finally:
-        rundir.close_all(*(c.close for c in ckpts.values()))
+        close_all(*(life.close for life in group))
 
     # ---- the summaries ----------------------------------------------------------------------
-    speed, params, val_loss = trained
     placement = {**lay.describe(), "micro_batch": r0.micro_batch, "accum": r0.accum,
                  "remat": remat_value(cfg.remat), "bytes_per_device": bytes_["total"], "fused": M}
-    for k, i in enumerate(live):
-        if results[i] is not None:  # failed
+    for k, life in enumerate(group):
+        if life.result is not None:  # failed
             continue
-        if math.isnan(val_loss[k]):  # resumed at its end: no fresh evaluation
-            val_loss[k] = float(evaluate(params)[k])
-        results[i] = summary.build(
-            res[i], outs[i], val_loss[k], speed,
-            wall_time_s=time.perf_counter() - wall0, start=start, data=data[i],
-            placement=placement, changes=changes[i])
-        summary.write(outs[i], results[i])
+        val_loss = life.val_loss
+        if math.isnan(val_loss):  # resumed at its end: no fresh evaluation
+            val_loss = float(evaluate(params)[k])
+        life.finish(val_loss, speed, time.perf_counter() - wall0, placement)
 
 
-_COMPILED: dict = {}  # (shape key, members) -> (compiled step, bytes): a process reuses them
+# (shape key, members) -> (compiled step, bytes): a process reuses them (members_that_fit
+# compiles a few member counts of one shape, then the group trains with one of them)
+_COMPILED = Memo("_compiled", 8)
 
 
 def _compiled(r0, members: int):
@@ -221,35 +202,38 @@ def _compiled(r0, members: int):
            r0.recipe.b1, r0.recipe.b2, r0.recipe.adam_eps, r0.total_steps, r0.accum,
            r0.micro_batch, r0.seq_len, members, _SPREAD.get(), r0.mode,
            tuple(r0.mesh.items()), r0.run.train.micro_batches)
-    if key not in _COMPILED:
-        cfg = r0.cfg
-        a_p, a_o = fused_prep.abstract_member(cfg, r0.recipe)
-        lay = layout(r0, members)
-        sh, bsh = lay.member_sharding(), lay.batch_sharding()
-        grow = lambda x, s: jax.ShapeDtypeStruct((members, *x.shape), x.dtype,  # noqa: E731
-                                                 sharding=s)
-        a_hyper = fused.Hyper(
-            lr=jax.ShapeDtypeStruct((members, r0.total_steps + 1), jnp.float32, sharding=sh),
-            weight_decay=jax.ShapeDtypeStruct((members,), jnp.float32, sharding=sh),
-            clip_norm=jax.ShapeDtypeStruct((members,), jnp.float32, sharding=sh))
-        a_batch = jax.ShapeDtypeStruct(
-            (members, r0.accum, r0.micro_batch * r0.replicas, r0.seq_len + 1), jnp.int32,
-            sharding=bsh)
-        per_pass = fused.members_per_pass(lay.member_sharding(), lay.loop)
-        compiled = fused.make_fused_step(cfg, r0.recipe, lay.loss, lay.spmd_axis_name,
-                                         lay.step_shardings(), per_pass).lower(
-            *(jax.tree.map(lambda x: grow(x, None), a) if s is None else jax.tree.map(grow, a, s)
-              for a, s in ((a_p, lay.params), (a_o, lay.opt_state))),
-            a_batch, a_hyper,
-            jax.ShapeDtypeStruct((members,), jnp.bool_, sharding=sh)).compile()
-        _COMPILED[key] = compiled, fit.step_bytes(compiled)
-    return _COMPILED[key]
+    return _COMPILED.get(key, lambda: _compile_step(r0, members))
+
+
+def _compile_step(r0, members: int):
+    """Lower and compile the fused step for `members` stacked states of `r0`'s shape."""
+    cfg = r0.cfg
+    a_p, a_o = fused_prep.abstract_member(cfg, r0.recipe)
+    lay = layout(r0, members)
+    sh, bsh = lay.member_sharding(), lay.batch_sharding()
+    grow = lambda x, s: jax.ShapeDtypeStruct((members, *x.shape), x.dtype,  # noqa: E731
+                                             sharding=s)
+    a_hyper = fused.Hyper(
+        lr=jax.ShapeDtypeStruct((members, r0.total_steps + 1), jnp.float32, sharding=sh),
+        weight_decay=jax.ShapeDtypeStruct((members,), jnp.float32, sharding=sh),
+        clip_norm=jax.ShapeDtypeStruct((members,), jnp.float32, sharding=sh))
+    a_batch = jax.ShapeDtypeStruct(
+        (members, r0.accum, r0.micro_batch * r0.replicas, r0.seq_len + 1), jnp.int32,
+        sharding=bsh)
+    per_pass = fused.members_per_pass(lay.member_sharding(), lay.loop)
+    compiled = fused.make_fused_step(cfg, r0.recipe, lay.loss, lay.spmd_axis_name,
+                                     lay.step_shardings(), per_pass).lower(
+        *(jax.tree.map(lambda x: grow(x, None), a) if s is None else jax.tree.map(grow, a, s)
+          for a, s in ((a_p, lay.params), (a_o, lay.opt_state))),
+        a_batch, a_hyper,
+        jax.ShapeDtypeStruct((members,), jnp.bool_, sharding=sh)).compile()
+    return compiled, fit.step_bytes(compiled)
 
 
 _SPREAD: contextvars.ContextVar[bool] = contextvars.ContextVar("spread", default=False)
 
 
-_LAYOUTS: dict = {}
+_LAYOUTS = Memo("layout", 8)
 
 
 def layout(r0, members: int) -> Members:
@@ -257,17 +241,18 @@ def layout(r0, members: int) -> Members:
     device, the member axis over the devices (`spread`), or beside the run's mesh."""
     key = (r0.cfg, r0.mode, tuple(r0.mesh.items()), r0.batch_size, r0.micro_batch, members,
            _SPREAD.get(), r0.run.train.micro_batches)
-    if key not in _LAYOUTS:
+
+    def make() -> Members:
         abstract = fused_prep.abstract_member(r0.cfg, r0.recipe)
         try:
-            _LAYOUTS[key] = Members(r0.mode, r0.mesh, r0.cfg, members, jax.local_devices(),
-                                    abstract, spread=_SPREAD.get(), batch=r0.batch_size,
-                                    micro=r0.micro_batch, mesh_reason=r0.mesh_reason,
-                                    auto_reason=r0.auto_reason,
-                                    micro_batches=r0.run.train.micro_batches)
+            return Members(r0.mode, r0.mesh, r0.cfg, members, jax.local_devices(), abstract,
+                           spread=_SPREAD.get(), batch=r0.batch_size, micro=r0.micro_batch,
+                           mesh_reason=r0.mesh_reason, auto_reason=r0.auto_reason,
+                           micro_batches=r0.run.train.micro_batches)
         except ValueError as e:
             raise TrainError(str(e)) from None
-    return _LAYOUTS[key]
+
+    return _LAYOUTS.get(key, make)
 
 
 def members_that_fit(r0, members: int, memory: int) -> tuple[int, int]:
@@ -313,11 +298,11 @@ class _Saves:
         self._bg = Background("cgpt-fused-saves")
 
     def start(self, saves: list) -> None:
-        """Issue `saves` ((checkpointer, step, params, opt_state) each) after the previous ones."""
+        """Issue `saves` ((Lifecycle, step, params, opt_state) each) after the previous ones."""
 
         def run() -> None:
-            for ckpt, step, params, opt_state in saves:
-                ckpt.save(step, params, opt_state)
+            for life, step, params, opt_state in saves:
+                life.save(step, params, opt_state)
 
         self._bg.start(run)
 
@@ -325,92 +310,70 @@ class _Saves:
         self._bg.wait()
 
 
-def _loop(res, data, ckpts, outs, live, start, params, opt_state, step_fn, evaluate, progress,
-          tqdm, results, lay: Members, hyper=None):
-    r0 = res[live[0]]
+def _loop(group: list[Lifecycle], start: int, state, step_fn, evaluate, lay: Members,
+          hyper, progress: bool):
+    """The fused steps from `start`: each member's record, guard and saves are its own
+    (`Lifecycle`); a member that fails stops alone. Returns (throughput, the final params)."""
+    from tqdm.auto import tqdm
+
+    params, opt_state = state
+    r0 = group[0].res
     total, B, T = r0.total_steps, r0.batch_size, r0.seq_len
     sh, bsh = lay.member_sharding(), lay.batch_sharding()
-    hyper = lay.put(hyper or fused.stack_hyper([res[i].recipe for i in live]), sh)
+    hyper = lay.put(hyper or fused.stack_hyper([m.res.recipe for m in group]), sh)
     lrs = np.asarray(hyper.lr)
-    tr = {i: res[i].run.train for i in live}
-    eval_every = {i: tr[i].eval_every or max(1, total // 10) for i in live}
-    ckpt_every = {i: tr[i].ckpt_every or max(1, total // 10) for i in live}
-    window = rundir.train_loss_window(total)
     speed = Throughput.for_model(r0.cfg, T, 1)
-    logs = {i: metrics.MetricsLog(outs[i], start) for i in live}
-    active = np.ones(len(live), bool)
+    active = np.ones(len(group), bool)
     on_device = [None]  # `active` on the device
-    val_loss = [math.nan] * len(live)
     bar = tqdm(total=total, initial=start, disable=not progress, unit="step", dynamic_ncols=True,
-               desc=f"{r0.cfg.name} x{len(live)} fused")
-    triggers = preempt.CheckpointTriggers(tr[live[0]].checkpoint_minutes).install()
-
+               desc=f"{r0.cfg.name} x{len(group)} fused")
+    triggers = preempt.CheckpointTriggers(r0.run.train.checkpoint_minutes).install()
     saving = _Saves()
 
     def fail(k: int, err: TrainError) -> None:
-        i = live[k]
         active[k] = False
         on_device[0] = None
-        results[i] = err
-        logs[i].close()
-        atomic_write_text(outs[i] / FAILED_FILE, json.dumps({"status": "failed",
-                                                             "error": str(err)}, indent=2))
-        print(f"{outs[i]}: {err}", file=sys.stderr, flush=True)
+        group[k].fail(err)
 
     try:
         for step in range(start, total):
             by_seed = {}  # members of one data seed share their batches
-            for i in live:
-                s = data[i].seed
-                if s not in by_seed:
-                    by_seed[s] = data[i].train_batch(step, B).reshape(r0.accum, -1, T + 1)
-            batch = np.stack([by_seed[data[i].seed] for i in live])
+            for m in group:
+                if m.data.seed not in by_seed:
+                    by_seed[m.data.seed] = m.data.train_batch(step, B).reshape(r0.accum, -1, T + 1)
+            batch = np.stack([by_seed[m.data.seed] for m in group])
             t0 = time.perf_counter()
             if on_device[0] is None:  # the mask moves to the device when it changes
                 on_device[0] = lay.put(active, sh)
-            params, opt_state, m = step_fn(params, opt_state, lay.put(batch, bsh), hyper,
-                                           on_device[0])
-            loss, gnorm, ok = jax.device_get((m["loss"], m["grad_norm"], m["ok"]))  # one wait
+            params, opt_state, out = step_fn(params, opt_state, lay.put(batch, bsh), hyper,
+                                             on_device[0])
+            loss, gnorm, ok = jax.device_get((out["loss"], out["grad_norm"], out["ok"]))
             dt = time.perf_counter() - t0
             if not ok[active].all():
                 saving.wait()  # the advice lists the member's checkpoints
-            for k, i in enumerate(live):
+            for k, m in enumerate(group):
                 if active[k] and not ok[k]:  # before any write for this step
-                    what, note = ((f"loss is {loss[k]}", "") if not math.isfinite(loss[k]) else
-                                  (f"grad_norm is {gnorm[k]}", f" (loss {loss[k]:.4g})"))
-                    fail(k, resume.nonfinite_stop(what, step + 1, ckpts[i].steps(), outs[i],
-                                                  note))
+                    fail(k, m.nonfinite(step, float(loss[k]), float(gnorm[k])))
             if not active.any():
                 break
             if step > start:  # the first step includes compilation
                 speed.add(dt, r0.tokens_per_step)
             done = step + 1
-            evals = [k for k, i in enumerate(live)
-                     if active[k] and (done % eval_every[i] == 0 or done == total)]
+            evals = [k for k, m in enumerate(group) if active[k] and m.evaluates(done)]
             vl = evaluate(params) if evals else None
-            for k, i in enumerate(live):
-                if not active[k]:
-                    continue
-                rec = {"step": done, "loss": float(loss[k]), "grad_norm": float(gnorm[k]),
-                       "lr": float(lrs[k, step]), "tokens": done * r0.tokens_per_step,
-                       "epoch": data[i].epoch_at(done, B), "tokens_per_s": speed.tokens_per_s,
-                       "mfu": speed.mfu()}
-                if k in evals:
-                    val_loss[k] = rec["val_loss"] = float(vl[k])
-                if done % tr[i].log_every == 0 or "val_loss" in rec or done > total - window:
-                    logs[i].write(rec)
+            for k, m in enumerate(group):
+                if active[k] and m.logged(done):
+                    m.record(done, float(loss[k]), float(gnorm[k]), float(lrs[k, step]), speed,
+                             float(vl[k]) if k in evals else None)
             save_now, stop_signal = triggers.poll(step)
-            saves = [k for k, i in enumerate(live) if active[k] and (
-                done % ckpt_every[i] == 0 or done == total or save_now)]
+            saves = [k for k, m in enumerate(group) if active[k] and m.saves(done, save_now)]
             if saves:
                 finite = np.asarray(fused.members_finite((params, opt_state)))
                 if not finite[saves].all():
                     saving.wait()  # its checkpoints are listed in the advice
                 for k in [k for k in saves if not finite[k]]:  # the last guard before disk
-                    i = live[k]
-                    fail(k, resume.nonfinite_stop("non-finite parameters or optimizer "
-                                                  "state", done, ckpts[i].steps(), outs[i]))
-                saving.start([(ckpts[live[k]], done, *fused_prep.member_copy(
+                    fail(k, group[k].unsafe_state(done))
+                saving.start([(group[k], done, *fused_prep.member_copy(
                     (params, opt_state), k, lay.member_state)) for k in saves if finite[k]])
                 triggers.saved()
             bar.set_postfix(loss=f"{np.nanmean(np.where(active, loss, np.nan)):.3f}",
@@ -418,8 +381,7 @@ def _loop(res, data, ckpts, outs, live, start, params, opt_state, step_fn, evalu
             bar.update(1)
             if stop_signal and done < total:
                 saving.wait()
-                raise preempt.Preempted(stop_signal, done, ", ".join(map(str, outs)))
+                raise Preempted(stop_signal, done, ", ".join(str(m.out) for m in group))
     finally:
-        rundir.close_all(saving.wait, triggers.uninstall, bar.close,
-                   *(logs[i].close for k, i in enumerate(live) if active[k]))
-    return speed, params, val_loss
+        close_all(saving.wait, triggers.uninstall, bar.close)
+    return speed, params

@@ -22,21 +22,20 @@ import numpy as np
 from cgpt.errors import TrainError
 from cgpt.sharding.strategies import SingleDevice
 from cgpt.train.background import Background
-from cgpt.train import fused, setup
+from cgpt.train import evaluation, fused, setup
+from cgpt.train.memo import Memo
 
-_ABSTRACT: dict = {}
+_ABSTRACT = Memo("abstract_member", 16)
 
 
 def abstract_member(cfg, recipe):
     """One member's (params, opt_state) shapes (`jax.eval_shape` of its init), traced once a
     shape: the layout and the step's compile both need them."""
-    key = (cfg, recipe)
-    if key not in _ABSTRACT:
-        _ABSTRACT[key] = jax.eval_shape(lambda: fused.init_member(cfg, recipe, 0))
-    return _ABSTRACT[key]
+    return _ABSTRACT.get((cfg, recipe),
+                         lambda: jax.eval_shape(lambda: fused.init_member(cfg, recipe, 0)))
 
 
-_COPY: dict = {}
+_COPY = Memo("member_copy", 8)
 
 
 def member_copy(tree, k: int, shardings=None):
@@ -46,19 +45,19 @@ def member_copy(tree, k: int, shardings=None):
     leaf (a 7-member group's all-members slice took 5.6 s to compile under load)."""
     key = None if shardings is None else (jax.tree.structure(shardings),
                                           tuple(jax.tree.leaves(shardings)))
-    if key not in _COPY:
-        take = lambda t, i: jax.tree.map(  # noqa: E731
-            lambda x: jax.lax.dynamic_index_in_dim(x, i, keepdims=False), t)
-        _COPY[key] = jax.jit(take) if shardings is None else jax.jit(take,
-                                                                      out_shardings=shardings)
-    return _COPY[key](tree, np.int32(k))
+    take = lambda t, i: jax.tree.map(  # noqa: E731
+        lambda x: jax.lax.dynamic_index_in_dim(x, i, keepdims=False), t)
+    copy = _COPY.get(key, lambda: jax.jit(take) if shardings is None else
+                     jax.jit(take, out_shardings=shardings))
+    return copy(tree, np.int32(k))
 
 
-def init_states(res, live, lay) -> dict:
-    """{member: its fresh (params, opt_state)} in its own layout on `lay`, each as a solo run
-    initializes it; one optimizer init for all (its state holds no hyperparameter)."""
-    return {i: fused.init_member(res[i].cfg, res[live[0]].recipe, res[i].run.train.seed,
-                                 lay.member_state) for i in live}
+def init_states(res: list, lay) -> list:
+    """Each member's fresh (params, opt_state) (`res`: their `Resolved`s) in its own layout on
+    `lay`, as a solo run initializes it; one optimizer init for all (its state holds no
+    hyperparameter)."""
+    return [fused.init_member(r.cfg, res[0].recipe, r.run.train.seed, lay.member_state)
+            for r in res]
 
 
 class Prepare:
@@ -70,8 +69,8 @@ class Prepare:
     members' inits serve as restore templates only: nothing is stacked (one stacked state in
     memory at a time)."""
 
-    def __init__(self, res, live: list, lay, evaluate, resuming: bool):
-        self.live, self.lay = list(live), lay
+    def __init__(self, res: list, lay, evaluate, resuming: bool):
+        self.lay = lay
         self._bg = Background("cgpt-fused-prepare")
         self._bg.start(lambda: self._run(res, evaluate, resuming))
 
@@ -80,12 +79,11 @@ class Prepare:
             import tensorboardX  # noqa: F401
         except ImportError:
             pass
-        states = init_states(res, self.live, self.lay)
-        hyper = fused.stack_hyper([res[i].recipe for i in self.live])
+        states = init_states(res, self.lay)
+        hyper = fused.stack_hyper([r.recipe for r in res])
         stacked = None
         if not resuming:
-            stacked = self.lay.stack([states[i][0] for i in self.live],
-                                     [states[i][1] for i in self.live])
+            stacked = self.lay.stack([p for p, _ in states], [o for _, o in states])
             fused.members_finite(stacked)  # the save's programs and the evaluation,
             member_copy(stacked, 0, self.lay.member_state)  # compiled off the loop
             evaluate(stacked[0], batches=1)
@@ -104,55 +102,41 @@ class Prepare:
     join = drop  # the launch failed, or it is over
 
 
-def start(res, ckpts, outs, live, resuming: bool, lay, prepared=None):
-    """(start step, stacked params, stacked optimizer state). Resuming, every member restarts
-    from the newest step all of them kept; later checkpoints are set aside (a rewind).
-    `prepared`: `Prepare.get()`'s states for these members on `lay`, or None (made here)."""
+def start(res: list, ckpts: list, outs: list, resuming: bool, lay, prepared=None):
+    """(start step, stacked params, stacked optimizer state) of the members `res` (with their
+    checkpointers and run directories). Resuming, every member restarts from the newest step
+    all of them kept; later checkpoints are set aside (a rewind). `prepared`:
+    `Prepare.get()`'s states for these members on `lay`, or None (made here)."""
     if prepared is None:
-        states = init_states(res, live, lay)
-        stacked = None
+        states, stacked = init_states(res, lay), None
     else:
-        states, stacked = dict(prepared[0]), prepared[1]
+        states, stacked = list(prepared[0]), prepared[1]
     start_step = 0
     if resuming:
-        common = set.intersection(*(set(ckpts[i].steps()) for i in live))
+        common = set.intersection(*(set(c.steps()) for c in ckpts))
         start_step = max(common, default=0)
-        for i in live:
-            ckpts[i].discard_after(start_step)
-        strategy = lay.strategy or SingleDevice(res[live[0]].cfg)  # restored in its layout
-        got = {}
-        for i in live:
-            got[i], p, o = setup.start_state(res[i], strategy, ckpts[i], *states[i], outs[i],
-                                             resume=True, from_step=None, branch_from=None)
-            states[i] = (p, o)
-        if len(set(got.values())) > 1:  # a checkpoint was unreadable and fell back further
+        for c in ckpts:
+            c.discard_after(start_step)
+        strategy = lay.strategy or SingleDevice(res[0].cfg)  # restored in its layout
+        got = []
+        for k, (r, c, out) in enumerate(zip(res, ckpts, outs)):
+            step, p, o = setup.start_state(r, strategy, c, states[k], out, resume=True,
+                                           from_step=None, branch_from=None)
+            got.append(step)
+            states[k] = (p, o)
+        if len(set(got)) > 1:  # a checkpoint was unreadable and fell back further
             raise TrainError("the fused runs restored different steps ("
-                             + ", ".join(f"{outs[i]}: {got[i]}" for i in live)
+                             + ", ".join(f"{out}: {s}" for out, s in zip(outs, got))
                              + "); resume them with --from-step at a step all of them keep")
-        start_step, stacked = got[live[0]], None
+        start_step, stacked = got[0], None
     if stacked is None:
-        stacked = lay.stack([states[i][0] for i in live], [states[i][1] for i in live])
+        stacked = lay.stack([p for p, _ in states], [o for _, o in states])
     return start_step, stacked[0], stacked[1]
 
 
 def validation(r0, data, lay):
-    """evaluate(params [M, ...]) -> [M] mean losses over the validation split, batched as a
-    solo run batches it (`cgpt.train.loop._validation`); the split is the same for every seed."""
+    """evaluate(params [M, ...], batches=None) -> [M] validation losses, as a solo run's
+    (`cgpt.train.evaluation`; `batches`: at most this many, the start's compile uses 1)."""
     eval_fn = fused.make_fused_eval(r0.cfg, lay.loss, lay.spmd_axis_name, lay.eval_sharding(),
                                     fused.members_per_pass(lay.member_sharding(), lay.loop))
-    eval_bs = min(r0.micro_batch * r0.replicas, data.num_val_sequences)
-    eval_bs -= eval_bs % r0.replicas
-    limit = r0.run.train.eval_batches
-
-    def evaluate(params, batches: int | None = None) -> np.ndarray:
-        """`batches`: at most this many (the start's compile uses 1)."""
-        stop = min(limit or batches or 0, batches or limit or 0)
-        queued = []  # every batch dispatched before any is read: one wait, not one a batch
-        for batch in data.val_batches(eval_bs, drop_last=True):
-            queued.append(eval_fn(params, jnp.asarray(batch)))
-            if stop and len(queued) >= stop:
-                break
-        losses = [np.asarray(x, np.float64) for x in queued]
-        return sum(x * eval_bs for x in losses) / (len(losses) * eval_bs)
-
-    return evaluate
+    return evaluation.validation(r0, data, lambda p, batch, _: eval_fn(p, jnp.asarray(batch)))

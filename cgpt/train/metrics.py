@@ -6,14 +6,14 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from cgpt.train.rundir import METRICS_FILE, json_line
+from cgpt.rundir import EVENTS_DIR, METRICS_FILE, json_line
 TB_SCALARS = ("loss", "val_loss", "grad_norm", "lr", "tokens_per_s", "mfu")
 
 
 class MetricsLog:
     """Appends records to `metrics.jsonl` and TensorBoard; `write=False` (not process 0) drops
     them. TensorBoard purges events past `start` on a resume, as the JSON log is cut back
-    (`cgpt.train.rundir.resume_log`, which also reads the log strictly)."""
+    (`cgpt.train.launch.resume_log`, which also reads the log strictly)."""
 
     def __init__(self, out: Path, start: int, write: bool = True):
         self.file = self.tb = None
@@ -27,7 +27,7 @@ class MetricsLog:
                       file=sys.stderr)
             self.file = open(out / METRICS_FILE, "a")
             if SummaryWriter is not None:
-                self.tb = SummaryWriter(str(out / "events"),
+                self.tb = SummaryWriter(str(out / EVENTS_DIR),
                                         purge_step=start + 1 if start else None)
                 _quiet_tb_thread()
 
@@ -71,7 +71,7 @@ def _quiet_tb_thread() -> None:
     same storage reports it), so storage errors of that thread are dropped."""
     import threading
 
-    from cgpt.train.rundir import storage_oserror
+    from cgpt.train.launch import storage_oserror
 
     prev = threading.excepthook
     if getattr(prev, "_cgpt_tb", False):

@@ -96,12 +96,17 @@ def decoder_kernel_mask(params) -> dict:
         lambda p, _: _path_names(p)[0] == "h" and _path_names(p)[-1] == "kernel", params)
 
 
-def make_optimizer(r: Recipe, cfg: ModelConfig) -> optax.GradientTransformation:
+def make_optimizer(r: Recipe, cfg: ModelConfig, lr: optax.Schedule | None = None,
+                   weight_decay=None, clip_norm=None) -> optax.GradientTransformation:
+    """The recipe's AdamW chain. A fused member (`cgpt.train.fused`) passes its `lr` schedule
+    (a per-member table), `weight_decay` and `clip_norm` as traced values: the same chain,
+    hence the same optimizer state, so its checkpoints restore into a run trained alone."""
     parts = [
-        optax.clip_by_global_norm(r.clip_norm),
+        optax.clip_by_global_norm(r.clip_norm if clip_norm is None else clip_norm),
         optax.scale_by_adam(b1=r.b1, b2=r.b2, eps=r.adam_eps),
-        optax.add_decayed_weights(r.weight_decay, mask=decay_mask),
-        optax.scale_by_learning_rate(schedule(r)),
+        optax.add_decayed_weights(r.weight_decay if weight_decay is None else weight_decay,
+                                  mask=decay_mask),
+        optax.scale_by_learning_rate(schedule(r) if lr is None else lr),
     ]
     if cfg.mup:
         parts.append(optax.masked(optax.scale(1.0 / cfg.width_mult), decoder_kernel_mask))

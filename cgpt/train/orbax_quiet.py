@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import sys
 
-from cgpt.train import rundir
+from cgpt.train import launch
 
 
 class HoldErrors(logging.Filter):
@@ -43,8 +43,8 @@ class _DropStorageAftermath(logging.Filter):
         exc = record.exc_info[1] if record.exc_info else None
         text = record.getMessage()
         return not ("never retrieved" in text and (
-            (exc is not None and rundir.storage_oserror(exc) is not None)
-            or rundir.storage_oserror(RuntimeError(text)) is not None))
+            (exc is not None and launch.storage_oserror(exc) is not None)
+            or launch.storage_oserror(RuntimeError(text)) is not None))
 
 
 def closed_loop(u) -> bool:

@@ -20,6 +20,8 @@ import threading
 import time
 from typing import NoReturn
 
+from cgpt.errors import NotStarted, Preempted, Stopped  # noqa: F401 - raised here
+
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
 STOPS = {"train": (signal.SIGINT, *SIGNALS), "data": (signal.SIGINT, *SIGNALS)}  # else SIGINT
 _loop_started = False  # once the loop's handlers were installed, late signals do not stop
@@ -52,9 +54,10 @@ def defer_early(command: str = "train") -> dict:
     """Stop with one line, not a traceback or the default action's silent death, on Ctrl-C or
     a scheduler's signal that arrives before the training loop (while JAX starts, the data is
     prepared, the step compiles): nothing is trained yet, so there is nothing to checkpoint. A
-    launch stopped before its config is written leaves nothing behind (`rundir.Launch`). The
-    exceptions raised (`KeyboardInterrupt`, `NotStarted`) are BaseExceptions, so no library's
-    `except Exception` swallows them. `command` picks the signals: `STOPS`, else SIGINT only."""
+    launch stopped before its config is written leaves nothing behind
+    (`cgpt.train.launch.Launch`). The exceptions raised (`KeyboardInterrupt`, `NotStarted`)
+    are BaseExceptions, so no library's `except Exception` swallows them. `command` picks
+    the signals: `STOPS`, else SIGINT only."""
     global _loop_started, _stopping, _kind, _armed
     _loop_started, _stopping, _kind, _armed = False, 0, command, True
     if threading.current_thread() is not threading.main_thread():
@@ -187,44 +190,6 @@ def restore(old: dict) -> None:
     """Put back the handlers `defer_early` replaced (a caller that is not the process's end)."""
     for s, h in old.items():
         signal.signal(s, h)
-
-
-class Preempted(Exception):
-    """Training checkpointed and stopped on a signal; rerun with --resume to continue."""
-
-    def __init__(self, signum: int, step: int, out: object):
-        self.signum, self.step = signum, step
-        super().__init__(f"stopped by {signal.Signals(signum).name} after checkpointing step "
-                         f"{step} in {out}; rerun with --resume to continue")
-
-    @property
-    def exit_code(self) -> int:
-        return 128 + self.signum  # the shell's convention for "ended by this signal"
-
-
-class Stopped(BaseException):
-    """A command (not a training loop) stopped by a scheduler's signal. A BaseException, as
-    KeyboardInterrupt: raised anywhere, it must pass every library's `except Exception`."""
-
-    def __init__(self, signum: int, command: str = ""):
-        self.signum, self.step = signum, 0
-        super().__init__(f"stopped by {signal.Signals(signum).name}; rerun the same command to "
-                         "continue" + (" (finished shards are kept)" if command == "data" else ""))
-
-    @property
-    def exit_code(self) -> int:
-        return 128 + self.signum
-
-
-class NotStarted(Stopped):
-    """A scheduler's signal before the first training step: stopped, nothing to checkpoint."""
-
-    def __init__(self, signum: int):
-        self.signum, self.step = signum, 0
-        BaseException.__init__(
-            self, f"stopped by {signal.Signals(signum).name} before the first training step; "
-            "rerun the same command (with --resume once the run's config.yaml is written) to "
-            "start again")
 
 
 class CheckpointTriggers:

@@ -2,9 +2,10 @@
 advice a stopped run gives.
 
 A run directory's `config.yaml` fixes what its checkpoints mean. `--resume` must ask for the
-same run; `--allow-train-changes` accepts new optimizer values and logging cadence
-(CHANGEABLE_KEYS), recorded with the step they took effect in `config_changes.json`;
-placement (`PLACEMENT_KEYS`) may always change, since checkpoints restore into any layout.
+same run (`cgpt.config.run.identity`, the sweep's rule too): placement may always change,
+since checkpoints restore into any layout; `--allow-train-changes` accepts new values of the
+keys with the "changeable" role (the optimizer's, the cadences), recorded with the step they
+took effect in `config_changes.json`.
 """
 from __future__ import annotations
 
@@ -13,47 +14,41 @@ from dataclasses import replace
 from pathlib import Path
 
 from cgpt.config import backend
-from cgpt.config.run import PLACEMENT_KEYS, RunConfig, from_dict
+from cgpt.config.run import RunConfig, TrainConfig, config_diff, from_dict, identity, keys, \
+    with_placement
 from cgpt.errors import TrainError
 from cgpt.fileio import atomic_write_text
-from cgpt.train import checkpoint, rundir
-
-# train.* keys `--resume --allow-train-changes` may change: the optimizer's hyperparameters and
-# the logging cadence. The others fix what the checkpoint means (budget, batch, data order).
-CHANGEABLE_KEYS = ("peak_lr", "decay", "warmup_steps", "adam_eps", "weight_decay", "clip_norm",
-                   "end_lr_fraction", "log_every", "eval_every", "eval_batches", "ckpt_every",
-                   "keep_checkpoints")
-CHANGES_FILE = "config_changes.json"
+from cgpt import rundir
+from cgpt.train import checkpoint
 
 
-def config_diff(a: dict, b: dict) -> list[str]:
-    """The `section.key` names whose values differ between two `RunConfig.to_dict()`s."""
-    return [f"{s}.{k}" for s in ("model", "data", "train") for k in a[s]
-            if a[s][k] != b[s].get(k)] + (["preset"] if a["preset"] != b["preset"] else [])
+
+def _changeable(diff: list[str]) -> list[str]:
+    """The names in `diff` that `--allow-train-changes` may change."""
+    ok = {f"train.{k}" for k in keys(TrainConfig, "changeable")}
+    return [d for d in diff if d in ok]
 
 
 def check_config(run: RunConfig, out: Path, resume: bool, allow_changes: bool = False,
                  platform: str | None = None) -> RunConfig:
     """The config to train with; on resume, the saved one (and it must match what was asked).
 
-    `allow_changes` accepts differences in CHANGEABLE_KEYS (e.g. a lower train.peak_lr after
+    `allow_changes` accepts differences in "changeable" keys (e.g. a lower train.peak_lr after
     a NaN): the run continues with the new values. An "auto" compute dtype becomes the
     platform's (or, resuming, the saved run's) before anything is compared or written."""
-    saved = out / checkpoint.CONFIG_FILE
+    saved = out / rundir.CONFIG_FILE
     if not saved.exists():
         return replace(run, model=backend.resolve(run.model, platform))
     if not resume:
         raise TrainError(f"{out} already holds a run ({saved.name}); pass --resume to continue "
                          "it, or choose a new --out")
-    prior = from_dict(checkpoint.read_run_config(out), str(saved))
+    prior = from_dict(rundir.read_config(out), str(saved))
     run = replace(run, model=backend.resolve(run.model, platform, saved=prior.model))
     # Placement may change between launches (checkpoints restore into any mode's layout).
-    placement = {k: getattr(run.train, k) for k in PLACEMENT_KEYS}
-    prior = replace(prior, train=replace(prior.train, **placement),
-                    model=prior.model.replace(remat=run.model.remat))
-    if prior != run:
-        diff = config_diff(prior.to_dict(), run.to_dict())
-        changeable = all(d.startswith("train.") and d[6:] in CHANGEABLE_KEYS for d in diff)
+    prior = with_placement(prior, run)
+    diff = config_diff(identity(prior.to_dict()), identity(run.to_dict()))
+    if diff:
+        changeable = _changeable(diff) == diff
         if changeable and allow_changes:
             return run
         hint = (" (to continue with the new values, add --allow-train-changes)" if changeable
@@ -66,12 +61,11 @@ def check_config(run: RunConfig, out: Path, resume: bool, allow_changes: bool = 
 def record_changes(out: Path, prior: dict | None, run: RunConfig, start: int) -> list[dict]:
     """config_changes.json: the train.* values changed on a resume, with the step they took
     effect (a rewind moves later entries back to the step it resumed from)."""
-    path = out / CHANGES_FILE
+    path = out / rundir.CHANGES_FILE
     log = rundir.read_changes(path)
     log = [{**c, "step": min(c["step"], start)} for c in log]
     new = run.to_dict()
-    diff = [d for d in (config_diff(prior, new) if prior is not None else [])
-            if d.startswith("train.") and d[6:] in CHANGEABLE_KEYS]
+    diff = _changeable(config_diff(prior, new) if prior is not None else [])
     if diff:
         log.append({"step": start, **{d: [prior["train"][d[6:]], new["train"][d[6:]]]
                                       for d in diff}})
@@ -92,7 +86,7 @@ def nonfinite_stop(what: str, step: int, kept: list[int], out: Path, note: str =
     return TrainError(
         f"{what} at step {step}{note}; training stopped before saving anything from it. The "
         f"last good checkpoint (step {kept[-1]}, verified finite) is kept in "
-        f"{out / checkpoint.CKPT_DIR}"
+        f"{out / rundir.CKPT_DIR}"
         f" (kept steps: {', '.join(map(str, kept))}). To continue with a lower learning rate, "
         "rerun the same command with --resume --allow-train-changes train.peak_lr=<lower> "
         f"(or a larger train.warmup_steps){earlier}; or start over in a new --out")

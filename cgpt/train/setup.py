@@ -8,6 +8,7 @@ from typing import Any, NamedTuple
 
 import jax
 
+from cgpt import rundir
 from cgpt.config.run import RunConfig, parse_bytes
 from cgpt.data.batches import TokenData, load_data
 from cgpt.errors import TrainError
@@ -75,12 +76,12 @@ def run_data(res, out: Path, fresh: bool) -> TokenData:
     return data
 
 
-def start_state(res, strategy, ckpt: checkpoint.Checkpointer, params, opt_state, out: Path, *,
+def start_state(res, strategy, ckpt: checkpoint.Checkpointer, state, out: Path, *,
                 resume: bool, from_step: int | None, branch_from: tuple[Path, int] | None):
-    """(first step, params, optimizer state): the fresh state given, the run's newest good
-    checkpoint (`--resume`, optionally rewound to `from_step`), or a cooldown branch's parent
-    state at its step."""
-    start = 0
+    """(first step, params, optimizer state): the fresh `state` (params, optimizer state)
+    given, the run's newest good checkpoint (`--resume`, optionally rewound to `from_step`),
+    or a cooldown branch's parent state at its step."""
+    start, (params, opt_state) = 0, state
     if resume:
         if from_step is not None:
             if from_step not in ckpt.steps():
@@ -91,7 +92,7 @@ def start_state(res, strategy, ckpt: checkpoint.Checkpointer, params, opt_state,
         if got is not None:
             start, params, opt_state = got
             if not state_finite((params, opt_state)):
-                raise TrainError(f"checkpoint {start} in {out / checkpoint.CKPT_DIR} holds "
+                raise TrainError(f"checkpoint {start} in {out / rundir.CKPT_DIR} holds "
                                  "non-finite values; resume from an earlier one with "
                                  f"--from-step (kept: {ckpt.steps()}), or start over")
     if branch_from is not None and start == 0:  # a cooldown branch of a WSD run
@@ -99,10 +100,3 @@ def start_state(res, strategy, ckpt: checkpoint.Checkpointer, params, opt_state,
                                          *strategy.abstract_state(params, opt_state))
         start = branch_from[1]
     return start, params, opt_state
-
-
-def eval_batch_size(res, num_val_sequences: int) -> int:
-    """Rows per evaluation batch: a micro-batch per replica, capped by the validation split,
-    a multiple of the replicas (0: the split is smaller than the replicas)."""
-    bs = min(res.micro_batch * res.replicas, num_val_sequences)
-    return bs - bs % res.replicas

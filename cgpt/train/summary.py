@@ -10,29 +10,22 @@ from pathlib import Path
 from cgpt.config import flops
 from cgpt.fileio import atomic_write_text
 from cgpt.train.mfu import Throughput
-from cgpt.train.rundir import METRICS_FILE, json_line, read_json, read_metrics
-from cgpt.train.rundir import train_loss as rundir_train_loss
-
-SUMMARY_FILE = "summary.json"
-
-
-def read(out: Path) -> dict:
-    """A finished run's summary (a damaged one is an error that says how to rewrite it)."""
-    return read_json(Path(out) / SUMMARY_FILE, dict, "delete it and rerun with --resume to write "
-                     "it again from the last checkpoint and the log")
+from cgpt import rundir
 
 
 def write(out: Path, summary: dict) -> None:
-    atomic_write_text(Path(out) / SUMMARY_FILE, json.dumps(summary, indent=2))
+    atomic_write_text(Path(out) / rundir.SUMMARY_FILE, json.dumps(summary, indent=2))
 
 
-def build(res, out: Path, val_loss: float, speed: Throughput, *, wall_time_s: float,
-          start: int, data, placement: dict, changes: list[dict]) -> dict:
-    """The summary of the run `res` (a fitted `cgpt.train.resolve.Resolved`) in `out`, from
-    its log: train_loss is the mean logged loss of the last `train_loss_window` steps."""
+def build(life, val_loss: float, speed: Throughput, wall_time_s: float,
+          placement: dict) -> dict:
+    """The summary of a run at the end of its launch (`life`, a `cgpt.train.lifecycle.
+    Lifecycle`: its fitted `Resolved`, directory, data, first step and recorded changes),
+    from its log: train_loss is the mean logged loss of the last `train_loss_window` steps."""
+    res, out, data, start, changes = life.res, life.out, life.data, life.start, life.changes
     cfg, total = res.cfg, res.total_steps
-    log = read_metrics(out / METRICS_FILE)
-    train_loss = rundir_train_loss(out / METRICS_FILE, total)
+    log = rundir.read_metrics(out / rundir.METRICS_FILE)
+    train_loss = rundir.train_loss(out / rundir.METRICS_FILE, total)
     # a launch that trained no timed step (resumed at its end) reports the log's last speed
     tps = speed.tokens_per_s if speed.seconds else log[-1].get("tokens_per_s", math.nan)
     tokens = res.tokens_trained
@@ -51,6 +44,6 @@ def build(res, out: Path, val_loss: float, speed: Throughput, *, wall_time_s: fl
         "peak_lr": res.recipe.peak_lr, "warmup_steps": res.recipe.warmup_steps,
         "decay": res.recipe.decay, "config_changes": changes,
         # the run's own copy (relative to the run directory), the same after a resume
-        "data": {**data.describe(), "tokenizer": "tokenizer.json"},
+        "data": {**data.describe(), "tokenizer": rundir.TOKENIZER_FILE},
     }
-    return json.loads(json_line(summary, default=str))
+    return json.loads(rundir.json_line(summary, default=str))

@@ -35,7 +35,7 @@ def compile_run(run: RunConfig) -> list[str]:
     (`cgpt.train.setup.start_up`). One process only (a multi-process job agrees on its memory
     with a collective, which must not run off the main thread)."""
     from cgpt.data.batches import load_data
-    from cgpt.train import setup
+    from cgpt.train import evaluation, setup
 
     if jax.process_count() != 1:
         return []
@@ -47,7 +47,7 @@ def compile_run(run: RunConfig) -> list[str]:
     init = strategy.init_state(optimizer).lower(res.run.train.seed)  # as compile_step runs it
     init.compile()
     done.append("init")
-    eval_bs = setup.eval_batch_size(res, load_data(run.data).num_val_sequences)
+    eval_bs = evaluation.eval_batch_size(res, load_data(run.data).num_val_sequences)
     if eval_bs >= 1:
         params = strategy.abstract_state(*init.out_info)[0]  # the live arrays' placement
         batch = jax.ShapeDtypeStruct((eval_bs, res.seq_len + 1), jnp.int32)  # uncommitted
