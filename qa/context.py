@@ -38,7 +38,8 @@ class Ctx:
     def env(self) -> dict:
         return {**os.environ, "PYTHONPATH": str(self.code), "JAX_PLATFORMS": "cpu",
                 "XLA_FLAGS": "", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-                "TMPDIR": str(self.tmp), "CGPT_CACHE": str(self.root / "cgpt-cache"), TAG: getattr(self.tag, "value", "setup")}
+                "TMPDIR": str(self.tmp), "CGPT_CACHE": str(self.root / "cgpt-cache"),
+                TAG: getattr(self.tag, "value", "setup")}
 
     def popen(self, argv: list[str], stderr, group: bool = False) -> subprocess.Popen:
         """`python -m cgpt ARGV` in its own session when `group` (a signal to the group)."""

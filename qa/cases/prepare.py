@@ -48,7 +48,8 @@ def _case(sig, phase, group):
             same = None
         else:
             argv = prepare(ctx, src, out, "--num-proc", "2")
-            same = lambda: None if shas(out) == ref else "the store differs from the reference"  # noqa
+            same = lambda: (None if shas(out) == ref  # noqa: E731
+                            else "the store differs from the reference")
         return {"argv": argv, "signals": [(sig, _phases(ctx)[phase])], "group": group,
                 "then": argv, "check_ok": same, "timeout": 600}
     name = f"{sig.name}-{phase}" + ("-group" if group else "")
