@@ -2,7 +2,8 @@
 `cgpt sweep` again (a relaunch must redo what is damaged or refuse with one line); signals to a
 sweep while its run trains; a second launch while one runs.
 
-Retired (tests/test_faults_sweep.py carries them): a truncated summary.json; `--parallel` < 1."""
+Retired: a truncated summary.json (tests/test_faults_sweep.py carries it). The earlier runner's
+two concurrent-launch cases (the second refused, the first finishing) are one case here."""
 import csv
 import json
 import os
