@@ -55,7 +55,7 @@ def classify(expect: str, results: list, sent: int = 0) -> tuple[str, str]:
             continue
         if _noisy(r.stderr) or r.returncode < 0 or (r.returncode != 0 and not _clean(r.stderr)):
             tail = (r.stderr.strip().splitlines() or [f"rc={r.returncode}"])[-1]
-            return "TRACEBACK", f"rc={r.returncode} {tail[:160]}"
+            return "TRACEBACK", f"rc={r.returncode} {tail[:160]}{_evidence(r.stderr)}"
     ok = all(r.returncode == 0 for r in results)
     last = [x for x in results[-1].stderr.splitlines() if x.strip()]
     msg = last[-1][:200] if last else ""
@@ -68,6 +68,16 @@ def classify(expect: str, results: list, sent: int = 0) -> tuple[str, str]:
 
 def _noisy(err: str) -> bool:
     return any(s in err for s in _NOISE)
+
+
+def _evidence(err: str) -> str:
+    """The noise's first line and the exception that ends it (for the report)."""
+    lines = err.splitlines()
+    for i, line in enumerate(lines):
+        if any(s in line for s in _NOISE):
+            after = [x for x in lines[i + 1:] if x.strip() and not x.startswith(" ")][:1]
+            return " | " + " / ".join([line.strip()[:120], *(x[:160] for x in after)])
+    return ""
 
 
 def _clean(err: str) -> bool:
