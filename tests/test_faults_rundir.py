@@ -1,7 +1,7 @@
 """Faults (#23), run directories and checkpoints: a run is recognised by more than its
 config.yaml, the log is read strictly, the summary never averages the wrong steps, damaged
 checkpoints and misplaced files give one error, early signals are kept. Each test
-reproduces its fault first (see bench/fault_campaign.py for the full campaign)."""
+reproduces its fault first (`python -m qa.campaign` runs the wider campaign: docs/faults.md)."""
 import json
 import os
 import shutil

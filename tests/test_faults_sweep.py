@@ -1,5 +1,5 @@
 """Issue #23, the data / sweep-spec / sweep / data-prepare half: each failure found there, on
-real files and real processes (bench/fault_campaign_sweep.py runs the wider campaign)."""
+real files and real processes (`python -m qa.campaign` runs the wider campaign: docs/faults.md)."""
 import csv
 import fcntl
 import gzip

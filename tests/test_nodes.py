@@ -98,7 +98,7 @@ def test_spec_presets_on_their_nodes_cross_only_data_and_fit(sweep):
     from cgpt.sweep.resources import derive, disagreements
 
     assert sweep.estimate.device_memory == 80 * 10**9
-    readme = (REPO / "README.md").read_text()
+    readme = (REPO / "docs" / "cluster_plan.md").read_text()
     nodes = {}
     for run in sweep.runs:
         n = int(run.slurm["nodes"])
@@ -118,12 +118,12 @@ def test_spec_presets_on_their_nodes_cross_only_data_and_fit(sweep):
 
 
 def test_readme_table_is_generated_and_flags_crossing_fsdp():
-    """The README's 1-32 node table is `python -m cgpt.plan.analytic`'s output; a cell where
-    fsdp must cross nodes (the batch leaves no other layout) says so."""
+    """docs/cluster_plan.md's 1-32 node table is `python -m cgpt.plan.analytic`'s output; a
+    cell where fsdp must cross nodes (the batch leaves no other layout) says so."""
     from cgpt.plan.analytic import NODE_COUNTS, PUBLISHED, node_table
 
     table = node_table(PUBLISHED, NODE_COUNTS)
-    assert table in (REPO / "README.md").read_text()
+    assert table in (REPO / "docs" / "cluster_plan.md").read_text()
     assert "32 nodes (256 GPUs)" in table and "16 nodes (128 GPUs)" in table
     assert "✗" not in table and "error" not in table  # every cell fits
     flagged = [c for line in table.splitlines()[2:] for c in line.split(" | ")[1:]

@@ -24,7 +24,7 @@ PUBLISHED_RECIPE = {
     "13B": (1.2e-4, "cosine", 1e-9, 720),
 }
 MUP_PEAK_LR = 6e-3
-CPU_PEAK_LR = 2e-3  # SP CPU family; chosen on cpu-1.7m, see README "Recipe"
+CPU_PEAK_LR = 2e-3  # SP CPU family; chosen on cpu-1.7m, see docs/recipe.md
 CPU_BATCH = 32
 
 
