@@ -149,7 +149,7 @@ def test_fit_climbs_the_ladder():
             alias_size_in_bytes=0))()})()
 
     ladder = ("none", "save_attn", "full")
-    usable = lambda n: int(n / (1 - fit.HEADROOM)) + 1  # noqa: E731
+    usable = fit.memory_for
     choice, _ = fit.search([4, 2, 1], 4, compile_fn, usable(1600), ladder=ladder)
     assert (choice.micro_batch, choice.remat, len(calls)) == (4, "none", 1)
     calls.clear()
