@@ -190,7 +190,7 @@ def test_report_is_one_table_with_verdicts():
     assert "SMOKE" not in text and "errors:" not in text
 
 
-def test_committed_plan_is_the_full_runs():
+def test_committed_plan_is_the_full_runs(tmp_path):
     """bench/gpu_plan.json, made by `--plan-only` on a CPU, is for the run the GPU machine
     makes (its models and sizes on an 80 GB H100) and every step in it fits."""
     plan = json.loads((BENCH / "gpu_plan.json").read_text())
@@ -199,7 +199,10 @@ def test_committed_plan_is_the_full_runs():
     assert plan["for"]["device_memory"] == 81_559 * 2**20 and line.startswith("plan: gpu_plan")
     assert set(entries) == {"1.3B@8x2048", "111M@8x2048", "cpu-19m@8x256"}
     assert all(e["fits"] and e["predicted"] <= e["usable_memory"] for e in entries.values())
-    stale, why = gpu_check.read_plan(_args(plan_file=BENCH / "gpu_plan.json", seq=1024))
+
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({**plan, "for": {**plan["for"], "device_memory": 80 * 10**9}}))
+    stale, why = gpu_check.read_plan(_args(plan_file=other))
     assert stale == {} and "the fit searches on the GPU" in why
 
 
