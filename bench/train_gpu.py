@@ -122,7 +122,7 @@ def _check_device(device: str) -> None:
     if backend != "gpu":
         sys.exit(f"bench/train_gpu.py: no GPU visible to JAX (its backend is {backend!r}); this "
                  "benchmark reports GPU figures only when measured on a GPU. Run it on a GPU "
-                 "machine (jax[cuda12] installed), or pass --device cpu for a CPU smoke run.")
+                 "machine (jax[cuda13] installed), or pass --device cpu for a CPU smoke run.")
     import torch
 
     if not torch.cuda.is_available():

@@ -118,19 +118,21 @@ def test_jax_variables_need_a_process_id():
 
 def test_gpu_memory_means_the_same_bytes_in_plan_and_run():
     """`plan --device-memory 80GB` is the GPU's memory; the run's allocator pool is exactly the
-    fit's usable share of it, and `device_memory_bytes()` reads the 80 GB back."""
+    fit's pool, of which a step may use all but POOL_MARGIN, and `device_memory_bytes()` reads
+    the 80 GB back."""
     assert backend.GPU_MEM_FRACTION == pytest.approx(1 - fit.HEADROOM)
     env: dict = {}
     assert backend.gpu_allocator(env) == 0.9 and env == {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.90"}
     hbm = 80 * 10**9
     limit = int(hbm * 0.9)  # what memory_stats()["bytes_limit"] reports under that fraction
     assert abs(backend.device_memory(limit, env) - hbm) <= 1
-    assert abs(fit.usable_memory(backend.device_memory(limit, env)) - limit) <= 1
+    assert abs(fit.pool_memory(backend.device_memory(limit, env)) - limit) <= 1
+    assert fit.usable_memory(hbm) == int(limit * (1 - fit.POOL_MARGIN))
     # a user's own fraction wins; a smaller pool is what the fit then gets
     mine = {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.75"}
     assert backend.gpu_allocator(mine) == 0.75 and mine["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.75"
     small = int(hbm * 0.75)
-    assert abs(fit.usable_memory(backend.device_memory(small, mine)) - small) <= 1
+    assert abs(fit.pool_memory(backend.device_memory(small, mine)) - small) <= 1
     assert backend.device_memory(int(hbm * 0.95), {"XLA_PYTHON_CLIENT_MEM_FRACTION": ".95"}) == hbm
     with pytest.raises(ValueError, match=r"XLA_PYTHON_CLIENT_MEM_FRACTION='1.5'"):
         backend.mem_fraction({"XLA_PYTHON_CLIENT_MEM_FRACTION": "1.5"})

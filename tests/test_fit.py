@@ -53,14 +53,14 @@ def test_remat_before_accumulation_then_bisection():
     # 90 sequences: off needs 1000 + 900*10, on 1000 + 450*10 -> remat on at full batch fits
     compile_fn, calls = _fake(per_token=100)
     choice, _ = fit.search(fit.divisors_desc(90), 90, compile_fn,
-                           device_memory=int(6000 / (1 - fit.HEADROOM)))
+                           device_memory=fit.memory_for(6000))
     assert calls == [(90, "save_dots"), (90, "full")]
     assert (choice.micro_batch, choice.remat) == (90, "full")
     # a tighter budget: bisect the divisors with remat on, then retry remat off there
     compile_fn, calls = _fake(per_token=100, accum_buffer=200)
     usable = 1000 + 200 + 15 * 100  # remat off fits at 15 sequences, remat on at 30
     choice, _ = fit.search(fit.divisors_desc(90), 90, compile_fn,
-                           device_memory=int(usable / (1 - fit.HEADROOM)) + 1)
+                           device_memory=fit.memory_for(usable))
     assert (choice.micro_batch, choice.accum, choice.remat) == (30, 3, "full")
     assert len(calls) <= 2 + 1 + 4 + 1  # full batch x2, the smallest, log2(11) steps, remat off
     assert choice.fits and len(choice.tried) == len(calls)
@@ -74,7 +74,7 @@ def test_cost_fn_trades_the_forward_recompute_for_a_smaller_micro_batch():
     with the largest smaller micro-batch on the rung below: the faster wins. Without one
     (CPU), the search is memory-only, as before."""
     usable = 1000 + 200 + 15 * 100  # the rung below fits at 15 sequences, full remat at 30
-    memory = int(usable / (1 - fit.HEADROOM)) + 1
+    memory = fit.memory_for(usable)
     cheap_low = lambda m, r: (4 / 3 if r == "full" else 1.0)  # noqa: E731 - recompute: +1/3
     compile_fn, calls = _fake(per_token=100, accum_buffer=200)
     choice, _ = fit.search(fit.divisors_desc(90), 90, compile_fn, memory, cost_fn=cheap_low)
@@ -149,7 +149,7 @@ def test_plan_defaults_are_trains(full_step):
 @pytest.fixture(scope="module")
 def accumulating(full_step):
     """The plan on devices whose usable memory is 55% of what the full step needs."""
-    memory = int(0.55 * full_step["per_device_bytes"]["total"] / (1 - fit.HEADROOM))
+    memory = fit.memory_for(int(0.55 * full_step["per_device_bytes"]["total"]))
     return _plan(device_memory=memory)
 
 
@@ -207,7 +207,8 @@ def test_train_stops_before_writing_when_nothing_fits(corpus, tmp_path):
         train(_run(corpus, tmp_path, device_memory="200KB"), tmp_path / "run", progress=False)
     msg = str(e.value)
     assert msg.startswith("tiny-116k (") and "data_parallel on 4 device(s) (data=4)" in msg
-    assert "per device" in msg and "usable (200 kB per device less 10% headroom)" in msg
+    assert "per device" in msg and "usable (200 kB per device less 10% outside the allocator's pool and 5% of " \
+        "the pool kept free)" in msg
     assert "more devices" in msg
     assert not (tmp_path / "run").exists()
     with pytest.raises(TrainError, match="a smaller train.micro_batch"):

@@ -11,6 +11,7 @@ from cgpt.config.model import get_config, recomputes_forward
 from cgpt.config.run import RunConfig, TrainConfig
 from cgpt.plan.analytic import footprint, plan_analytic
 from cgpt.sharding import cost
+from cgpt.sharding import fitrule
 from cgpt.sharding.fitrule import choose_step
 from cgpt.train import fit
 
@@ -26,6 +27,23 @@ def _fits(limits: dict):
         probes.append((m, r))
         return m <= limits[r]
     return fits, probes
+
+
+def test_a_margin_inside_the_pool():
+    """The allocator's pool is the device's memory less HEADROOM (a GPU run sets the pool to
+    exactly that: `cgpt.config.backend.GPU_MEM_FRACTION`); a step may use all of it but
+    POOL_MARGIN, never the whole pool."""
+    from cgpt.config.backend import GPU_MEM_FRACTION
+
+    assert GPU_MEM_FRACTION == pytest.approx(1 - fitrule.HEADROOM)
+    assert fitrule.pool_memory(80 * 10**9) == 72 * 10**9
+    assert fitrule.usable_memory(80 * 10**9) == 68_400_000_000  # 72 GB less 5%
+    assert 0 < fitrule.POOL_MARGIN < fitrule.HEADROOM
+    c = fit.Choice(1, 1, "none", {"total": 69 * 10**9}, 80 * 10**9)
+    assert not c.fits  # below the pool (72 GB) but inside its margin
+    for n in (1, 999, 10**6, 68_400_000_000):
+        m = fitrule.memory_for(n)
+        assert fitrule.usable_memory(m) >= n > fitrule.usable_memory(m - 1)
 
 
 def test_rule_on_a_table():

@@ -1,20 +1,24 @@
-"""bench/gpu_check.py: its HLO reader, its one table, its refusal without a GPU, and its CPU smoke
-run on a machine without datasets, zstandard, submitit or tensorboardX."""
+"""bench/gpu_check.py: its HLO reader, its order, budget and JSON, its one table, its plan
+file, its refusal without a GPU, and its CPU smoke run as the GPU machine runs it: from the
+repository root, nothing installed, no PYTHONPATH, without datasets, zstandard, submitit or
+tensorboardX."""
+import json
 import os
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
-SCRIPT = BENCH / "gpu_check.py"
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "bench"
 sys.path.insert(0, str(BENCH))
 import gpu_check  # noqa: E402
 
 # a GPU-compiled step's HLO, shortened: cuDNN attention, a cuBLAS head matmul in bf16, one whose
-# operand is still f32, a Triton GEMM fusion's dot, and two all-gathers (one f32)
+# operand is still f32, and a Triton GEMM fusion's dot
 GPU_HLO = """
 HloModule jit_step
 %fused_gemm (p0: bf16[16,768], p1: bf16[768,50304]) -> f32[16,50304] {
@@ -31,8 +35,6 @@ ENTRY %main (a: bf16[16,768], w: bf16[768,50304], g: f32[768,50304]) -> f32[] {
   %gemm = (f32[16,50304]{1,0}, s8[4194304]{0}) custom-call(%a, %w), custom_call_target="__cublas$lt$matmul"
   %gemm.2 = (f32[16,768]{1,0}, s8[4194304]{0}) custom-call(%g, %w), custom_call_target="__cublas$gemm"
   %gemm.3 = (f32[16,768]{1,0}, s8[4194304]{0}) custom-call(%a, %a), custom_call_target="__cublas$gemm"
-  %ag = f32[768,50304]{1,0} all-gather-start(%g), dimensions={0}
-  %ag.2 = bf16[768,50304]{1,0} all-gather(%w), dimensions={0}
   ROOT %r = f32[] constant(0)
 }
 """
@@ -43,50 +45,191 @@ def test_hlo_checks_read_the_compiled_step():
     assert (h["cudnn_fwd"], h["cudnn_bwd"]) == (1, 1)
     assert h["head_matmuls"] == 3  # two cuBLAS calls with a 50304 dim and the fused dot
     assert h["head_operand_dtypes"] == ["bf16", "f32"]  # %g is an f32 operand: caught
-    assert (h["all_gathers"], h["f32_all_gathers"]) == (2, 1)
     clean = GPU_HLO.replace("custom-call(%g, %w)", "custom-call(%a, %w)")
     assert gpu_check.hlo_checks(clean, 50304)["head_operand_dtypes"] == ["bf16"]
 
 
-def _jax(step_s, mfu, fits=True):
-    hlo = {"cudnn_fwd": 10, "cudnn_bwd": 10, "head_matmuls": 3, "head_operand_dtypes": ["bf16"],
-           "all_gathers": 0, "f32_all_gathers": 0}
-    return {"device": "NVIDIA H100 80GB HBM3", "platform": "gpu", "jax": "0.11.0",
-            "bytes_limit": 72 * 2**30, "device_memory": 80 * 2**30, "peak": 989.5e12,
-            "peak_source": "spec sheet: H100 SXM", "micro_batch": 8, "accum": 1, "remat": False,
-            "fits": fits, "step_s": step_s, "tokens_per_s": 16384 / step_s, "loss": 10.9,
-            "mfu": mfu, "mfu_full": mfu * 1.1, "hlo": hlo}
+# ---- the parent: order, budget, JSON after each result, the table ----------------------------
+def _jax(step_s, mfu, peak=60 * 2**30):
+    hlo = {"cudnn_fwd": 10, "cudnn_bwd": 10, "head_matmuls": 3, "head_operand_dtypes": ["bf16"]}
+    return {"device": "NVIDIA H100 80GB HBM3", "platform": "gpu", "jax": "0.11.2",
+            "jaxlib": "0.11.2", "cuda_runtime": 13000, "cuda_driver": 13000, "cudnn": 91000,
+            "cublas": 130100, "bytes_limit": 72 * 2**30, "device_memory": 80 * 2**30,
+            "peak_in_use": peak, "peak": 989.5e12, "peak_source": "spec sheet: H100 SXM",
+            "jax_platforms": "cuda", "flags_added": ["--a=1", "--b=2"], "micro_batch": 8,
+            "accum": 1, "remat": "none", "how": "as planned", "fits": True,
+            "predicted": 58 * 2**30, "step_s": step_s, "tokens_per_s": 16384 / step_s,
+            "loss": 10.9, "flops_per_token": 8e9, "peak_total": 989.5e12, "mfu": mfu,
+            "mfu_full": mfu * 1.1, "hlo": hlo}
+
+
+def _torch(step_s):
+    return {"step_s": step_s, "tokens_per_s": 16384 / step_s, "loss": 10.9, "torch": "2.11.0",
+            "cuda": "13.0", "cudnn": 91000, "peak_in_use": 50 * 2**30, "compiled": True}
+
+
+FUSED = {"model": "cpu-19m", "members": 8, "batch": 8, "seq": 256, "fused_step_s": 0.02,
+         "alone_step_s": 0.015, "sequential_s": 0.12, "speedup": 6.0, "mfu_fused": 0.3,
+         "mfu_alone": 0.05, "peak_in_use": 3 * 2**30, "predicted": 2 * 2**30,
+         "jax_platforms": "cuda", "flags_added": ["--a=1"]}
+
+
+def _args(**kw):
+    a = SimpleNamespace(models="1.3B,111M", seq=2048, batch=8, steps=10, smoke=False, skip="",
+                        fused_model="cpu-19m", fused_batch=8, fused_seq=256,
+                        plan_file=Path("/nonexistent/gpu_plan.json"))
+    for k, v in kw.items():
+        setattr(a, k, v)
+    return a
+
+
+def test_results_in_order_of_value_each_saved_as_it_finishes(tmp_path, monkeypatch, capsys):
+    """The children run in order of value within the budget, the planned step is passed on,
+    the flags-off run is the last, and $OUT/gpu_check.json holds every result so far."""
+    plan = {"for": gpu_check._plan_for(_args()), "jax": "0.10.2", "entries": {
+        "1.3B@8x2048": {"micro_batch": 4, "accum": 2, "remat": "save_attn", "predicted": 1},
+        "111M@8x2048": {"micro_batch": 8, "accum": 1, "remat": "none", "predicted": 1},
+        "cpu-19m@8x256": {"micro_batch": 8, "accum": 1, "remat": "none", "predicted": 1}}}
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    monkeypatch.setenv("OUT", str(tmp_path))
+    calls, canned = [], {"1.3B": [_jax(0.30, 0.52), _jax(0.33, 0.47)], "111M": [_jax(0.05, 0.4)]}
+
+    def spawn(args, env, timeout):
+        saved = json.loads((tmp_path / "gpu_check.json").read_text()) if calls else None
+        calls.append((args, env, timeout, saved))
+        kind, model = args[1], args[3]
+        return (canned[model].pop(0) if kind == "jax" else
+                _torch(0.40 if model == "1.3B" else 0.07) if kind == "torch" else dict(FUSED))
+
+    monkeypatch.setattr(gpu_check, "_spawn", spawn)
+    a = _args(plan_file=tmp_path / "plan.json")
+    assert gpu_check.run_all(a, gpu_check.FULL) == 0  # every target met
+    kinds = [(c[0][1], c[0][3], c[1]["CGPT_GPU_XLA_FLAGS"]) for c in calls]
+    assert kinds == [("jax", "1.3B", "1"), ("torch", "1.3B", "1"), ("jax", "111M", "1"),
+                     ("torch", "111M", "1"), ("fused", "cpu-19m", "1"), ("jax", "1.3B", "0")]
+    assert all(0 < c[2] <= gpu_check.FULL.budget_s <= 420 for c in calls)
+    assert [c[2] for c in calls] == sorted((c[2] for c in calls), reverse=True)
+    jax_env, torch_env = calls[0][1], calls[1][1]
+    assert "JAX_PLATFORMS" not in jax_env or jax_env["JAX_PLATFORMS"] == os.environ.get(
+        "JAX_PLATFORMS")  # the JAX child pins cuda itself
+    assert torch_env["JAX_PLATFORMS"] == "cpu"  # JAX must not take the GPU from torch
+    assert str(gpu_check.ROOT) in jax_env["PYTHONPATH"].split(os.pathsep)
+    first = calls[0][0]
+    assert first[first.index("--micro-batch") + 1] == "4"
+    assert first[first.index("--remat") + 1] == "save_attn"
+    assert "--micro-batch" not in calls[1][0]  # torch runs the whole batch
+    order = ["1.3B/cgpt", "1.3B/pytorch", "111M/cgpt", "111M/pytorch", "fused",
+             "1.3B/cgpt-flags-off"]
+    for i, c in enumerate(calls[1:], 1):  # the JSON after i results holds those i
+        assert list(c[3]["results"]) == order[:i] and c[3]["done"] is False
+    final = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert final["done"] is True and list(final["results"]) == order
+    out = capsys.readouterr().out
+    lines = [ln for ln in out.splitlines() if ln.startswith("[")]
+    assert len(lines) == 6 and "1.3B/cgpt: 300.0 ms/step" in lines[0]
+    assert "1.33x cgpt's step" in lines[1] and "6.00x" in lines[4]
+    assert final["table"] in out
+
+
+@pytest.mark.parametrize("on_s,runs_off", [(150, True), (200, False)])
+def test_the_flags_off_run_only_if_time_remains(monkeypatch, on_s, runs_off):
+    """420 s in all: the flags-off run starts only if what is left exceeds the flags-on
+    run's time (here 1.3B on, then torch's 100 s)."""
+    now = [0.0]
+    monkeypatch.setattr(gpu_check.time, "monotonic", lambda: now[0])
+    monkeypatch.delenv("OUT", raising=False)
+    runs = []
+
+    def spawn(args, env, timeout):
+        runs.append((args[1], env["CGPT_GPU_XLA_FLAGS"]))
+        now[0] += on_s if args[1] == "jax" else 100
+        return _jax(0.3, 0.5) if args[1] == "jax" else _torch(0.4)
+
+    monkeypatch.setattr(gpu_check, "_spawn", spawn)
+    gpu_check.run_all(_args(models="1.3B", skip="fused"), gpu_check.FULL)
+    assert runs == [("jax", "1"), ("torch", "1")] + [("jax", "0")] * runs_off
+
+
+def test_a_flag_xla_does_not_know_costs_one_result_not_all(monkeypatch):
+    """XLA aborts on an unknown flag: after a flags-on child dies by a signal, the other JAX
+    children run without cgpt's flags and say so."""
+    monkeypatch.delenv("OUT", raising=False)
+    envs = []
+
+    def spawn(args, env, timeout):
+        envs.append((args[1], env["CGPT_GPU_XLA_FLAGS"]))
+        if len(envs) == 1:
+            return {"error": "signal 6 (its stderr is above)"}
+        return _jax(0.05, 0.4) if args[1] == "jax" else dict(FUSED)
+
+    monkeypatch.setattr(gpu_check, "_spawn", spawn)
+    assert gpu_check.run_all(_args(skip="torch"), gpu_check.FULL) == 1  # 1.3B did not run
+    assert envs == [("jax", "1"), ("jax", "0"), ("fused", "0"), ("jax", "0")]
 
 
 def test_report_is_one_table_with_verdicts():
-    a = SimpleNamespace(models="111M,1.3B", seq=2048, batch=8, steps=10, smoke=False)
-    jax_rows = {("111M", "on"): _jax(0.10, 0.40), ("111M", "off"): _jax(0.12, 0.33),
-                ("1.3B", "on"): _jax(1.00, 0.45), ("1.3B", "off"): _jax(1.10, 0.41)}
-    torch_rows = {"111M": {"step_s": 0.13, "tokens_per_s": 1, "loss": 10.9, "torch": "2.11"},
-                  "1.3B": {"step_s": 1.10, "tokens_per_s": 1, "loss": 10.9, "torch": "2.11"}}
-    plan = {"111M": {"micro_batch": 8, "accum": 1, "remat": False, "fits": True},
-            "1.3B": {"micro_batch": 4, "accum": 2, "remat": True, "fits": True},
-            "ws": {"model": "111M", "f32_all_gathers": 39, "all_gathers": 40}}
-    text = gpu_check.report(a, jax_rows, torch_rows, plan, 321.0)
+    a = _args()
+    results = {"1.3B/cgpt": _jax(1.00, 0.45), "1.3B/pytorch": _torch(1.10),
+               "111M/cgpt": _jax(0.10, 0.40), "111M/pytorch": _torch(0.13),
+               "fused": {**FUSED, "speedup": 4.0}, "1.3B/cgpt-flags-off": _jax(1.10, 0.41)}
+    results["1.3B/cgpt"]["plan"] = {"micro_batch": 4, "accum": 2, "remat": "save_attn",
+                                    "predicted": 63 * 2**30}
+    text = gpu_check.report(a, gpu_check.FULL, results, "plan: gpu_plan.json", 321.0)
     lines = {ln.split("  ")[0]: ln for ln in text.splitlines()}
     assert "NVIDIA H100 80GB HBM3" in text and "72.0 GiB of 80.0 GiB" in text
+    assert "cuDNN 91000, cuBLAS 130100" in text and "torch 2.11.0 (CUDA 13.0" in text
     assert lines["cuDNN attention calls fwd/bwd"].endswith("ok")
-    assert lines["f32 all-gathers (plan: 111M weight_streaming, 8 CPU)"].endswith("FAIL")
-    assert "4x2, remat full" in lines["plan's choice (emulated CPU, XLA attention)"]
-    assert lines["cgpt, XLA GPU flags on: MFU causal (full)"].split()[-1] == "FAIL"  # 45% < 50%
+    assert lines["XLA GPU flags added (JAX_PLATFORMS)"].split()[-3:-1] == ["2", "(cuda)"]
+    assert "4 x 2, remat save_attn, 63.0 GiB" in lines["plan: the fit on 81,559 MiB (CPU compile)"]
+    assert "60.0 GiB / 58.0 GiB" in lines["GPU memory: peak in use / fit's prediction"]
+    assert lines["cgpt, flags on: MFU causal (full)"].split()[-1] == "FAIL"  # 45% < 50%
     ratio = lines["pytorch step / cgpt step (flags on)"]
-    assert "1.30x" in ratio and "1.10x" in ratio and ratio.endswith("FAIL")  # 1.1 < 1.2
+    assert "1.10x" in ratio and "1.30x" in ratio and ratio.endswith("FAIL")  # 1.1 < 1.2
+    assert "4.00x (target >= 5x: FAIL)" in text
+    assert "f32 all-gathers" not in text and "not measured on one GPU" in text
     assert "SMOKE" not in text and "errors:" not in text
 
 
+def test_committed_plan_is_the_full_runs(tmp_path):
+    """bench/gpu_plan.json, made by `--plan-only` on a CPU, is for the run the GPU machine
+    makes (its models and sizes on an 80 GB H100) and every step in it fits."""
+    plan = json.loads((BENCH / "gpu_plan.json").read_text())
+    a = _args(plan_file=BENCH / "gpu_plan.json")
+    entries, line = gpu_check.read_plan(a)
+    assert plan["for"]["device_memory"] == 81_559 * 2**20 and line.startswith("plan: gpu_plan")
+    assert set(entries) == {"1.3B@8x2048", "111M@8x2048", "cpu-19m@8x256"}
+    assert all(e["fits"] and e["predicted"] <= e["usable_memory"] for e in entries.values())
+
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({**plan, "for": {**plan["for"], "device_memory": 80 * 10**9}}))
+    stale, why = gpu_check.read_plan(_args(plan_file=other))
+    assert stale == {} and "the fit searches on the GPU" in why
+
+
+def test_plan_row_of_a_one_device_run():
+    """`plan` of a one-device run (no mesh): the row gpu_check's plan half reads."""
+    import jax
+
+    from cgpt.plan.planning import plan_run
+
+    r = plan_run(gpu_check._run_config("tiny-17k", 32, 2), 10**9, jax.devices("cpu")[:1],
+                 platform="gpu")
+    assert (r["mode"], r["mesh"], r["axes"], r["num_devices"]) == ("single", {}, {}, 1)
+    assert r["fits"] and (r["micro_batch"], r["accum"], r["dtype"]) == (2, 1, "bfloat16")
+
+
+# ---- as the GPU machine runs it ---------------------------------------------------------------
 BLOCKED = ("datasets", "zstandard", "submitit", "tensorboardX")
 
 
-def _run(tmp_path, *args, block=True, env=None):
-    site = tmp_path / "site"
-    site.mkdir(exist_ok=True)
-    (site / "sitecustomize.py").write_text(  # every process of the run imports this first:
-        # the path finder no longer finds them, as if not installed (find_spec gives None)
+def _clean_env(tmp_path: Path, **extra) -> dict:
+    """No PYTHONPATH, no JAX/XLA settings; the optional packages made unimportable by a
+    `usercustomize` in a user site of our own (PYTHONUSERBASE: every process imports it at
+    start-up, and it adds no path that could shadow the checkout)."""
+    base = tmp_path / "userbase"
+    site = Path(sysconfig.get_path("purelib", "posix_user", vars={"userbase": str(base)}))
+    site.mkdir(parents=True, exist_ok=True)
+    (site / "usercustomize.py").write_text(  # the path finder no longer finds them
         "import importlib.machinery as m\n"
         "orig = m.PathFinder.find_spec\n"
         "def find_spec(name, path=None, target=None):\n"
@@ -94,47 +237,73 @@ def _run(tmp_path, *args, block=True, env=None):
         "        return None\n"
         "    return orig(name, path, target)\n"
         "m.PathFinder.find_spec = staticmethod(find_spec)\n")
-    root = str(Path(__file__).resolve().parents[1])
-    e = {**os.environ, "JAX_PLATFORMS": "cpu", **(env or {}),
-         "PYTHONPATH": os.pathsep.join([str(site)] * block + [root])}
-    return subprocess.run([sys.executable, str(SCRIPT), *args], env=e, capture_output=True,
-                          text=True, timeout=1200)
+    env = {k: os.environ[k] for k in ("PATH", "HOME", "LANG", "TMPDIR") if k in os.environ}
+    return {**env, "PYTHONUSERBASE": str(base), "PYTHONDONTWRITEBYTECODE": "1", **extra}
 
 
-def test_the_blocker_blocks(tmp_path):
-    r = _run(tmp_path, "--child", "nothing")  # argparse fails after sitecustomize ran
-    assert r.returncode == 2
-    probe = subprocess.run([sys.executable, "-c", "import tensorboardX"], capture_output=True,
-                           env={**os.environ, "PYTHONPATH": str(tmp_path / "site")}, text=True)
-    assert probe.returncode != 0 and "No module named 'tensorboardX'" in probe.stderr
+def _run(tmp_path, *args, **extra) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "bench/gpu_check.py", *args], cwd=ROOT,
+                          env=_clean_env(tmp_path, **extra), capture_output=True, text=True,
+                          timeout=1800)
+
+
+def test_the_clean_environment_blocks_only_the_optional_packages(tmp_path):
+    code = ("import sys\n"
+            f"for n in {BLOCKED!r}:\n"
+            "    try:\n"
+            "        __import__(n)\n"
+            "        sys.exit(n + ' imported')\n"
+            "    except ModuleNotFoundError:\n"
+            "        pass\n"
+            "import numpy\n")
+    r = subprocess.run([sys.executable, "-c", code], cwd=BENCH, env=_clean_env(tmp_path),
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:] + r.stdout
 
 
 def test_refuses_without_a_gpu(tmp_path):
-    r = _run(tmp_path, "--models", "tiny-17k", "--skip", "torch,plan,off")
-    assert r.returncode == 2 and "no GPU visible to JAX" in r.stderr and "--smoke" in r.stderr
+    r = _run(tmp_path, "--models", "tiny-17k", "--skip", "torch,fused,off")
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert "no GPU visible to JAX" in r.stderr and "--smoke" in r.stderr
     assert "ms/step" not in r.stdout  # nothing measured, nothing estimated
 
 
-def test_cpu_smoke_of_the_cgpt_side_without_optional_packages(tmp_path):
-    """One cgpt measurement (on the CPU the GPU flags do not apply: the flags-off run and the
-    other parts are the slow test's); ~60 s on the 2-core machine at load 22."""
-    r = _run(tmp_path, "--smoke", "--models", "tiny-17k", "--skip", "torch,plan,off")
-    assert r.returncode == 0, r.stderr[-3000:]
+def test_cpu_smoke_as_the_gpu_machine_runs_it(tmp_path):
+    """`python3 bench/gpu_check.py --smoke` from the repository root in a clean environment:
+    every part runs (with the committed smoke plan), one line per result in order of value,
+    the JSON under $OUT, and this checkout's cgpt in every child."""
+    out = tmp_path / "out"
+    out.mkdir()
+    r = _run(tmp_path, "--smoke", OUT=str(out))
+    assert r.returncode == 0, r.stderr[-3000:] + r.stdout[-3000:]
     assert "SMOKE RUN on the CPU: these are CPU numbers, not GPU figures" in r.stdout
+    lines = [ln.split("] ")[1].split(":")[0] for ln in r.stdout.splitlines()
+             if ln.startswith("[")]
+    assert lines == ["tiny-17k/cgpt", "tiny-17k/pytorch", "fused", "tiny-17k/cgpt-flags-off"]
+    assert "errors:" not in r.stdout and "error:" not in r.stdout, r.stdout
+    data = json.loads((out / "gpu_check.json").read_text())
+    assert data["done"] and data["smoke"] and data["table"] in r.stdout
+    res = data["results"]
+    assert res["tiny-17k/cgpt"]["cgpt"] == str(ROOT) == res["fused"]["cgpt"]
+    assert res["tiny-17k/cgpt"]["how"] == "as planned"  # bench/gpu_plan_smoke.json is current
+    assert res["tiny-17k/cgpt"]["jax_platforms"] == "cpu"
+    assert res["tiny-17k/cgpt"]["flags_added"] == []  # a CPU run: cgpt's GPU flags do not apply
+    assert res["fused"]["members"] == 8 and res["fused"]["sequential_s"] > 0
     rows = {ln.split("  ")[0]: ln for ln in r.stdout.splitlines()}
     assert rows["LM head matmul operands"].split()[4:6] == ["f32", "(3"]  # CPU: f32 matmuls
     assert rows["cuDNN attention calls fwd/bwd"].split()[4] == "0/0"  # CPU: chunked attention
-    assert "2x1, remat save_dots" in rows["fit's choice on this device (micro x accum)"]
-    assert float(rows["cgpt, XLA GPU flags on: ms/step"].split()[-2]) > 0
 
 
-@pytest.mark.slow  # every part: the PyTorch side and plan's compiles too (minutes under load)
-def test_cpu_smoke_of_every_part_without_optional_packages(tmp_path):
-    r = _run(tmp_path, "--smoke")
+@pytest.mark.slow  # the plan half at the smoke sizes: a JAX process and two fit searches
+def test_plan_only_writes_the_committed_smoke_plan(tmp_path):
+    r = _run(tmp_path, "--smoke", "--plan-only", "--plan-file", str(tmp_path / "plan.json"))
     assert r.returncode == 0, r.stderr[-3000:]
-    out = r.stdout
-    assert "pytorch step / cgpt step (flags on)" in out and "errors:" not in out, out
-    assert "f32 all-gathers (plan: tiny-45k weight_streaming, 8 CPU)" in out
+    made = json.loads((tmp_path / "plan.json").read_text())
+    committed = json.loads((BENCH / "gpu_plan_smoke.json").read_text())
+    assert made["for"] == committed["for"] and made["command"] == committed["command"]
+    keys = ("micro_batch", "accum", "remat", "fits")
+    assert {k: [e[x] for x in keys] for k, e in made["entries"].items()} == \
+        {k: [e[x] for x in keys] for k, e in committed["entries"].items()}
 
 
 def test_metrics_log_without_tensorboardx(tmp_path, monkeypatch, capsys):

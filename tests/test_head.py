@@ -149,7 +149,7 @@ def test_fit_climbs_the_ladder():
             alias_size_in_bytes=0))()})()
 
     ladder = ("none", "save_attn", "full")
-    usable = lambda n: int(n / (1 - fit.HEADROOM)) + 1  # noqa: E731
+    usable = fit.memory_for
     choice, _ = fit.search([4, 2, 1], 4, compile_fn, usable(1600), ladder=ladder)
     assert (choice.micro_batch, choice.remat, len(calls)) == (4, "none", 1)
     calls.clear()
@@ -162,30 +162,55 @@ def test_fit_climbs_the_ladder():
 
 
 # ---- weights gathered in the compute dtype ------------------------------------------------
-@pytest.mark.skipif(len(jax.devices()) < 8, reason="needs 8 emulated CPU devices")
-def test_weight_streaming_gathers_bf16_weights():
+def _ws_step(dtype, loss_chunk):
+    """weight_streaming's step over data=2 x fsdp=4 (2 layers, a vocabulary padded 250 -> 256)
+    lowered on abstract state, with the strategy and the abstract parameters."""
     from cgpt.config.recipe import Recipe
     from cgpt.sharding.strategies import make_strategy
     from cgpt.train import optim
     from cgpt.train.step import make_step
 
-    def gathers(dtype):
-        cfg = ModelConfig(n_layer=2, d_model=64, n_head=2, vocab_size=256, n_ctx=32,
-                          compute_dtype=dtype, attention="xla")
-        train = type("T", (), {"batch_size": 16, "micro_batch": None, "micro_batches": None})
-        s = make_strategy("weight_streaming", "data=2,fsdp=4", cfg, train,
-                          devices=jax.devices()[:8])
-        opt = optim.make_optimizer(Recipe(peak_lr=1e-3, decay="linear", adam_eps=1e-8,
-                                          batch_size=16, warmup_steps=1, total_steps=10), cfg)
-        p = jax.eval_shape(lambda: model.init_params(cfg))
-        o = jax.eval_shape(opt.init, p)
-        a_p, a_o = s.abstract_state(p, o)
-        batch = jax.ShapeDtypeStruct((1, 16, 33), jnp.int32, sharding=s.batch_sharding(3))
-        low = s.jit_step(make_step(cfg, opt, s.loss), p, o).lower(a_p, a_o, batch)
-        counts = hlo.collective_dtypes(hlo.partitioned_hlo(low))
-        return {dt: n for (kind, dt), n in counts.items() if kind == "all-gather"}
+    cfg = ModelConfig(n_layer=2, d_model=64, n_head=2, vocab_size=250, n_ctx=32,
+                      compute_dtype=dtype, attention="xla", vocab_multiple=128,
+                      loss_chunk=loss_chunk)
+    train = type("T", (), {"batch_size": 16, "micro_batch": None, "micro_batches": None})
+    s = make_strategy("weight_streaming", "data=2,fsdp=4", cfg, train, devices=jax.devices()[:8])
+    opt = optim.make_optimizer(Recipe(peak_lr=1e-3, decay="linear", adam_eps=1e-8,
+                                      batch_size=16, warmup_steps=1, total_steps=10), cfg)
+    p = jax.eval_shape(lambda: model.init_params(cfg))
+    o = jax.eval_shape(opt.init, p)
+    a_p, a_o = s.abstract_state(p, o)
+    batch = jax.ShapeDtypeStruct((1, 16, 33), jnp.int32, sharding=s.batch_sharding(3))
+    return s.jit_step(make_step(cfg, opt, s.loss), p, o).lower(a_p, a_o, batch), s, a_p
 
-    bf16 = gathers("bfloat16")
+
+def _gathers(text: str) -> dict[str, int]:
+    return {dt: n for (kind, dt), n in hlo.collective_dtypes(text).items()
+            if kind == "all-gather"}
+
+
+@pytest.mark.skipif(len(jax.devices()) < 8, reason="needs 8 emulated CPU devices")
+def test_weight_streaming_gathers_bf16_weights():
+    """Read after SPMD partitioning (`hlo.partitioned_hlo`), before the CPU compiler widens
+    bf16 collectives to f32: what an accelerator's step would gather (the CPU's loss)."""
+    bf16 = _gathers(hlo.partitioned_hlo(_ws_step("bfloat16", 0)[0]))
     assert bf16.get("bf16", 0) >= 2 * 2 * 4  # 2 layers x 4 kernels, forward and backward
     assert "f32" not in bf16, bf16  # the f32 master never leaves its shards
-    assert gathers("float32").get("f32", 0) >= 2 * 2 * 4  # the count sees f32 gathers
+    f32 = _gathers(hlo.partitioned_hlo(_ws_step("float32", 0)[0]))
+    assert f32.get("f32", 0) >= 2 * 2 * 4  # the count sees f32 gathers
+
+
+@pytest.mark.skipif(len(jax.devices()) < 8, reason="needs 8 emulated CPU devices")
+def test_chunked_loss_gathers_the_head_weight_in_bf16():
+    """The GPU's loss (`chunked_cross_entropy`): the tied head weight [256, 64] is cast where
+    its shards lie and gathered as bf16, not gathered as the f32 master and then cast; its
+    gradient is still f32 (accumulated in f32 over the chunks)."""
+    low, s, a_p = _ws_step("bfloat16", 16)
+    text = hlo.partitioned_hlo(low)
+    assert "f32" not in _gathers(text), _gathers(text)
+    head = [ln for ln in text.splitlines() if " all-gather(" in ln and "[256,64]" in ln]
+    assert head and all("= bf16[256,64]" in ln for ln in head), head
+    tokens = jax.ShapeDtypeStruct((16, 33), jnp.int32)
+    g = jax.eval_shape(jax.grad(lambda p, t: model.loss_fn(p, t, s.cfg, s.constrain)),
+                       a_p, tokens)
+    assert g["wte"].dtype == jnp.float32

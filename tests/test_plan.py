@@ -117,7 +117,7 @@ def test_layer_pipelined_bubble_and_permutes(capsys, results):
 def test_fits_compares_total_to_usable_memory(capsys):
     r = _plan(capsys, "--mode", "weight_streaming", "--mesh", "data=8", "--device-memory", "1MB",
               "--micro-batch", "2", "--remat", "off")
-    assert r["device_memory"] == 10**6 and r["usable_memory"] == 900_000 and r["fits"] is False
+    assert r["device_memory"] == 10**6 and r["usable_memory"] == 855_000 and r["fits"] is False
     assert r["per_device_bytes"]["total"] > 10**6
     assert (r["micro_batch"], r["accum"], r["remat"]) == (2, 1, "save_dots")  # given: only checked
     assert r["fit"] == {"searched": [], "tried": [

@@ -49,7 +49,7 @@ def test_members_per_program_from_memory(monkeypatch):
 
     monkeypatch.setattr(fused_loop, "_compiled", fake)
     r0 = SimpleNamespace(cfg=SimpleNamespace(name="x"))
-    mem = lambda usable: int(usable / (1 - fit.HEADROOM)) + 2  # noqa: E731
+    mem = lambda usable: fit.memory_for(usable) + 2  # noqa: E731
     assert fused_loop.members_that_fit(r0, 8, mem(10_000)) == (8, 3400) and calls == [8]
     assert fused_loop.members_that_fit(r0, 8, mem(2_000))[0] == 3  # 1000 + 900 <= 2000
     with pytest.raises(TrainError, match="one run of x needs"):
@@ -70,7 +70,7 @@ def test_members_per_program_from_the_compiled_step(tmp_path):
     r = r.fitted(r.micro_batch, False)
     b1, b3 = _compiled(r, 1)[1]["total"], _compiled(r, 3)[1]["total"]
     assert members_that_fit(r, 3, 2**34) == (3, b3)
-    memory = int((b1 + b3) / 2 / (1 - fit.HEADROOM)) + 1  # room for 2 of 3
+    memory = fit.memory_for(int((b1 + b3) / 2))  # room for 2 of 3
     assert members_that_fit(r, 3, memory) == (2, _compiled(r, 2)[1]["total"])
 
 

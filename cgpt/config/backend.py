@@ -18,10 +18,12 @@ dtype into a config so that a run's `config.yaml` records what it trained with.
 
 GPU memory, one rule for plan and run: "device memory" (`plan --device-memory 80GB`,
 `estimate.device_memory`, `train.device_memory`) is the GPU's physical memory, and the fit
-(`cgpt.train.fit`) lets a step use all but HEADROOM = 10% of it. A GPU run sets JAX's
+(`cgpt.train.fit`) counts a pool of all but HEADROOM = 10% of it. A GPU run sets JAX's
 allocator to exactly that share (`gpu_allocator`: XLA_PYTHON_CLIENT_MEM_FRACTION=0.90, where
-JAX's default is 0.75), so the pool the run gets is the "usable" figure the plan printed; the
-other 10% is the CUDA context, cuBLAS/cuDNN workspaces and NCCL buffers, outside the pool.
+JAX's default is 0.75), so the pool the run gets is the plan's; the other 10% is the CUDA
+context, cuBLAS/cuDNN workspaces and NCCL buffers, outside the pool. A step may fill the
+pool less POOL_MARGIN = 5% of it (fragmentation: `cgpt.sharding.fitrule`), the "usable"
+figure the plan prints.
 `device_memory(bytes_limit, environ)` turns the allocator's limit back into that device
 memory; a user's own smaller fraction lowers it (the fit then sees the smaller pool).
 

@@ -354,9 +354,12 @@ def _chunked_ce(x, w, targets, vocab: int, mult: float, chunk: int, constrain: C
     """(mean loss, (dx, dw) of the mean loss, or None): the logits (x @ w^T) x mult over the
     first `vocab` columns, `chunk` positions at a time, matmuls in x's dtype, f32 accumulation.
     `constrain` pins the layouts in the loop, where GSPMD's propagation is weak: the weight
-    cast once and gathered whole (in bf16), each chunk split over the batch like x."""
+    cast once where its shards lie (the tied `wte`'s own layout, so a sharded weight is
+    gathered in the compute dtype; unpinned, GSPMD gathers the f32 weight, then casts), then
+    gathered whole; each chunk split over the batch like x. `dw` is accumulated in f32."""
     xs, ts, valid = _chunks(x, targets, chunk)
-    wc = constrain(w.astype(x.dtype), ("act_vocab", "act_embed"))
+    wc = constrain(w.astype(x.dtype), ("vocab", "embed"))
+    wc = constrain(wc, ("act_vocab", "act_embed"))
     rows = ("act_batch", "act_seq", "act_embed")
     cols = jnp.arange(w.shape[0])
     scale = mult / targets.size

@@ -43,7 +43,7 @@ from cgpt.config.model import REMATS
 from cgpt.config.units import parse_bytes
 from cgpt.plan.planning import plan, plan_run
 from cgpt.plan.report import format_analytic, format_plan
-from cgpt.train.fit import HEADROOM
+from cgpt.train.fit import HEADROOM, POOL_MARGIN
 
 __all__ = ["add_arguments", "cmd_plan", "format_plan", "main", "plan", "plan_many", "plan_run",
            "register"]
@@ -58,7 +58,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--devices", type=int, default=8,
                    help="emulated devices when --mesh is empty (default 8)")
     p.add_argument("--device-memory", default="80GB", help="memory per device (default 80GB); "
-                   f"a step fits in it less {100 * HEADROOM:.0f}%% headroom")  # %% for argparse
+                   f"a step fits in it less {100 * HEADROOM:.0f}%% headroom (outside the "
+                   f"allocator's pool) and {100 * POOL_MARGIN:.0f}%% of the pool")  # %% argparse
     p.add_argument("--batch", type=int, help="global batch in sequences (default: published)")
     p.add_argument("--micro-batch", type=int,
                    help="sequences per data replica per accumulation step (default: the "

@@ -125,10 +125,11 @@ def plan_run(run, device_memory: int | str, cpu_devices, mode_flags: bool = Fals
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
     n = strategy.num_devices
-    axes = node_axes(dict(strategy.mesh.shape), nodes, strategy.mode)
+    mesh = dict(strategy.mesh.shape) if strategy.mesh is not None else {}  # None: one device
+    axes = node_axes(mesh, nodes, strategy.mode)
     micro_batches = (strategy.micro_batches_for(p.micro_batch * p.replicas)
                      if strategy.mode == "layer_pipelined" else None)
-    moved = axis_bytes(cfg, strategy.mode, dict(strategy.mesh.shape), nodes, p.batch_size, T,
+    moved = axis_bytes(cfg, strategy.mode, mesh, nodes, p.batch_size, T,
                        p.micro_batch, recomputes_forward(cfg.remat), micro_batches)
     for a in axes:  # analytic, beside the compiled collective bytes (all axes together)
         axes[a]["bytes_per_step"] = moved.get(a, 0)

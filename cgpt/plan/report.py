@@ -5,7 +5,7 @@ from cgpt.config.model import remat_value
 from cgpt.config.units import fmt_bytes
 from cgpt.plan.analytic import crossing_note, fmt_axes
 from cgpt.plan.costs import format_cost
-from cgpt.train.fit import HEADROOM
+from cgpt.train.fit import HEADROOM, POOL_MARGIN
 
 
 def format_plan(r: dict) -> str:
@@ -29,7 +29,7 @@ def format_plan(r: dict) -> str:
         f"  optimizer   {fmt_bytes(b['optimizer'])}",
         f"  temp        {fmt_bytes(b['temp'])}",
         f"  total       {fmt_bytes(b['total'])} of {fmt_bytes(r['usable_memory'])} usable "
-        f"({fmt_bytes(r['device_memory'])} less {HEADROOM:.0%}): "
+        f"({fmt_bytes(r['device_memory'])} less {HEADROOM:.0%}, then {POOL_MARGIN:.0%}): "
         f"{'fits' if r['fits'] else 'does NOT fit'}",
         f"FLOPs/step    {r['flops_per_step']:.3e} (compiled HLO, all devices)   "
         f"{r['flops_per_step_analytic']:.3e} (analytic)",
@@ -65,7 +65,7 @@ def format_analytic(r: dict) -> str:
         f"{r['remat']}",
         f"per device    ~{fmt_bytes(r['per_device_bytes']['total'])} of "
         f"{fmt_bytes(r['usable_memory'])} usable ({fmt_bytes(r['device_memory'])} less "
-        f"{HEADROOM:.0%}): {'fits' if r['fits'] else 'does NOT fit'}",
+        f"{HEADROOM:.0%}, then {POOL_MARGIN:.0%}): {'fits' if r['fits'] else 'does NOT fit'}",
         f"nodes         {crossing_note(r)}", "axes (bytes: analytic, ring collectives):",
         *fmt_axes(r), f"mesh          {r['mesh_reason']}"]
     if r["bubble_fraction"] is not None:

@@ -20,13 +20,38 @@ from typing import Callable, Sequence, TypeVar
 
 R = TypeVar("R")  # a remat rung: the ladder's names, or remat off/on as bools
 
-HEADROOM = 0.10  # of device memory kept free: the runtime's own buffers, fragmentation, and
-# the estimate's error (XLA's CPU compiler stands in for the accelerator's in `cgpt plan`)
+HEADROOM = 0.10  # of device memory outside the allocator's pool: a GPU run's pool is the
+# other 90% (`cgpt.config.backend.GPU_MEM_FRACTION`); the 10% holds the CUDA context, the
+# cuBLAS/cuDNN workspaces and NCCL's buffers, which XLA allocates outside the pool
+POOL_MARGIN = 0.05  # of the pool a step never plans to fill. The fit counts the compiled
+# step's arguments, outputs and temp (`memory_analysis`) as if packed; XLA's buffer assignment
+# packs the temp into one block, but the pool's allocator must find that block free between
+# the long-lived buffers (parameters, optimizer state, the donated outputs): fragmentation.
+# The pool also holds what the count leaves out: the next batch copied in while a step runs,
+# the evaluation program's temp, autotuning's scratch on the first steps. 5% is 3.6 GB of a
+# 72 GB pool. A chosen margin, not a measured one: bench/gpu_check.py prints a GPU's peak
+# in use beside the fit's figure, the measurement that confirms or resizes it.
+
+
+def pool_memory(device_memory: int) -> int:
+    """The allocator's pool on a device of `device_memory` bytes (less HEADROOM)."""
+    return int(device_memory * (1 - HEADROOM))
 
 
 def usable_memory(device_memory: int) -> int:
-    """What a step may use of `device_memory` bytes (less HEADROOM)."""
-    return int(device_memory * (1 - HEADROOM))
+    """What a step may use of `device_memory` bytes: the pool less POOL_MARGIN of it."""
+    pool = pool_memory(device_memory)
+    return pool - int(pool * POOL_MARGIN)
+
+
+def memory_for(usable: int) -> int:
+    """The least device memory whose `usable_memory` is at least `usable` bytes."""
+    m = int(usable / ((1 - HEADROOM) * (1 - POOL_MARGIN)))
+    while usable_memory(m) < usable:
+        m += 1
+    while m > 0 and usable_memory(m - 1) >= usable:
+        m -= 1
+    return m
 
 
 def _largest(micros: Sequence[int], ok: Callable[[int], bool]) -> int:

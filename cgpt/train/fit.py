@@ -6,7 +6,8 @@ per device: arguments + outputs + temp - aliased (donated) buffers, the estimate
 reports (on CPU XLA's own `peak_memory_in_bytes` leaves temp out).
 
 `search` walks the candidates in order of preference and takes the first that fits the
-usable memory (the device's memory less HEADROOM):
+usable memory (the device's memory less HEADROOM, outside the allocator's pool, and less
+POOL_MARGIN of the pool: `cgpt.sharding.fitrule`):
 
   micro-batch   the divisors of the per-replica batch, largest first: fewer accumulation
                 steps, and under weight streaming fewer re-gathers of every layer's weights;
@@ -32,7 +33,12 @@ from typing import Any, Callable, Sequence
 
 from cgpt.config.model import remat_value
 from cgpt.config.units import fmt_bytes
-from cgpt.sharding.fitrule import HEADROOM, choose_step, usable_memory  # noqa: F401 (re-exported)
+from cgpt.sharding.fitrule import (HEADROOM, POOL_MARGIN, choose_step,  # noqa: F401 (re-exported)
+                                   memory_for, pool_memory, usable_memory)
+
+_LESS = (f"less {HEADROOM:.0%} outside the allocator's pool and {POOL_MARGIN:.0%} of the pool "
+         "kept free")
+
 
 def step_bytes(compiled) -> dict[str, int]:
     """Per-device bytes of a compiled step: total = argument + output + temp - alias."""
@@ -82,8 +88,8 @@ class Choice:
                f"chosen from {len(self.tried)} compiled candidate(s)")
         return (f"micro-batch {self.micro_batch} x {self.accum} accumulation step(s), remat "
                 f"{self.remat} ({how}): {fmt_bytes(self.bytes['total'])} per "
-                f"device of {fmt_bytes(self.usable)} usable ({fmt_bytes(self.device_memory)} less "
-                f"{HEADROOM:.0%} headroom)")
+                f"device of {fmt_bytes(self.usable)} usable ({fmt_bytes(self.device_memory)} "
+                f"{_LESS})")
 
     def error(self, what: str) -> str:
         """Why nothing fits, with the numbers and what to change (`what`: model and mesh)."""
@@ -103,9 +109,10 @@ class Choice:
                          "shorter data.seq_len")
         return (f"{what}: {step} (micro-batch {self.micro_batch}, remat "
                 f"{self.remat}) needs {fmt_bytes(b['total'])} per device "
-                f"(arguments: parameters, optimizer state and batch {fmt_bytes(b['argument'])}; temp "
-                f"{fmt_bytes(b['temp'])}) but {fmt_bytes(self.usable)} are usable ({fmt_bytes(self.device_memory)} "
-                f"per device less {HEADROOM:.0%} headroom); use " + "; or ".join(fixes))
+                f"(arguments: parameters, optimizer state and batch "
+                f"{fmt_bytes(b['argument'])}; temp {fmt_bytes(b['temp'])}) but "
+                f"{fmt_bytes(self.usable)} are usable ({fmt_bytes(self.device_memory)} per "
+                f"device {_LESS}); use " + "; or ".join(fixes))
 
 
 def divisors_desc(n: int) -> list[int]:
