@@ -25,6 +25,17 @@ from .lsfit import (_lhat_jac, fit_ls, frontier, predict_loss_opt, profile_loss_
                     residual_sd)
 
 PRIOR_SD = np.array([5.0, 5.0, 1.0, 0.5, 0.5])      # log A, log B, log E, alpha, beta
+# method="robust": the exponents' prior (mean, sd): published LM fits give 0.28-0.37 (Hoffmann,
+# Epoch, Llama 3's isoFLOPs); 4-6 start runs do not pin five parameters without it.
+EXPONENT_PRIOR = (0.35, 0.15)
+# ... and the tokens per parameter the fit's optimum is held to: a fit to few small runs can put
+# it anywhere (the picks then land at D/N in the thousands, off the law's well-sampled region).
+TOKENS_PER_PARAM = (5.0, 200.0)
+# ... and the rest of the budget on runs within 1/SPREAD..SPREAD of the optimum at compute of
+# at least 1/FLOOR of the largest run: the law is trusted near the runs that read it.
+SPREAD, FLOOR = 8.0, 1e9
+# ... and this share of the budget on runs at the largest affordable compute, near the optimum.
+TOP_SHARE = 0.3
 
 
 
@@ -42,10 +53,10 @@ def _sigma(theta, lN, lD, lL) -> float:
 def suggest_runs(results: pd.DataFrame, target_flops: float, budget_flops: float, *,
                  max_runs: int | None = None, max_run_flops: float | None = None,
                  min_run_flops: float | None = None,
-                 sizes=None, objective: str = "both", noise: float | None = None,
-                 n_levels: int = 10, method: str = "linear", n_boot: int = 400,
+                 sizes=None, objective: str = "loss", noise: float | None = None,
+                 n_levels: int = 10, method: str = "robust", n_boot: int = 400,
                  seed: int = 0, max_tokens: float | None = None,
-                 fit_min_flops: float | None = None) -> pd.DataFrame:
+                 fit_min_flops: float | None = None, top_share: float | None = None) -> pd.DataFrame:
     """The runs to add, together within budget_flops (6ND each), that shrink the uncertainty of
     the predicted compute-optimal loss (objective "loss"), of N_opt ("n_opt") or of both (the
     sum of their relative variance reductions) at target_flops most per FLOP.
@@ -80,8 +91,8 @@ def suggest_runs(results: pd.DataFrame, target_flops: float, budget_flops: float
             raise ValueError(f"{name}={v!r}: must be a positive number of FLOPs, e.g. 1e21")
     if objective not in ("loss", "n_opt", "both"):
         raise ValueError(f"objective={objective!r}: use 'loss', 'n_opt' or 'both'")
-    if method not in ("linear", "bootstrap"):
-        raise ValueError(f"method={method!r}: use 'linear' or 'bootstrap'")
+    if method not in ("robust", "linear", "bootstrap"):
+        raise ValueError(f"method={method!r}: use 'robust', 'linear' or 'bootstrap'")
     max_runs = None if max_runs is None else check_count(max_runs, "max_runs", 1)
     cap = float(budget_flops if max_run_flops is None else min(max_run_flops, budget_flops))
     N, D, L = (results[c].to_numpy(float) for c in ("n_params", "tokens", "val_loss"))
@@ -97,15 +108,20 @@ def suggest_runs(results: pd.DataFrame, target_flops: float, budget_flops: float
     lN, lD, lL = np.log(N), np.log(D), np.log(L)
     sigma = noise if noise is not None else _sigma(theta, lN, lD, lL)
     lo = float((6 * N * D).max() if min_run_flops is None else min_run_flops)
+    if max_tokens is not None and not (_real(max_tokens) and max_tokens > 0):
+        raise ValueError(f"max_tokens={max_tokens!r}: must be a positive token count")
+    if method == "robust":
+        top_share = TOP_SHARE if top_share is None else top_share
+        if min_run_flops is None:          # every compute from the smallest run up: each round
+            lo = float((6 * N * D).min())  # may fill in below the largest
+        if not (_real(top_share) and 0 <= top_share <= 1):
+            raise ValueError(f"top_share={top_share!r}: the budget's share for the largest "
+                             "runs, a number in [0, 1]")
+        return _robust(N, D, L, sigma, float(target_flops), float(budget_flops), cap,
+                       min(lo, cap), sizes, max_runs, max_tokens, objective, float(top_share),
+                       n_levels)
     cands = _candidates(theta, min(lo, cap), cap, sizes, n_levels)
-    if max_tokens is not None:
-        if not (_real(max_tokens) and max_tokens > 0):
-            raise ValueError(f"max_tokens={max_tokens!r}: must be a positive token count")
-        cands = cands[cands["tokens"] <= max_tokens].reset_index(drop=True)
-    if cands.empty:
-        raise ValueError(f"no candidate run fits in max_run_flops/budget_flops={cap:.3g}"
-                         + ("" if max_tokens is None else f" and max_tokens={max_tokens:.3g}")
-                         + "; raise the budget or allow other sizes")
+    cands = _usable(cands, cap, max_tokens)
     if method == "bootstrap":
         _, boot = fit_ls(N, D, L, n_boot=check_count(n_boot, "n_boot", 20), seed=seed,
                          resample="residuals")
@@ -114,34 +130,46 @@ def suggest_runs(results: pd.DataFrame, target_flops: float, budget_flops: float
     # Posterior covariance of theta: data (J'J / sigma^2) plus the weak prior.
     _, J = _lhat_jac(theta[None], lN, lD)
     M = J[0].T @ J[0] / sigma ** 2 + np.diag(PRIOR_SD ** -2.0)
-    S = np.linalg.inv(M)
     gs = _target_gradients(theta, target_flops, objective)
+    g_loss = _target_gradients(theta, target_flops, "loss")[0]
+    S = np.linalg.inv(M)
+    picked, _, _ = _greedy(S, theta, cands, gs, [g @ S @ g for g in gs], g_loss, sigma,
+                           float(budget_flops), max_runs, per_flop=True)
+    return _table(picked, float(np.sqrt(g_loss @ S @ g_loss)), theta, sigma)
+
+
+def _table(picked, sd0, theta, sigma) -> pd.DataFrame:
+    out = pd.DataFrame(picked, columns=["n_params", "tokens", "flops", "sd_log_loss"])
+    out.attrs.update(sd_log_loss_before=sd0, theta=theta, sigma=sigma)
+    return out
+
+
+def _greedy(S, theta, cands, gs, v0, g_loss, sigma, budget, max_picks, per_flop: bool,
+            reuse: bool = False):
+    """Sequential c-optimal picks from cands (linear-Gaussian updates of the posterior
+    covariance S of theta), each the largest relative variance reduction of the targets (per
+    FLOP when per_flop), until nothing fits the budget or max_picks are made. Returns the picks
+    (n_params, tokens, flops, sd of log loss_opt after it), S and the budget left."""
     _, Jc = _lhat_jac(theta[None], np.log(cands["n_params"].to_numpy())[None],
                       np.log(cands["tokens"].to_numpy())[None])
     Jc, cost = Jc[0], cands["flops"].to_numpy()
-    g_loss = _target_gradients(theta, target_flops, "loss")[0]
-    v0 = [g @ S @ g for g in gs]
-    picked, left, used = [], float(budget_flops), np.ones(len(cands), bool)
-    while max_runs is None or len(picked) < max_runs:
-        fits = (cost <= left * (1 + 1e-9)) & used
+    picked, left, free = [], budget, np.ones(len(cands), bool)
+    while max_picks is None or len(picked) < max_picks:
+        fits = (cost <= left * (1 + 1e-9)) & free
         if not fits.any():
             break
         SJ = Jc @ S                                           # [K, 5]
         denom = sigma ** 2 + np.einsum("ki,ki->k", SJ, Jc)
         gain = sum((SJ @ g) ** 2 / denom / v for g, v in zip(gs, v0))
-        score = np.where(fits, gain / cost, -np.inf)
-        k = int(np.argmax(score))
+        k = int(np.argmax(np.where(fits, gain / cost if per_flop else gain, -np.inf)))
         if gain[k] < 1e-6:
             break
         S = S - np.outer(SJ[k], SJ[k]) / denom[k]             # rank-one update (Sherman-Morrison)
         left -= cost[k]
-        used[k] = False
+        free[k] = reuse
         picked.append((*cands.iloc[k][["n_params", "tokens", "flops"]],
                        float(np.sqrt(g_loss @ S @ g_loss))))
-    out = pd.DataFrame(picked, columns=["n_params", "tokens", "flops", "sd_log_loss"])
-    out.attrs.update(sd_log_loss_before=float(np.sqrt(g_loss @ np.linalg.inv(M) @ g_loss)),
-                     theta=theta, sigma=sigma)
-    return out
+    return picked, S, left
 
 
 def _target_gradients(theta, C, objective: str) -> list[np.ndarray]:
@@ -171,6 +199,71 @@ def _candidates(theta, c_min: float, cap: float, sizes, n_levels: int) -> pd.Dat
     df = pd.DataFrame(rows, columns=["n_params", "tokens"])
     df["n_params"], df["tokens"] = df["n_params"].round(), df["tokens"].round()
     df = df[(df["n_params"] >= 1) & (df["tokens"] >= 1)]
+    df["flops"] = 6 * df["n_params"] * df["tokens"]
+    return df.reset_index(drop=True)
+
+
+def _usable(cands: pd.DataFrame, cap: float, max_tokens) -> pd.DataFrame:
+    """The candidates within max_tokens; an error naming the limits when none is."""
+    if max_tokens is not None:
+        cands = cands[cands["tokens"] <= max_tokens].reset_index(drop=True)
+    if cands.empty:
+        raise ValueError(f"no candidate run fits in max_run_flops/budget_flops={cap:.3g}"
+                         + ("" if max_tokens is None else f" and max_tokens={max_tokens:.3g}")
+                         + "; raise the budget or allow other sizes")
+    return cands
+
+
+def _robust(N, D, L, sigma, C, budget, cap, c_min, sizes, max_runs, max_tokens, objective,
+            top_share, n_levels) -> pd.DataFrame:
+    """suggest_runs(method="robust"): the MAP fit (EXPONENT_PRIOR), top_share of the budget on
+    runs at the largest affordable compute within 2^1.5 of the optimum, the rest per FLOP on
+    runs within 4x of it (D/N within 16x), the optimum held to TOKENS_PER_PARAM."""
+    mu = np.array([0, 0, 0, EXPONENT_PRIOR[0], EXPONENT_PRIOR[0]])
+    prec = np.array([0, 0, 0, 1.0, 1.0]) * (sigma / EXPONENT_PRIOR[1]) ** 2
+    theta, _ = fit_ls(N, D, L, n_boot=0, prior=(mu, prec))
+    prior_sd = np.concatenate([PRIOR_SD[:3], [EXPONENT_PRIOR[1]] * 2])
+    _, J = _lhat_jac(theta[None], np.log(N), np.log(D))
+    S = np.linalg.inv(J[0].T @ J[0] / sigma ** 2 + np.diag(prior_sd ** -2.0))
+    gs = _target_gradients(theta, C, objective)
+    v0 = [g @ S @ g for g in gs]
+    g_loss = _target_gradients(theta, C, "loss")[0]
+    sd0 = float(np.sqrt(g_loss @ S @ g_loss))
+    picked, left = [], budget
+    if top_share > 0:
+        n_top = max(1, int(np.floor(top_share * budget / cap + 0.5)))
+        c_top = min(cap, top_share * budget / n_top)
+        top = _usable(_near_optimum(theta, [c_top], sizes, 2 ** 1.5, 3), cap, max_tokens)
+        picked, S, left = _greedy(S, theta, top, gs, v0, g_loss, sigma, left,
+                                  n_top if max_runs is None else min(n_top, max_runs),
+                                  per_flop=False, reuse=True)
+    levels = np.geomspace(max(c_min, cap / FLOOR), cap, n_levels)
+    steps = max(1, round(2 * np.log2(SPREAD)))                # sizes sqrt(2) apart
+    rest = _usable(_near_optimum(theta, levels, sizes, SPREAD, steps), cap, max_tokens)
+    more, _, _ = _greedy(S, theta, rest, gs, v0, g_loss, sigma, left,
+                         None if max_runs is None else max_runs - len(picked), per_flop=True)
+    return _table(picked + more, sd0, theta, sigma)
+
+
+def _near_optimum(theta, levels, sizes, spread: float, steps: int) -> pd.DataFrame:
+    """Candidates at each compute level within 1/spread..spread of the fit's N_opt, its tokens
+    per parameter held to TOKENS_PER_PARAM: 2 * steps + 1 log-spaced sizes, or the given sizes
+    in that range (the nearest one when none is)."""
+    levels = np.asarray(levels, float)
+    ln, _ = frontier(np.tile(theta, (levels.size, 1)), levels)
+    lo, hi = TOKENS_PER_PARAM
+    n_opt = np.clip(np.exp(ln), np.sqrt(levels / 6 / hi), np.sqrt(levels / 6 / lo))
+    rows = []
+    for c, n0 in zip(levels, n_opt):
+        if sizes is None:
+            ns = n0 * spread ** (np.arange(-steps, steps + 1) / steps)
+        else:
+            n = np.unique(np.asarray(sizes, float))
+            ns = n[np.abs(np.log(n / n0)) <= np.log(spread) + 1e-9]
+            ns = ns if ns.size else n[[np.argmin(np.abs(np.log(n / n0)))]]
+        rows += [(ni, c / (6 * ni)) for ni in ns]
+    df = pd.DataFrame(rows, columns=["n_params", "tokens"]).round()
+    df = df[(df["n_params"] >= 1) & (df["tokens"] >= 1)].drop_duplicates()
     df["flops"] = 6 * df["n_params"] * df["tokens"]
     return df.reset_index(drop=True)
 
@@ -211,8 +304,6 @@ def _greedy_ensemble(boot, cands, C, objective, sigma, budget, max_runs, theta) 
         used[k] = False
         picked.append((*cands.iloc[k][["n_params", "tokens", "flops"]],
                        float(np.sqrt(max(S[K, K], 0.0)))))
-    out = pd.DataFrame(picked, columns=["n_params", "tokens", "flops", "sd_log_loss"])
-    out.attrs.update(sd_log_loss_before=sd0, theta=theta, sigma=sigma)
-    return out
+    return _table(picked, sd0, theta, sigma)
 
 

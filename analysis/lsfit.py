@@ -61,7 +61,7 @@ def _lm(theta, lN, lD, lL, W, iters: int = 100, prior=None):
 
 
 def fit_ls(N, D, L, *, n_boot: int = 200, seed: int = 0, groups=None, n_starts: int = 32,
-           resample: str = "runs"):
+           resample: str = "runs", prior=None):
     """Least squares on log L for L(N, D); returns (theta [5], bootstrap thetas [n_boot', 5]).
 
     theta = (log A, log B, log E, alpha, beta). The main fit runs LM from the n_starts points of
@@ -70,6 +70,8 @@ def fit_ls(N, D, L, *, n_boot: int = 200, seed: int = 0, groups=None, n_starts: 
     (or whole `groups`): the runs as a random sample. resample="residuals" keeps every (N, D)
     and adds resampled residuals (scaled by sqrt(n / (n - 5))) to the fit: the fixed-design
     bootstrap, right when the runs were chosen (a grid, or `suggest_runs`), not sampled.
+    prior=(mu [5], prec [5]): a Gaussian prior on theta, in units of squared log-loss residuals
+    (prec = noise^2 / prior sd^2), for every fit: the MAP fit (the planner's, from few runs).
     """
     if resample not in ("runs", "residuals"):
         raise ValueError(f"resample={resample!r}: use 'runs' or 'residuals'")
@@ -82,7 +84,7 @@ def fit_ls(N, D, L, *, n_boot: int = 200, seed: int = 0, groups=None, n_starts: 
     grid = np.array(list(itertools.product(*(EPOCH_GRID[k] for k in
                                              ("a", "b", "e", "alpha", "beta")))), float)
     starts = _screen(grid, lN, lD, lL, np.inf, n_starts)
-    th, cost = _lm(starts, lN, lD, lL, np.ones((len(starts), N.size)))
+    th, cost = _lm(starts, lN, lD, lL, np.ones((len(starts), N.size)), prior=prior)
     best = th[np.argmin(np.where(np.isfinite(cost), cost, np.inf))]
     if n_boot == 0:
         return best, np.empty((0, 5))
@@ -97,8 +99,8 @@ def fit_ls(N, D, L, *, n_boot: int = 200, seed: int = 0, groups=None, n_starts: 
         lh = _lhat_jac(best[None], lN, lD)[0][0]
         r = (lL - lh) * np.sqrt(N.size / (N.size - 5))
         W, y = np.ones((n_boot, N.size)), lh + (r - r.mean())[np.stack(idx)]
-    a, ca = _lm(np.tile(best, (n_boot, 1)), lN, lD, y, W)
-    b, cb = _lm(np.tile(starts[0], (n_boot, 1)), lN, lD, y, W)
+    a, ca = _lm(np.tile(best, (n_boot, 1)), lN, lD, y, W, prior=prior)
+    b, cb = _lm(np.tile(starts[0], (n_boot, 1)), lN, lD, y, W, prior=prior)
     boot = np.where((cb < ca)[:, None], b, a)
     return best, boot[np.all(np.isfinite(boot), axis=1)]
 
