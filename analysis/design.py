@@ -31,13 +31,12 @@ EXPONENT_PRIOR = (0.35, 0.15)
 # ... and the tokens per parameter the fit's optimum is held to: a fit to few small runs can put
 # it anywhere (the picks then land at D/N in the thousands, off the law's well-sampled region).
 TOKENS_PER_PARAM = (5.0, 200.0)
-# ... and the rest of the budget on runs within 1/SPREAD..SPREAD of the optimum at compute of
-# at least 1/FLOOR of the largest run: the law is trusted near the runs that read it.
-SPREAD, FLOOR = 8.0, 1e9
-# ... and this share of the budget on runs at the largest affordable compute, near the optimum.
+# ... the rest of the budget per FLOP on runs within 1/SPREAD..SPREAD of that optimum (D/N
+# within 64x: the grid's 4x lost a third of the design's information on a known law) ...
+SPREAD = 8.0
+# ... and this share of the budget on runs at the largest affordable compute near the optimum:
+# a per-FLOP criterion alone spends it on small runs and trusts the law 1000x beyond them.
 TOP_SHARE = 0.3
-
-
 
 def _real(v) -> bool:
     """A plain or numpy real number (not a bool, not a string)."""
@@ -56,7 +55,8 @@ def suggest_runs(results: pd.DataFrame, target_flops: float, budget_flops: float
                  sizes=None, objective: str = "loss", noise: float | None = None,
                  n_levels: int = 10, method: str = "robust", n_boot: int = 400,
                  seed: int = 0, max_tokens: float | None = None,
-                 fit_min_flops: float | None = None, top_share: float | None = None) -> pd.DataFrame:
+                 fit_min_flops: float | None = None,
+                 top_share: float | None = None) -> pd.DataFrame:
     """The runs to add, together within budget_flops (6ND each), that shrink the uncertainty of
     the predicted compute-optimal loss (objective "loss"), of N_opt ("n_opt") or of both (the
     sum of their relative variance reductions) at target_flops most per FLOP.
@@ -237,7 +237,7 @@ def _robust(N, D, L, sigma, C, budget, cap, c_min, sizes, max_runs, max_tokens, 
         picked, S, left = _greedy(S, theta, top, gs, v0, g_loss, sigma, left,
                                   n_top if max_runs is None else min(n_top, max_runs),
                                   per_flop=False, reuse=True)
-    levels = np.geomspace(max(c_min, cap / FLOOR), cap, n_levels)
+    levels = np.geomspace(c_min, cap, n_levels)
     steps = max(1, round(2 * np.log2(SPREAD)))                # sizes sqrt(2) apart
     rest = _usable(_near_optimum(theta, levels, sizes, SPREAD, steps), cap, max_tokens)
     more, _, _ = _greedy(S, theta, rest, gs, v0, g_loss, sigma, left,
@@ -261,8 +261,9 @@ def _near_optimum(theta, levels, sizes, spread: float, steps: int) -> pd.DataFra
             n = np.unique(np.asarray(sizes, float))
             ns = n[np.abs(np.log(n / n0)) <= np.log(spread) + 1e-9]
             ns = ns if ns.size else n[[np.argmin(np.abs(np.log(n / n0)))]]
-        rows += [(ni, c / (6 * ni)) for ni in ns]
-    df = pd.DataFrame(rows, columns=["n_params", "tokens"]).round()
+        ns = np.round(ns)
+        rows += [(ni, np.floor(c / (6 * ni))) for ni in ns]     # 6ND within the level
+    df = pd.DataFrame(rows, columns=["n_params", "tokens"])
     df = df[(df["n_params"] >= 1) & (df["tokens"] >= 1)].drop_duplicates()
     df["flops"] = 6 * df["n_params"] * df["tokens"]
     return df.reset_index(drop=True)

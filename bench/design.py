@@ -13,15 +13,16 @@ In each study (start runs, then one of):
   one-shot one `suggest_runs` call with half the grid's compute, no run above 1e18;
   rounds   the same compute in 3 rounds (suggest, train, refit, suggest...).
 Every design is then read the same way: `fit_ls` (least squares on log L) and its 95%
-fixed-design bootstrap interval (200 refits) of the compute-optimal loss at the target.
+fixed-design bootstrap interval (100 refits) of the compute-optimal loss at the target.
 The table: per cell, the median |relative error| of that forecast for the grid and both uses
 of the planner, the planner's compute as a share of the grid's, its interval coverage, and
 `ok` when the planner's median error is at most the grid's (both uses). A planner that refuses
 a cell (an error) is counted as failing it. `--planner before` is the planner as it was
 (notebook 05's bootstrap-covariance criterion), `after` is `suggest_runs`' default.
 
-    python bench/design.py                     # the whole family, 6 seeds a cell
-    python bench/design.py --quick             # 4 corner cells x 3 seeds (a CI-size check)
+    python bench/design.py                     # the whole family, 2 seeds a cell
+    python bench/design.py --seeds 6           # steadier medians (3x the time)
+    python bench/design.py --quick             # 4 corner cells x 2 seeds (a CI-size check)
     python bench/design.py --planner before    # the same family with the old planner
 """
 from __future__ import annotations
@@ -137,22 +138,27 @@ def table(df: pd.DataFrame) -> pd.DataFrame:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--seeds", type=int, default=None, help="studies per cell (6; --quick 3)")
-    ap.add_argument("--quick", action="store_true", help="4 corner cells, 3 seeds each")
+    ap.add_argument("--seeds", type=int, default=2, help="studies per cell")
+    ap.add_argument("--quick", action="store_true", help="4 corner cells only")
     ap.add_argument("--planner", choices=tuple(PLANNERS), default="after")
-    ap.add_argument("--n-boot", type=int, default=200, help="the interval's bootstrap refits")
+    ap.add_argument("--n-boot", type=int, default=100, help="the interval's bootstrap refits")
     ap.add_argument("--procs", type=int, default=2)
     ap.add_argument("--csv", help="also write every study's row here")
     a = ap.parse_args(argv)
-    seeds = a.seeds or (3 if a.quick else 6)
+    seeds = a.seeds
     jobs = [(i, c, s, a.planner, a.n_boot) for i, c in enumerate(cells(a.quick))
             for s in range(seeds)]
     t0 = time.time()
+    rows = []
     with mp.get_context("fork").Pool(a.procs) as pool:
-        rows = [r for rs in pool.imap_unordered(one_study, jobs) for r in rs]
+        for i, rs in enumerate(pool.imap_unordered(one_study, jobs)):
+            rows += rs
+            print(f"\r{i + 1}/{len(jobs)} studies, {time.time() - t0:.0f} s", end="",
+                  file=sys.stderr, flush=True)
+            if a.csv:                             # every study so far: a partial run survives
+                pd.DataFrame(rows).to_csv(a.csv, index=False)
+    print(file=sys.stderr)
     df = pd.DataFrame(rows).sort_values(["cell", "study", "design"])
-    if a.csv:
-        df.to_csv(a.csv, index=False)
     t = table(df)
     print(f"planner {a.planner!r} ({PLANNERS[a.planner] or 'suggest_runs defaults'}); forecast "
           f"of the compute-optimal loss at target x {TOP:.0e}; median |error| (%) over "
@@ -161,8 +167,9 @@ def main(argv=None) -> int:
     print(t.to_string(float_format=lambda v: f"{v:.2f}"))
     plan = df[df["design"] != "grid"]
     refused = plan[plan["refused"] != ""]
+    grid_cover = 100 * df[df["design"] == "grid"]["covered"].mean()
     print(f"cells ok: {int(t['ok'].sum())} of {len(t)}; coverage over the family: "
-          f"{100 * plan['covered'].mean():.1f}% (grid {100 * df[df['design'] == 'grid']['covered'].mean():.1f}%); "
+          f"{100 * plan['covered'].mean():.1f}% (grid {grid_cover:.1f}%); "
           f"refused: {len(refused)} of {len(plan)} plans"
           + (f" (e.g. {refused['refused'].iloc[0]!r})" if len(refused) else ""))
     print(f"{len(jobs)} studies in {time.time() - t0:.0f} s with {a.procs} processes")
