@@ -153,6 +153,7 @@ def _greedy(S, theta, cands, gs, v0, g_loss, sigma, budget, max_picks, per_flop:
     _, Jc = _lhat_jac(theta[None], np.log(cands["n_params"].to_numpy())[None],
                       np.log(cands["tokens"].to_numpy())[None])
     Jc, cost = Jc[0], cands["flops"].to_numpy()
+    rows = cands[["n_params", "tokens", "flops"]].to_numpy(float)
     picked, left, free = [], budget, np.ones(len(cands), bool)
     while max_picks is None or len(picked) < max_picks:
         fits = (cost <= left * (1 + 1e-9)) & free
@@ -167,8 +168,7 @@ def _greedy(S, theta, cands, gs, v0, g_loss, sigma, budget, max_picks, per_flop:
         S = S - np.outer(SJ[k], SJ[k]) / denom[k]             # rank-one update (Sherman-Morrison)
         left -= cost[k]
         free[k] = reuse
-        picked.append((*cands.iloc[k][["n_params", "tokens", "flops"]],
-                       float(np.sqrt(g_loss @ S @ g_loss))))
+        picked.append((*rows[k], float(np.sqrt(g_loss @ S @ g_loss))))
     return picked, S, left
 
 
