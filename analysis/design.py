@@ -1,19 +1,22 @@
-"""Plan the next runs: which (N, D) to train so the prediction at a target compute tightens most.
+"""Plan the next runs: which (N, D) to train so the forecast at a target compute tightens most.
 
 `suggest_runs(results, target_flops, budget_flops)` fits L(N, D) = E + A/N^alpha + B/D^beta to
 the finished runs, then picks runs greedily: each step adds the candidate that removes the most
-variance from the predicted compute-optimal log loss (and log N_opt) at target_flops per FLOP
-it costs, until the budget is spent. The variance comes from the fit's linearisation (Fisher
-information J'J / sigma^2, J the gradient of log L_hat in (log A, log B, log E, alpha, beta))
-plus a weak Gaussian prior (PRIOR_SD) that keeps directions the runs cannot see finite: this is
-sequential c-optimal design. Candidates are log-spaced compute levels up to the largest run you
-allow, each at sizes around the current fit's optimum (N_opt x 1/8 .. 8), or at the sizes you
-give (a sweep's presets, `sizes=`).
+variance from the forecast compute-optimal log loss (and/or log N_opt) at target_flops, until
+the budget is spent. The variance comes from the fit's linearisation (Fisher information
+J'J / sigma^2, J the gradient of log L_hat in (log A, log B, log E, alpha, beta)) plus a weak
+Gaussian prior: sequential c-optimal design.
 
-The design fits by least squares on log L (a Gaussian likelihood, which the Fisher information
-needs); `fit_ls` does that with a vectorised Levenberg-Marquardt, bootstrap resamples included
-(200 refits in ~0.1 s), and `predict_loss_opt` gives the prediction and its percentile band.
-fit_chinchilla (Huber, Epoch's procedure) remains the analysis fit.
+That criterion trusts the law exactly: alone (method="linear", "bootstrap") it spends the budget
+on many cheap runs at extreme D/N, centred on whatever optimum a fit to a few small runs gives,
+and held out of its own simulation it lost to a plain isoFLOP grid. method="robust" (the
+default) keeps the criterion but (1) fits with a prior on the exponents (EXPONENT_PRIOR), so 4
+start runs give a usable fit, (2) holds the fit's optimum to TOKENS_PER_PARAM and candidates to
+within SPREAD of it, and (3) puts TOP_SHARE of the budget on runs at the largest affordable
+compute near the optimum before the rest goes per FLOP. bench/design.py measures it on a family
+of simulated studies (3 laws, 2 noise levels, 4 start designs, 2 targets, one-shot and rounds);
+docs/analysis.md has the table and the cells where it does not beat the grid.
+The least-squares fit and its intervals live in analysis.lsfit (re-exported here).
 """
 from __future__ import annotations
 
@@ -61,13 +64,18 @@ def suggest_runs(results: pd.DataFrame, target_flops: float, budget_flops: float
     the predicted compute-optimal loss (objective "loss"), of N_opt ("n_opt") or of both (the
     sum of their relative variance reductions) at target_flops most per FLOP.
 
-    results: finished runs with columns n_params, tokens, val_loss (results.csv; >= 5 runs at
-        >= 2 values of D/N). max_run_flops: the largest single run you can train (default: the
-        budget). min_run_flops: the smallest run worth adding (default: the largest finished
-        run, so the plan climbs towards the target; each candidate is used at most once).
-        sizes: allowed parameter counts (a sweep's models); default any N.
+    results: finished runs with columns n_params, tokens, val_loss (results.csv; >= 4 runs at
+        >= 2 values of D/N for "robust", >= 6 for "bootstrap"). max_run_flops: the largest
+        single run you can train (default: the budget). min_run_flops: the smallest run worth
+        adding (default: the smallest finished run for "robust", else the largest, so the plan
+        climbs towards the target; each candidate is used at most once, but "robust"'s runs at
+        the top compute may repeat). sizes: allowed parameter counts (a sweep's models).
     noise: the run-to-run sd of log loss (default: from the fit's residuals, 0.01 when < 7 runs).
-    method: "linear" (the fit's Fisher information plus PRIOR_SD) or "bootstrap": the joint
+    method: "robust" (default; the module docstring): the MAP fit, candidates held near its
+        optimum, top_share of the budget (default TOP_SHARE) on round(top_share * budget /
+        max_run_flops) >= 1 runs at the largest affordable compute within 2^1.5 of N_opt, the
+        rest per FLOP; the criterion is the linearisation with the prior's covariance.
+        "linear" (the fit's Fisher information plus PRIOR_SD) or "bootstrap": the joint
         covariance of every candidate's predicted log loss and the targets across n_boot
         fixed-design bootstrap refits (`fit_ls(resample="residuals")`, seed), keeping the refits
         inside the central 95% of log loss_opt: the quantity the interval is read from. The
