@@ -20,6 +20,8 @@ The least-squares fit and its intervals live in analysis.lsfit (re-exported here
 """
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pandas as pd
 
@@ -40,6 +42,9 @@ SPREAD = 8.0
 # ... and this share of the budget on runs at the largest affordable compute near the optimum:
 # a per-FLOP criterion alone spends it on small runs and trusts the law 1000x beyond them.
 TOP_SHARE = 0.3
+# Below this target / max_run_flops the robust plan warns: in bench/design.py's family it lost
+# to the true-optimum grid (2-seed median) in 7 of 24 cells at 30x, 4 of 24 at 1000x.
+SHORT_REACH = 100.0
 
 def _real(v) -> bool:
     """A plain or numpy real number (not a bool, not a string)."""
@@ -125,6 +130,12 @@ def suggest_runs(results: pd.DataFrame, target_flops: float, budget_flops: float
         if not (_real(top_share) and 0 <= top_share <= 1):
             raise ValueError(f"top_share={top_share!r}: the budget's share for the largest "
                              "runs, a number in [0, 1]")
+        if target_flops < SHORT_REACH * cap:
+            warnings.warn(f"target_flops={target_flops:.3g} is {target_flops / cap:.3g}x the "
+                          f"largest run ({cap:.3g}): at 30x the robust plan lost to an isoFLOP "
+                          "grid on the true optimum (with twice its compute) in 7 of 24 "
+                          "simulated cells (docs/analysis.md); a grid at the largest compute "
+                          "is as good there", stacklevel=2)
         return _robust(N, D, L, sigma, float(target_flops), float(budget_flops), cap,
                        min(lo, cap), sizes, max_runs, max_tokens, objective, float(top_share),
                        n_levels)
