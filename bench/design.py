@@ -139,6 +139,8 @@ def table(df: pd.DataFrame) -> pd.DataFrame:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seeds", type=int, default=2, help="studies per cell")
+    ap.add_argument("--first-seed", type=int, default=0,
+                    help="seeds first-seed .. first-seed + seeds - 1 (more seeds in a later run)")
     ap.add_argument("--quick", action="store_true", help="4 corner cells only")
     ap.add_argument("--planner", choices=tuple(PLANNERS), default="after")
     ap.add_argument("--n-boot", type=int, default=100, help="the interval's bootstrap refits")
@@ -147,7 +149,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     seeds = a.seeds
     jobs = [(i, c, s, a.planner, a.n_boot) for i, c in enumerate(cells(a.quick))
-            for s in range(seeds)]
+            for s in range(a.first_seed, a.first_seed + seeds)]
     t0 = time.time()
     rows = []
     with mp.get_context("fork").Pool(a.procs) as pool:
