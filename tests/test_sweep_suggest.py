@@ -36,28 +36,30 @@ def test_suggest_prints_and_writes_runs_the_spec_can_launch(tmp_path, capsys):
         assert abs(r.tokens - e["tokens"]) <= r.batch_size * 128      # rounded to whole steps
 
 
-def test_suggest_is_notebook_05s_planner(tmp_path, capsys):
-    """The CLI's runs are suggest_runs with the settings of the committed real rounds
-    (plan.json), capped at one pass over the corpus, and --fit-min-flops leaves runs out."""
-    import json
+def test_suggest_is_the_robust_planner(tmp_path, capsys):
+    """The CLI's runs are suggest_runs' default (robust) planner at the sweep's sizes, capped at
+    one pass over the corpus, and --fit-min-flops leaves runs out."""
+    import numpy as np
 
     import analysis
     from cgpt.sweep.suggest import PLANNER, corpus_tokens, suggest
 
-    plan = json.loads((ROOT / "notebooks" / "data" / "plan_rounds" / "plan.json").read_text())
-    assert {k: plan[k] for k in PLANNER} == PLANNER
+    assert PLANNER["method"] == "robust"
     fixture = ROOT / "tests" / "fixtures" / "analysis" / "approaches"
     res = analysis.load_results(fixture, finished_only=True)
     corpus = corpus_tokens(res)
     assert corpus == pytest.approx(15034880, rel=1e-6)        # the embedded corpus's train split
     sweep = load_sweep(ROOT / "sweeps" / "approaches.yaml")
+    sizes = sorted({r.n_params for r in sweep.runs})
     c = 6 * res["n_params"] * res["tokens"]
     for fmin in (None, 2e11):
         got = suggest(sweep, fixture, 2, budget_flops=4e12, fit_min_flops=fmin)
-        want = analysis.suggest_runs(res, 100 * c.max(), 4e12, max_runs=2, sizes=plan["sizes"],
+        want = analysis.suggest_runs(res, 100 * c.max(), 4e12, max_runs=2, sizes=sizes,
                                      max_tokens=corpus, fit_min_flops=fmin, **PLANNER)
         assert got["n_params"].tolist() == want["n_params"].tolist()
         assert (got["tokens"] - want["tokens"]).abs().max() <= 1 and got["tokens"].max() <= corpus
+        assert set(got["n_params"]) <= set(sizes)
+        assert np.isclose(got["flops"].max(), 4e12 * 0.3, rtol=0.01)  # the top share's run
     assert command.main([str(ROOT / "sweeps" / "approaches.yaml"), "--out", str(fixture),
                          "--suggest", "1", "--fit-min-flops", "2e12"]) == 2
     assert "--fit-min-flops 2e+12 leaves 0 of 15 finished runs to fit" in capsys.readouterr().err

@@ -8,9 +8,10 @@ freely. `--write` copies the spec to `<stem>_next.yaml` with the suggestions app
 `runs:` (one `{model, tokens, seed}` each); launching the copy with the same `--out` skips the
 finished grid runs and trains only the new ones.
 
-The planner is notebook 05's (`PLANNER`): the bootstrap-covariance criterion on the forecast
-loss, and no run longer than the corpus (its training tokens, read from results.csv as
-tokens / epochs): L(N, D) counts fresh tokens.
+The planner is `suggest_runs`' default (`PLANNER`, method="robust": it holds on the family of
+simulated studies in bench/design.py, docs/analysis.md), and no run longer than the corpus (its
+training tokens, read from results.csv as tokens / epochs): L(N, D) counts fresh tokens.
+Notebook 05's real rounds were planned with method="bootstrap" (their plan.json).
 """
 from __future__ import annotations
 
@@ -19,8 +20,9 @@ from pathlib import Path
 import yaml
 
 RUN_KEYS = ("model", "tokens", "seed")
-# suggest_runs settings shared with bench/plan_rounds.py's rounds (notebooks/data/plan_rounds).
-PLANNER = dict(objective="loss", method="bootstrap", n_boot=400, seed=0)
+# suggest_runs settings: its default planner, on the forecast loss.
+PLANNER = dict(objective="loss", method="robust")
+MIN_RUNS = 4          # the robust planner's MAP fit plans from 4 runs (the fit itself needs 5)
 
 
 def with_runs(spec_path: Path, spec: dict, sets, load):
@@ -78,9 +80,10 @@ def suggest(sweep, out: Path, k: int, target_flops: float | None = None,
     model name; defaults: target 100x the largest finished run, budget the sweep's compute,
     no run past one pass over the corpus."""
     res = analysis_results(out)
-    if len(res) < 5:
+    if len(res) < MIN_RUNS:
         raise ValueError(f"{out}: {len(res)} finished run(s); --suggest fits L(N, D) (5 "
-                         "parameters) and needs at least 5 finished runs at 2 or more D/N")
+                         f"parameters, with a prior on the exponents) and needs at least "
+                         f"{MIN_RUNS} finished runs at 2 or more D/N")
     c = 6 * res["n_params"] * res["tokens"]
     kept = 0 if fit_min_flops is None else int((c >= fit_min_flops).sum())
     if fit_min_flops is not None and kept < 6:
@@ -142,7 +145,7 @@ def print_suggestions(sweep, out: Path, k: int, target_flops=None, budget_flops=
           + ("" if fit_min_flops is None else f"; fit on runs >= {fit_min_flops:.3g} FLOPs"))
     print(s.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     print(f"forecast sd of log loss at the target: {s.attrs['sd_log_loss_before']:.4f} now, "
-          f"{s['sd_log_loss'].iloc[-1]:.4f} with these runs (fixed-design bootstrap covariance)"
+          f"{s['sd_log_loss'].iloc[-1]:.4f} with these runs (the fit's linearisation)"
           if len(s) else "")
     check = smallest_budget_check(analysis_results(out), fit_min_flops)
     if check:
