@@ -135,6 +135,16 @@ def test_plan_runs_without_the_cli(tmp_path):
     assert "cgpt plan: error: --model required" in p.stderr
 
 
+def test_plan_defaults_to_mode_auto(capsys):
+    """`cgpt plan` without --mode plans as `--mode auto`, as `train` defaults to it."""
+    args = ["--model", "1.3B", "--nodes", "2", "--gpus-per-node", "8", "--no-compile", "--json"]
+    assert plan.main(args) == 0
+    default = json.loads(capsys.readouterr().out)
+    assert plan.main([*args, "--mode", "auto"]) == 0
+    assert json.loads(capsys.readouterr().out) == default
+    assert default["requested_mode"] == "auto" and default["auto_reason"]
+
+
 @pytest.mark.parametrize("args,flag", [
     (["--mode", "weight_streaming", "--mesh", "data:8"], "--mesh"),
     (["--mode", "weight_streaming", "--mesh", "stage=8"], "--mesh"),
