@@ -135,6 +135,21 @@ def test_plan_runs_without_the_cli(tmp_path):
     assert "cgpt plan: error: --model required" in p.stderr
 
 
+def test_two_nodes_stream_weights_as_hsdp(capsys):
+    """2.7B at its published batch (528) on 2 nodes x 8 GPUs: weight streaming with an empty
+    mesh is HSDP, data=2 across the nodes x fsdp=8 inside each, so a device holds 1/8 of the
+    state and the step needs no full remat (with data=16 every weight was replicated: 65 GB,
+    full remat and 3 accumulation steps); auto picks that layout."""
+    args = ["--model", "2.7B", "--nodes", "2", "--gpus-per-node", "8", "--no-compile", "--json"]
+    for mode in ("weight_streaming", "auto"):
+        assert plan.main([*args, "--mode", mode]) == 0
+        r = json.loads(capsys.readouterr().out)
+        assert (r["mode"], r["mesh"], r["crosses_nodes"]) == (
+            "weight_streaming", {"data": 2, "fsdp": 8}, ["data"]), mode
+        assert r["fits"] and r["remat"] != "full", (mode, r["remat"], r["fit"])
+        assert r["mesh_reason"].startswith("HSDP")
+
+
 def test_plan_defaults_to_mode_auto(capsys):
     """`cgpt plan` without --mode plans as `--mode auto`, as `train` defaults to it."""
     args = ["--model", "1.3B", "--nodes", "2", "--gpus-per-node", "8", "--no-compile", "--json"]
