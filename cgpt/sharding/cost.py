@@ -59,9 +59,9 @@ GATHER_BYTES = 4  # weight streaming's gathers counted at f32, an upper bound: s
 # against (tests/test_plan.py) widens part of them back to f32, so 2 could not be verified here
 PREFERENCE = ("layer_pipelined", "data_parallel", "weight_streaming")  # today's order (ties)
 COMM_LIMIT = 0.25  # the most of a step a layout may spend in exposed communication before
-# `plan` looks for a batch that does better (`auto.nearest_batches`): beyond a quarter the
-# GPUs idle more than the remat's extra forward (a third of the layers' FLOPs) costs, and the
-# step is bound by the network the model knows least (its rates are assumed, not measured)
+# `plan` looks for a batch that does better (`auto.nearest_batches`): a quarter is what full
+# remat costs (a recomputed forward, 1/4 of such a step), which the fit already avoids where it
+# can; and beyond it the step is bound by the link rates the model assumes least surely
 
 
 @dataclass(frozen=True)
