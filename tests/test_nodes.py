@@ -56,6 +56,19 @@ def test_weight_streaming_axes_keep_fsdp_inside_a_node():
     assert weight_axes("weight_streaming", {"data": 16, "fsdp": 16}, 32) == ("fsdp",)
 
 
+def test_weight_streaming_mesh_without_fsdp_on_nodes_is_an_error():
+    """A given weight-streaming mesh whose only axis crosses nodes would replicate every
+    weight on every device: an error naming the mesh and the HSDP one to use instead."""
+    from cgpt.sharding.auto import placement
+
+    cfg = get_config("tiny-17k")
+    with pytest.raises(ValueError, match=r"--mesh 'data=16' on 2 nodes.*data=2,fsdp=8"):
+        placement("weight_streaming", "data=16", cfg, 16, num_devices=16, nodes=2)
+    assert placement("weight_streaming", "data=2,fsdp=8", cfg, 16, num_devices=16,
+                     nodes=2)[1] == {"data": 2, "fsdp": 8}
+    assert placement("weight_streaming", "data=16", cfg, 16, num_devices=16)[1] == {"data": 16}
+
+
 def test_axis_bytes_are_the_cost_models_traffic():
     """Per-axis bytes (`cost.axis_bytes`) are the cost model's collectives (`cost.traffic`,
     checked against the compiled HLO in tests/test_plan.py) x their ring factor, a collective

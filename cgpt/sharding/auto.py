@@ -261,4 +261,11 @@ def placement(mode: str, mesh_spec: str, cfg: ModelConfig, batch: int, micro: in
         mesh_reason = "chosen by --mode auto"
     if nodes > 1:
         split_axes(axes, nodes)  # the mesh must tile the nodes
+        n = math.prod(axes.values())
+        if mode == "weight_streaming" and n > nodes and weight_shards(mode, axes, nodes) == 1:
+            raise ValueError(
+                f"--mesh {mesh_spec!r} on {nodes} nodes: weight_streaming shards the weights "
+                "over fsdp inside a node (data crosses nodes), and this mesh has none, so every "
+                f"device would hold all of them; use --mesh data={nodes},fsdp={n // nodes} "
+                "(HSDP), or --mode data_parallel for replicated weights")
     return mode, axes, mesh_reason, auto_reason
