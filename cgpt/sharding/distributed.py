@@ -129,14 +129,16 @@ def host_name(environ=None) -> str:
 
 def _gather_hosts() -> list[str]:
     """Every process's `host_name()`, by process index, through the coordination service's
-    key-value store (each process publishes its own, then reads all): read at start-up, so
+    key-value store (each process publishes its own, all meet at a barrier, each reads the
+    directory once: three calls per process, however many there are): read at start-up, so
     the mesh groups processes by where they run, not by how they are numbered."""
     if jax.process_count() == 1:
         return [host_name()]
     client = _client()
     client.key_value_set(f"cgpt/host/{jax.process_index()}", host_name())
-    return [client.blocking_key_value_get(f"cgpt/host/{i}", BARRIER_TIMEOUT_S * 1000)
-            for i in range(jax.process_count())]
+    client.wait_at_barrier("cgpt/hosts", BARRIER_TIMEOUT_S * 1000)
+    got = {int(k.rsplit("/", 1)[-1]): v for k, v in client.key_value_dir_get("cgpt/host/")}
+    return [got[i] for i in range(jax.process_count())]
 
 
 def process_hosts() -> tuple[str, ...]:
