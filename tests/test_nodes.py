@@ -3,7 +3,8 @@
 
 The presets' placements are checked on the analytic plan (no compile, no devices); the hybrid
 mesh on the 8 emulated CPU devices (one process: contiguous blocks stand for nodes) and with
-2 real processes x 4 CPU devices (each process a node, jax.distributed + gloo)."""
+real processes (jax.distributed + gloo) that report a host each (CGPT_HOST): 2 x 4 CPU
+devices on 2 hosts, 4 x 2 placed cyclically on 2 hosts."""
 import json
 import os
 import socket
@@ -35,8 +36,13 @@ def test_split_axes_gives_nodes_to_data_then_stage_then_fsdp():
 
 
 def test_weight_streaming_axes_keep_fsdp_inside_a_node():
-    # 13B's batch on 30 nodes x 8: data is a multiple of the node count, fsdp inside
-    assert weight_streaming_axes(240, 720, None, 30)[0] == {"data": 240}
+    # a batch that splits over every device: HSDP, data = the nodes, fsdp = a node's devices
+    # (13B's batch on 30 nodes x 8, 2.7B's on 2 x 8), the state sharded inside a node
+    assert weight_streaming_axes(240, 720, None, 30)[0] == {"data": 30, "fsdp": 8}
+    axes, why = weight_streaming_axes(16, 528, None, 2)
+    assert axes == {"data": 2, "fsdp": 8} and why.startswith("HSDP")
+    assert weight_axes("weight_streaming", axes, 2) == ("fsdp",)
+    # a batch that splits over the nodes and part of each: data = nodes x k, fsdp inside
     assert weight_streaming_axes(16, 8, None, 2)[0] == {"data": 8, "fsdp": 2}
     assert split_axes({"data": 8, "fsdp": 2}, 2)["fsdp"] == (1, 2)
     # 720 does not split 32 ways: the old factoring, and the reason says fsdp crosses
@@ -48,6 +54,19 @@ def test_weight_streaming_axes_keep_fsdp_inside_a_node():
     assert weight_axes("weight_streaming", {"data": 8, "fsdp": 2}, 2) == ("fsdp",)
     assert weight_axes("weight_streaming", {"data": 8, "fsdp": 2}, 1) == ("data", "fsdp")
     assert weight_axes("weight_streaming", {"data": 16, "fsdp": 16}, 32) == ("fsdp",)
+
+
+def test_weight_streaming_mesh_without_fsdp_on_nodes_is_an_error():
+    """A given weight-streaming mesh whose only axis crosses nodes would replicate every
+    weight on every device: an error naming the mesh and the HSDP one to use instead."""
+    from cgpt.sharding.auto import placement
+
+    cfg = get_config("tiny-17k")
+    with pytest.raises(ValueError, match=r"--mesh 'data=16' on 2 nodes.*data=2,fsdp=8"):
+        placement("weight_streaming", "data=16", cfg, 16, num_devices=16, nodes=2)
+    assert placement("weight_streaming", "data=2,fsdp=8", cfg, 16, num_devices=16,
+                     nodes=2)[1] == {"data": 2, "fsdp": 8}
+    assert placement("weight_streaming", "data=16", cfg, 16, num_devices=16)[1] == {"data": 16}
 
 
 def test_axis_bytes_are_the_cost_models_traffic():
@@ -208,12 +227,40 @@ def test_hybrid_layout_matches_mesh_utils(axes):
     ref = mesh_utils.create_hybrid_device_mesh(tuple(v[1] for v in split.values()),
                                                tuple(v[0] for v in split.values()), devs,
                                                process_is_granule=True)
-    ours = hybrid_devices(axes, devs, 2, use_mesh_utils=False)
+    ours = hybrid_devices(axes, devs, 2, use_mesh_utils=False, hosts=["n0", "n1"])
     assert [[d.id for d in row] for row in ours.reshape(len(devs) // 2, -1)] == \
         [[d.id for d in row] for row in ref.reshape(len(devs) // 2, -1)]
     # one process per device (8 "GPU" processes on 2 nodes): grouped by node, not process
     per_gpu = _fake_devices(8, 1)
-    assert [d.id for d in hybrid_devices(axes, per_gpu, 2).flat] == [d.id for d in ours.flat]
+    block = [f"n{i // 4}" for i in range(8)]
+    assert [d.id for d in hybrid_devices(axes, per_gpu, 2, hosts=block).flat] == \
+        [d.id for d in ours.flat]
+
+
+def test_nodes_are_the_hosts_processes_run_on():
+    """Processes are grouped by the host each reported (`nodes.host_groups`), not by their
+    numbering: cyclic task placement (node 0 runs processes 0, 2, 4, 6) keeps every
+    within-node factor on one host; hosts with different process counts, or a mesh laid
+    over another node count, are errors naming both."""
+    from cgpt.sharding.mesh import hybrid_devices, job_nodes, node_groups
+    from cgpt.sharding.nodes import host_groups
+
+    cyclic = [f"n{i % 2}" for i in range(8)]
+    assert host_groups(cyclic) == [[0, 2, 4, 6], [1, 3, 5, 7]]
+    per_gpu = _fake_devices(8, 1)
+    assert job_nodes(per_gpu, cyclic) == 2
+    assert [[d.id for d in g] for g in node_groups(per_gpu, 2, cyclic)] == \
+        [[0, 2, 4, 6], [1, 3, 5, 7]]
+    grid = hybrid_devices({"data": 2, "fsdp": 4}, per_gpu, 2, hosts=cyclic)
+    for row in grid:  # each fsdp group on one host; data across the two
+        assert len({cyclic[d.process_index] for d in row}) == 1
+    assert {cyclic[d.process_index] for d in grid[:, 0]} == {"n0", "n1"}
+    with pytest.raises(ValueError, match=r"n0: processes 0, 1, 2; n1: process 3"):
+        job_nodes(_fake_devices(4, 1), ["n0", "n0", "n0", "n1"])
+    with pytest.raises(ValueError, match=r"laid over 2 nodes but .* run on 1 hosts \(n0: "):
+        node_groups(_fake_devices(8, 4), 2, ["n0", "n0"])
+    with pytest.raises(ValueError, match=r"laid over 2 nodes but .* run on 4 hosts"):
+        hybrid_devices({"data": 2, "fsdp": 4}, per_gpu, 2, hosts=[f"n{i // 2}" for i in range(8)])
 
 
 def test_build_mesh_nodes_on_emulated_devices():
@@ -243,65 +290,147 @@ def test_build_mesh_nodes_on_emulated_devices():
 
 
 _WORKER = r"""
-import json, sys
+import json, os
 import numpy as np
 from cgpt.sharding.mesh import build_mesh, emulate_cpu_devices, job_nodes
-emulate_cpu_devices(4)
+emulate_cpu_devices(int(os.environ["TEST_DEVICES"]))
 from cgpt.sharding import distributed
 distributed.initialize()
-import jax, jax.numpy as jnp
-from jax.sharding import NamedSharding, PartitionSpec as P
+import jax, optax
+from jax.experimental import multihost_utils
 from cgpt.config.model import get_config
+from cgpt.model import gpt as model
 from cgpt.sharding.auto import placement
-from cgpt.sharding.strategies import strategy_on
-devs = jax.devices()
-nodes = job_nodes(devs)
-cfg = get_config("tiny-17k")
-mode, axes, why, _ = placement("weight_streaming", "", cfg, 2, num_devices=len(devs),
+from cgpt.sharding.strategies import fresh_state, strategy_on
+devs, me = jax.devices(), jax.process_index()
+hosts = distributed.process_hosts()
+try:
+    nodes = job_nodes(devs)
+except ValueError as e:
+    print(json.dumps({"error": str(e)}), flush=True)
+    raise SystemExit(3)
+cfg, batch = get_config("tiny-17k"), 8
+mode, axes, why, _ = placement("weight_streaming", "", cfg, batch, num_devices=len(devs),
                                num_processes=jax.process_count(), nodes=nodes)
 mesh = build_mesh(axes, devs, nodes)
-s = strategy_on(mesh, mode, cfg, 2, nodes=nodes)
+s = strategy_on(mesh, mode, cfg, batch, nodes=nodes)
+opt = optax.adamw(1e-3)
+ap = jax.eval_shape(lambda: model.init_params(cfg))
+ao = jax.eval_shape(opt.init, ap)
+params, state = fresh_state(cfg, opt, devs[0], out_shardings=(
+    s.param_shardings(ap), s.opt_shardings(ao, ap)))(0)
+# per array: how many copies each host's devices hold together, and the largest shard
+copies, shard, same = [], [], True
+for x in jax.tree.leaves((params, state)):
+    if x.ndim == 0:
+        continue
+    where = x.sharding.devices_indices_map(x.shape)
+    per_host = {}
+    for d, idx in where.items():
+        n = int(np.prod([len(range(*i.indices(m))) for i, m in zip(idx, x.shape)]))
+        per_host.setdefault(hosts[d.process_index], []).append(n)
+    copies.append(sorted({sum(v) / x.size for v in per_host.values()}))
+    shard.append(max(max(v) for v in per_host.values()) / x.size)
+    # each host's copy of the array, assembled from the shards of its processes
+    local, held = np.zeros(x.shape, x.dtype), np.zeros(x.shape, bool)
+    for sh in x.addressable_shards:
+        local[sh.index], held[sh.index] = np.asarray(sh.data), True
+    values = multihost_utils.process_allgather(local)
+    masks = multihost_utils.process_allgather(held)
+    copy = {}
+    for p, h in enumerate(hosts):
+        c = copy.setdefault(h, np.zeros(x.shape, x.dtype))
+        c[masks[p]] = values[p][masks[p]]
+    same &= all(np.array_equal(c, copy[hosts[0]]) for c in copy.values())
 d = list(mesh.axis_names).index("fsdp")
 groups = np.moveaxis(mesh.devices, d, -1).reshape(-1, mesh.shape["fsdp"])
-x = jax.make_array_from_process_local_data(NamedSharding(mesh, P("data", "fsdp")),
-                                           np.ones((1, 4), np.float32), (2, 4))
-total = float(jax.jit(jnp.sum, out_shardings=NamedSharding(mesh, P()))(x))
-if jax.process_index() == 0:
-    print(json.dumps({"nodes": nodes, "axes": axes, "total": total,
-                      "groups": [[dv.process_index for dv in g] for g in groups],
-                      "placement_axes": s.describe()["axes"]}), flush=True)
+tokens = (np.arange(batch * 17).reshape(batch, 17) * 7 % cfg.vocab_size).astype(np.int32)
+loss = float(s.compile_eval(cfg)(params, s.shard_eval_batch(tokens)))
+print(json.dumps({"process": me, "hosts": list(hosts), "nodes": nodes, "axes": axes,
+                  "why": why, "copies": copies, "shard": shard, "same": bool(same),
+                  "loss": loss, "groups": [[hosts[dv.process_index] for dv in g] for g in groups],
+                  "placement_axes": s.describe()["axes"],
+                  "weight_axes": s.describe()["weight_axes"]}), flush=True)
 """
 
 
-def test_two_processes_fsdp_groups_one_process(tmp_path):
-    """2 real processes x 4 CPU devices (each process a node): weight streaming's fsdp axis
-    groups the devices of one process, data crosses processes, a collective runs."""
+def _job(n: int, devices: int, hosts: list[str], timeout: float = 420) -> list[tuple[int, dict]]:
+    """`_WORKER` as `n` real processes of one JAX job (gloo collectives on localhost), each
+    with `devices` CPU devices and reporting `hosts[i]` as its host (CGPT_HOST): (exit code,
+    last JSON line) per process. A process that fails or hangs ends the whole job."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     procs = []
-    for i in range(2):
+    for i in range(n):
         env = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(REPO),
-               "JAX_COORDINATOR_ADDRESS": f"127.0.0.1:{port}", "JAX_NUM_PROCESSES": "2",
-               "JAX_PROCESS_ID": str(i)}
+               "JAX_COORDINATOR_ADDRESS": f"127.0.0.1:{port}", "JAX_NUM_PROCESSES": str(n),
+               "JAX_PROCESS_ID": str(i), "TEST_DEVICES": str(devices), "CGPT_HOST": hosts[i]}
         procs.append(subprocess.Popen([sys.executable, "-c", _WORKER], cwd=REPO, env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     outs = []
-    for p in procs:
-        try:
-            outs.append(p.communicate(timeout=300))
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            pytest.fail("the 2-process job did not finish in 300 s")
-    assert [p.returncode for p in procs] == [0, 0], "\n".join(e[-2000:] for _, e in outs)
-    r = json.loads(outs[0][0].strip().splitlines()[-1])
-    assert r["nodes"] == 2 and r["axes"] == {"data": 2, "fsdp": 4}
-    assert all(len(set(g)) == 1 for g in r["groups"]), r["groups"]
-    assert sorted(g[0] for g in r["groups"]) == [0, 1]
+    try:
+        for p in procs:
+            outs.append(p.communicate(timeout=timeout))
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the {n}-process job did not finish in {timeout} s")
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+    got = []
+    for p, (out, err) in zip(procs, outs):
+        lines = [x for x in out.splitlines() if x.startswith("{")]
+        assert lines, f"process exited {p.returncode} without a result:\n{err[-3000:]}"
+        got.append((p.returncode, json.loads(lines[-1])))
+    return got
+
+
+def test_two_hosts_stream_weights_as_hsdp():
+    """2 real processes x 4 CPU devices, each on its own host (CGPT_HOST): an empty mesh
+    with a batch that splits over all 8 devices is HSDP, data=2 across the hosts x fsdp=4
+    inside each; every weight and optimizer-state array is sharded within a process (its 4
+    devices hold one copy between them, each a quarter) and replicated across (the two
+    hosts' copies are equal), and the step's loss is computed on that layout."""
+    got = _job(2, 4, ["node-a", "node-b"])
+    assert [c for c, _ in got] == [0, 0], got
+    r = got[0][1]
+    assert r["hosts"] == ["node-a", "node-b"] and r["nodes"] == 2
+    assert r["axes"] == {"data": 2, "fsdp": 4} and r["why"].startswith("HSDP")
+    assert r["weight_axes"] == ["fsdp"]
+    assert r["copies"] and all(c == [1.0] for c in r["copies"]), r["copies"]
+    assert all(f == 0.25 for f in r["shard"]), r["shard"]
+    assert r["same"] and got[1][1]["same"]
+    assert all(len(set(g)) == 1 for g in r["groups"]), r["groups"]  # fsdp inside a host
+    assert sorted(g[0] for g in r["groups"]) == ["node-a", "node-b"]
     assert r["placement_axes"]["data"]["crosses_nodes"]
     assert not r["placement_axes"]["fsdp"]["crosses_nodes"]
-    assert r["total"] == 8.0
+    assert got[1][1]["loss"] == r["loss"] and np.isfinite(r["loss"])
+
+
+def test_cyclic_processes_are_grouped_by_host():
+    """4 real processes x 2 CPU devices placed cyclically on 2 hosts (processes 0, 2 on one,
+    1, 3 on the other, as a cyclic task distribution numbers them): the mesh reads the hosts,
+    so each fsdp group is one host's 4 devices and each host holds one copy of the state
+    (the same values on both hosts)."""
+    hosts = ["node-a", "node-b", "node-a", "node-b"]
+    got = _job(4, 2, hosts)
+    assert [c for c, _ in got] == [0] * 4, got
+    r = got[0][1]
+    assert r["hosts"] == hosts and r["nodes"] == 2 and r["axes"] == {"data": 2, "fsdp": 4}
+    assert all(len(set(g)) == 1 for g in r["groups"]), r["groups"]
+    assert all(c == [1.0] for c in r["copies"]) and r["same"]
+
+
+@pytest.mark.slow  # 3 more processes; test_nodes_are_the_hosts_processes_run_on checks the rule
+def test_hosts_with_uneven_processes_are_an_error_naming_them():
+    """3 processes, 2 on one host and 1 on another: no node-aware mesh; every process stops
+    with one error naming each host's processes."""
+    got = _job(3, 2, ["node-a", "node-a", "node-b"])
+    assert [c for c, _ in got] == [3] * 3, got
+    for _, r in got:
+        assert "node-a: processes 0, 1; node-b: process 2" in r["error"], r
 
 
 @pytest.mark.slow  # two compiles: ~70 s on 2 loaded cores

@@ -1,5 +1,6 @@
 """`cgpt plan` on 8 emulated CPU devices: schema, per-device bytes, collectives, bubble, errors."""
 import json
+import re
 import subprocess
 import sys
 
@@ -10,10 +11,12 @@ from cgpt.model import gpt as model
 from cgpt.plan import command as plan
 from cgpt.plan.hlo import hlo_totals
 from cgpt.config.model import get_config, recomputes_forward
+from cgpt.config.units import fmt_bytes
 
 # cpu-870k: 4 layers, d_model 96, vocab 4096 -> every weight dim divides by 8
 BASE = ["--model", "cpu-870k", "--batch", "16", "--seq-len", "32", "--json"]
 N_PARAMS = get_config("cpu-870k").num_params()
+_BYTES = re.compile(r"\d (B|kB|MB|GB|TB)\b")  # a byte figure as fmt_bytes prints it
 
 
 def _plan(capsys, *args) -> dict:
@@ -96,6 +99,16 @@ def test_auto_plan_reports_the_ranking_resolve_made(capsys):
                      ranking=ranking)
     assert len(ranking) > 1 and r["cost"]["candidates"] == [c.to_dict() for c in ranking]
     assert (ranking[0].mode, ranking[0].axes) == (r["mode"], r["mesh"])
+    # one memory figure per device, the step's total: auto's reason, the cost lines and the
+    # fit's probes name none (auto's own estimate differed from it: #29)
+    text = plan.format_plan(r)
+    assert fmt_bytes(r["per_device_bytes"]["total"]) in text
+    figures = [x for x in text.splitlines() if x.startswith(("auto", "  ", "step"))
+               and not x.startswith(("  params", "  optimizer", "  temp", "  total",
+                                     "  all-", "  reduce-", "  collective-", "  data", "  fsdp",
+                                     "  stage"))]
+    assert figures and not [x for x in figures if _BYTES.search(x)], figures
+    assert all("need_bytes" not in c for c in r["cost"]["candidates"])
 
 
 def test_layer_pipelined_bubble_and_permutes(capsys, results):
@@ -133,6 +146,69 @@ def test_plan_runs_without_the_cli(tmp_path):
     assert p.returncode == 0, p.stderr
     assert "cgpt plan: error: --mode 'warp'" in p.stderr
     assert "cgpt plan: error: --model required" in p.stderr
+
+
+def test_two_nodes_stream_weights_as_hsdp(capsys):
+    """2.7B at its published batch (528) on 2 nodes x 8 GPUs: weight streaming with an empty
+    mesh is HSDP, data=2 across the nodes x fsdp=8 inside each, so a device holds 1/8 of the
+    state and the step needs no full remat (with data=16 every weight was replicated: 65 GB,
+    full remat and 3 accumulation steps); auto picks that layout."""
+    args = ["--model", "2.7B", "--nodes", "2", "--gpus-per-node", "8", "--no-compile", "--json"]
+    for mode in ("weight_streaming", "auto"):
+        assert plan.main([*args, "--mode", mode]) == 0
+        r = json.loads(capsys.readouterr().out)
+        assert (r["mode"], r["mesh"], r["crosses_nodes"]) == (
+            "weight_streaming", {"data": 2, "fsdp": 8}, ["data"]), mode
+        assert r["fits"] and r["remat"] != "full", (mode, r["remat"], r["fit"])
+        assert r["mesh_reason"].startswith("HSDP")
+        assert r["batch_advice"] is None  # its communication is within cost.COMM_LIMIT
+
+
+def test_13b_batch_720_on_32_nodes_names_the_nearest_batch_that_splits(capsys):
+    """13B at its published batch (720) on 32 nodes x 8: 720 does not split over the nodes
+    and no layout auto weighs keeps the modelled communication within 25% of the step
+    (fsdp crosses nodes: ~95%), so the plan names the nearest batch that has one, a multiple
+    of 32, with that batch's layout and step time; nothing nearer has one. The plan prints
+    one memory figure per device, and --json carries it."""
+    from cgpt.sharding.cost import COMM_LIMIT
+
+    args = ["--model", "13B", "--nodes", "32", "--gpus-per-node", "8", "--no-compile"]
+    assert plan.main([*args, "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    a = r["batch_advice"]
+    assert r["batch"] == 720 and a["batch"] == 720 and a["comm_fraction"] > COMM_LIMIT == 0.25
+    assert a["nearest"], a
+    best = a["nearest"][0]
+    assert best["batch"] != 720 and best["batch"] % 32 == 0, best
+    assert best["fits"] and best["comm_fraction"] <= 0.25 and best["total_s"] > 0
+    assert best["total_s"] < r["step_s_predicted"]
+    # nothing nearer: each multiple of 32 closer to 720 leaves none either
+    d = abs(best["batch"] - 720)
+    for b in range(720 - d + 1, 720 + d):
+        if b % 32 == 0:
+            assert plan.main([*args, "--json", "--batch", str(b)]) == 0
+            near = json.loads(capsys.readouterr().out)["batch_advice"]
+            assert near and near["nearest"][0]["batch"] != b, (b, near)
+    assert r["per_device_bytes"] == {"total": r["per_device_bytes"]["total"]}  # one figure
+    assert plan.main(args) == 0
+    text = capsys.readouterr().out
+    line = next(x for x in text.splitlines() if x.startswith("batch "))
+    assert f"--batch {best['batch']}: {best['mode']}" in line
+    assert f"~{best['total_s']:.3g} s/step" in line
+    memory = [x for x in text.splitlines() if _BYTES.search(x)
+              and not x.startswith(("  data", "  fsdp", "  stage"))]  # those: bytes moved
+    assert len(memory) == 1 and memory[0].startswith("per device"), memory
+    assert fmt_bytes(r["per_device_bytes"]["total"]) in memory[0]
+
+
+def test_plan_defaults_to_mode_auto(capsys):
+    """`cgpt plan` without --mode plans as `--mode auto`, as `train` defaults to it."""
+    args = ["--model", "1.3B", "--nodes", "2", "--gpus-per-node", "8", "--no-compile", "--json"]
+    assert plan.main(args) == 0
+    default = json.loads(capsys.readouterr().out)
+    assert plan.main([*args, "--mode", "auto"]) == 0
+    assert json.loads(capsys.readouterr().out) == default
+    assert default["requested_mode"] == "auto" and default["auto_reason"]
 
 
 @pytest.mark.parametrize("args,flag", [

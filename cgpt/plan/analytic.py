@@ -36,6 +36,7 @@ def plan_analytic(run, device_memory: int | str, devices: int, nodes: int = 1,
     """The analytic plan of a RunConfig on `devices` devices over `nodes` nodes (see module)."""
     from cgpt.config import backend, flops
     from cgpt.errors import TrainError
+    from cgpt.plan.costs import batch_advice
     from cgpt.sharding.fitrule import choose_step, usable_memory
     from cgpt.sharding.cost import axis_bytes
     from cgpt.sharding.nodes import node_axes
@@ -74,6 +75,7 @@ def plan_analytic(run, device_memory: int | str, devices: int, nodes: int = 1,
     pick = (next(c for c in tried if (c["micro_batch"], c["remat"]) == chosen) if chosen
             else min(tried, key=lambda c: c["total"]))
     m, remat = pick["micro_batch"], pick["remat"]
+    step, hw = _step(cfg, res, m, remat, platform, devices // nodes)
     n_params = cfg.num_params()
     axes = node_axes(res.mesh, nodes, res.mode)
     moved = axis_bytes(cfg, res.mode, res.mesh, nodes, res.batch_size, T, m,
@@ -96,20 +98,30 @@ def plan_analytic(run, device_memory: int | str, devices: int, nodes: int = 1,
                 "tried": tried},
         "flops_per_step_analytic": flops.train_flops_per_token(cfg, T) * res.batch_size * T,
         "bubble_fraction": _bubble(res.mode, res.mesh, m),
-        "step_s_predicted": _predicted_s(cfg, res, m, remat, platform, devices // nodes),
+        "step_s_predicted": step.total_s if step else None,
+        # the nearest batches with a layout within cost.COMM_LIMIT, when this one has none
+        "batch_advice": batch_advice(res.cfg, step, res.batch_size, T, devices, nodes, memory,
+                                     hw) if step else None,
     }
 
 
-def _predicted_s(cfg, res, micro: int, remat: bool, platform: str, gpus_per_node: int):
-    """The cost model's seconds per step at the device's peak (`cgpt.sharding.cost`; an
-    H100 SXM is assumed in a plan), or None off the GPU: a prediction, never a measurement."""
+def _step(cfg, res, micro: int, remat: bool, platform: str, gpus_per_node: int):
+    """(the cost model's step at the device's peak, its hardware) (`cgpt.sharding.cost`; an
+    H100 SXM is assumed in a plan), or (None, None) off the GPU: a prediction, never a
+    measurement."""
     from cgpt.sharding import cost
 
     hw = cost.hardware_for(platform, None, gpus_per_node)
     if hw is None:
-        return None
+        return None, None
     return cost.step_cost(cfg, res.mode, res.mesh, res.batch_size, res.seq_len, micro,
-                          recomputes_forward(remat), hw).total_s
+                          recomputes_forward(remat), hw), hw
+
+
+def _predicted_s(cfg, res, micro: int, remat: bool, platform: str, gpus_per_node: int):
+    """The cost model's seconds per step (`_step`), or None off the GPU."""
+    step = _step(cfg, res, micro, remat, platform, gpus_per_node)[0]
+    return step.total_s if step else None
 
 
 def _bubble(mode: str, mesh: dict[str, int], micro: int) -> float | None:

@@ -52,8 +52,9 @@ __all__ = ["add_arguments", "cmd_plan", "format_plan", "main", "plan", "plan_man
 # ---- arguments ----------------------------------------------------------------------------
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="preset name (see `cgpt list`); required")
-    p.add_argument("--mode", help="data_parallel | weight_streaming | layer_pipelined | auto; "
-                   "required")
+    p.add_argument("--mode", default="auto",
+                   help="data_parallel | weight_streaming | layer_pipelined | auto (default "
+                        "auto, as in train: the placement train --mode auto picks)")
     p.add_argument("--mesh", default="", help="device mesh, e.g. data=16 or stage=8,data=2")
     p.add_argument("--devices", type=int, default=8,
                    help="emulated devices when --mesh is empty (default 8)")
@@ -205,10 +206,8 @@ def cmd_plan(args) -> int:
             for r in plan_many(json.load(f)):
                 print(json.dumps(r), flush=True)
         return 0
-    missing = [f for f in ("model", "mode") if not getattr(args, f)]
-    if missing:
-        raise ValueError(f"{' and '.join('--' + m for m in missing)} required, e.g. --model 1.3B "
-                         "--mode weight_streaming")
+    if not args.model:
+        raise ValueError("--model required, e.g. --model 1.3B (see `cgpt list`)")
     if args.seq_len is not None and args.seq_len < 1:  # 0 would read as "the default" below
         raise ValueError(f"--seq-len {args.seq_len} must be >= 1 (or leave it out: n_ctx)")
     n = _needed_devices(args)

@@ -1,6 +1,8 @@
 """`cgpt plan`'s cost-model section: the time `cgpt.sharding.cost` predicts for the compiled
-step, the cheapest step on the same placement, and, under `--mode auto`, every placement
-auto weighed (GPU platforms only: there is no cost model for CPU or TPU)."""
+step, the cheapest step on the same placement, under `--mode auto` every placement auto
+weighed, and on several nodes, when the step's communication exceeds `cost.COMM_LIMIT`, the
+nearest batches with a layout within it (GPU platforms only: there is no cost model for CPU
+or TPU)."""
 from __future__ import annotations
 
 import math
@@ -35,6 +37,58 @@ def cost_report(cfg, remat_asked: bool | None, mode: str, mesh: dict[str, int], 
             "network_bytes_per_s": hw.network, "gpus_per_node": hw.gpus_per_node,
             "chosen": chosen.to_dict(), "cheapest": best.to_dict() if best else None,
             "candidates": [c.to_dict() for c in ranking]}
+
+
+def step_advice(cfg, remat_asked: bool | None, mode: str, mesh: dict[str, int], plan,
+                seq_len: int, memory: int, platform: str, micro_batches: int | None,
+                nodes: int = 1) -> dict | None:
+    """`batch_advice` for a compiled plan's step (costed as `cost_report`'s `chosen`); None
+    off the GPU (no cost model)."""
+    n = math.prod(mesh.values()) if mesh else 1
+    hw = cost.hardware_for(platform, None, n // nodes if nodes > 1 else None)
+    if hw is None or not mesh:
+        return None
+    model = cfg.replace(remat=remat_asked)
+    chosen = cost.step_cost(model, mode, mesh, plan.batch_size, seq_len, plan.micro_batch,
+                            recomputes_forward(cfg.remat), hw, micro_batches=micro_batches)
+    return batch_advice(model, chosen, plan.batch_size, seq_len, n, nodes, memory, hw)
+
+
+def batch_advice(cfg, chosen: cost.StepCost, batch: int, seq_len: int, devices: int,
+                 nodes: int, memory: int, hw: cost.Hardware) -> dict | None:
+    """When the planned step spends more than `cost.COMM_LIMIT` of its time in exposed
+    communication on several nodes: the nearest batches at which `--mode auto` finds a
+    layout within it (`auto.nearest_batches`), each with its layout and step time; None
+    when the step is within the limit (or on one node: a batch that does not split over
+    the nodes is a multi-node problem)."""
+    if nodes <= 1 or chosen.comm_fraction <= cost.COMM_LIMIT:
+        return None
+    near = auto.nearest_batches(cfg, batch, seq_len, num_devices=devices, nodes=nodes,
+                                device_memory=memory, hardware=hw)
+    return {"batch": batch, "comm_fraction": chosen.comm_fraction, "limit": cost.COMM_LIMIT,
+            "nearest": [{"batch": b, **c.to_dict()} for b, c in near]}
+
+
+def format_batch_advice(a: dict | None, nodes: int, per_node: int) -> list[str]:
+    """The `batch` line: what the nearest batches within the communication limit cost."""
+    if not a:
+        return []
+    near = a["nearest"]
+    if near and near[0]["batch"] == a["batch"]:
+        head = (f"batch         this step's modelled communication is {a['comm_fraction']:.0%} "
+                f"of it (> {a['limit']:.0%}); --mode auto weighs one within it at this batch")
+    else:
+        head = (f"batch         {a['batch']} leaves no layout auto weighs on {nodes} nodes x "
+                f"{per_node} whose modelled communication is <= {a['limit']:.0%} of its step "
+                f"(this one: {a['comm_fraction']:.0%})")
+    if not near:
+        return [head + f"; nor does any batch up to {2 * a['batch']} that splits over them"]
+    return [head + ("; the nearest that has one: " if near[0]["batch"] != a["batch"] else ": ")
+            + "; ".join(
+        f"--batch {c['batch']}: {c['mode']} on "
+        f"{','.join(f'{k}={v}' for k, v in c['mesh'].items())}, ~{c['total_s']:.3g} s/step "
+        f"(communication {c['comm_fraction']:.0%}; micro-batch {c['micro_batch']} x "
+        f"{c['accum']}, remat {'on' if c['remat'] else 'off'})" for c in a["nearest"])]
 
 
 def _line(c: dict) -> str:

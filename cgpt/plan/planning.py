@@ -11,7 +11,7 @@ from cgpt.config.model import remat_value
 from cgpt.config.model import recomputes_forward
 from cgpt.config.units import parse_bytes
 from cgpt.plan import cudnn
-from cgpt.plan.costs import cost_report
+from cgpt.plan.costs import cost_report, step_advice
 from cgpt.plan.hlo import hlo_totals
 
 
@@ -169,6 +169,10 @@ def plan_run(run, device_memory: int | str, cpu_devices, mode_flags: bool = Fals
         "unsharded": strategy.describe()["unsharded"],
         "nodes": nodes, "axes": axes,
         "crosses_nodes": [a for a, v in axes.items() if v["crosses_nodes"]],
+        # the nearest batches with a layout within cost.COMM_LIMIT, when this one has none
+        "batch_advice": step_advice(cfg, run.model.remat, strategy.mode,
+                                    dict(strategy.mesh.shape) if strategy.mesh is not None
+                                    else {}, p, T, memory, platform, micro_batches, nodes),
     }
 
 

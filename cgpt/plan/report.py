@@ -4,7 +4,7 @@ from __future__ import annotations
 from cgpt.config.model import remat_value
 from cgpt.config.units import fmt_bytes
 from cgpt.plan.analytic import crossing_note, fmt_axes
-from cgpt.plan.costs import format_cost
+from cgpt.plan.costs import format_batch_advice, format_cost
 from cgpt.train.fit import HEADROOM, POOL_MARGIN
 
 
@@ -14,10 +14,12 @@ def format_plan(r: dict) -> str:
     mesh = ",".join(f"{k}={v}" for k, v in r["mesh"].items())
     searched = r["fit"]["searched"]
     tried = r["fit"]["tried"]
+    # the probes' fit, not their bytes: the plan prints one memory figure, its step's
+    # (`--json`'s fit.tried has each probe's)
     how = (f"searched {' and '.join(s.replace('_', '-') for s in searched)} over "
            f"{len(tried)} compiled step(s): "
-           + ", ".join(f"{c['micro_batch']}/{remat_value(c['remat'])} "
-                       f"{fmt_bytes(c['total'])}" for c in tried)) if searched else "as given"
+           + ", ".join(f"{c['micro_batch']}/{remat_value(c['remat'])}" for c in tried)
+           ) if searched else "as given"
     lines = [
         f"{r['model']} ({r['n_params'] / 1e9:.3g}B params), {r['mode']} on {mesh} "
         f"({r['num_devices']} devices of a {r['platform']}); batch {r['batch']} x "
@@ -44,6 +46,7 @@ def format_plan(r: dict) -> str:
         lines.append(f"unsharded     {u['array']} {u['logical']}={u['dim']} not over "
                      f"{','.join(a for a in u['wanted'] if a not in u['got'])}: {u['why']}")
     lines += format_cost(r.get("cost"))
+    lines += format_batch_advice(r.get("batch_advice"), r["nodes"], r["num_devices"] // r["nodes"])
     if r.get("auto_reason"):
         lines.append(f"auto          {r['auto_reason']}")
     if r.get("cudnn_layout"):
@@ -72,4 +75,5 @@ def format_analytic(r: dict) -> str:
         lines.append(f"bubble        {r['bubble_fraction']:.1%}")
     if r.get("auto_reason"):
         lines.append(f"auto          {r['auto_reason']}")
+    lines += format_batch_advice(r.get("batch_advice"), r["nodes"], r["devices_per_node"])
     return "\n".join(lines)

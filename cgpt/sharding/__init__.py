@@ -10,11 +10,13 @@ Modes (Cerebras' two execution modes, plus plain data parallelism and a chooser)
   data_parallel     weights replicated, batch sharded over `data`; XLA all-reduces gradients.
   weight_streaming  activations stationary (batch over `data`, and `fsdp` where it divides);
                     weights and optimizer state sharded on their embed/heads/mlp dims over
-                    every device (`fsdp` x `data`), the stand-in for MemoryX. Inside the
-                    layer scan XLA all-gathers one layer's weights just before use and
-                    reduces its gradients back (GSPMD FSDP; the gather sits in the while
+                    every device (`fsdp` x `data`), the stand-in for MemoryX; on several
+                    nodes over `fsdp` (inside a node) only, replicated over `data` (HSDP).
+                    Inside the layer scan XLA all-gathers one layer's weights just before
+                    use and reduces its gradients back (GSPMD FSDP; the gather sits in the while
                     loop, see tests/test_plan.py). An empty --mesh factors the devices into
-                    data (the most the global batch splits over) x fsdp (the rest).
+                    data (the most the global batch splits over) x fsdp (the rest); on N
+                    nodes x G devices data=N x fsdp=G when the batch splits over all.
   layer_pipelined   contiguous groups of layers pinned to the stages of a `stage` axis,
                     weights stationary, micro-batches flow through a GPipe schedule
                     (`cgpt.sharding.pipeline`); combinable with `data`.

@@ -166,25 +166,62 @@ def choose_auto(cfg: ModelConfig, num_devices: int, memory: int, batch: int, seq
         m, a, *rest), micro_batch) if hardware else []  # as the candidates' own footprints
     if ranking is not None:
         ranking.extend(ranked)
+    # the reasons name no memory figure: the plan prints one per device, its step's (#29)
     if ranked and ranked[0].fits:
         best, others = ranked[0], [c for c in ranked[1:] if c.fits]
         return best.mode, best.axes, (
-            f"{best.mode} fits (~{fmt_bytes(best.need)} per device of {fmt_bytes(memory)}) and is "
-            f"the fastest by the cost model on {best.hardware}: {best.line()}"
-            + "".join(f"; {c.line()}" for c in others)
-            + "".join(f"; {c.label()} does not fit (~{fmt_bytes(c.need)})"
-                      for c in ranked if not c.fits))
+            f"{best.mode} fits and is the fastest by the cost model on {best.hardware}: "
+            f"{best.line()}" + "".join(f"; {c.line()}" for c in others)
+            + "".join(f"; {c.label()} does not fit" for c in ranked if not c.fits))
     for i, (mode, axes, need) in enumerate(cands):
         if need <= memory:
-            skipped = f" ({'; '.join(tried.split('; ')[:i])} does not)" if i else ""
-            return mode, axes, (f"{mode} fits: ~{fmt_bytes(need)} per device of {fmt_bytes(memory)} "
-                                f"with {rows} sequence(s) in flight per batch shard{skipped}")
+            skipped = "".join(f"; {m} on {','.join(f'{k}={v}' for k, v in a.items())} does not"
+                              for m, a, _ in cands[:i])
+            return mode, axes, (f"{mode} is the first that fits with {rows} sequence(s) in "
+                                f"flight per batch shard{skipped}")
     raise ValueError(
         f"--mode auto: nothing fits {fmt_bytes(memory)} per device with {rows} sequence(s) of "
         f"{seq_len} tokens in flight per batch shard: {tried}. Use more devices"
         + (", a smaller train.micro_batch" if rows > 1 else "")
         + (", or leave --mesh empty so auto may stream weights" if mesh and "fsdp" not in mesh
            else "") + (" (or a shorter data.seq_len)" if rows == 1 else ""))
+
+
+def within_limit(cfg: ModelConfig, batch: int, seq_len: int, *, num_devices: int, nodes: int,
+                 device_memory: int, hardware: cost.Hardware,
+                 limit: float = cost.COMM_LIMIT) -> cost.StepCost | None:
+    """The fastest placement `--mode auto` weighs for a global batch of `batch` that fits and
+    whose modelled communication is at most `limit` of its step; None when there is none
+    (or nothing fits)."""
+    ranking: list = []
+    try:
+        placement("auto", "", cfg, batch, num_devices=num_devices, device_memory=device_memory,
+                  seq_len=seq_len, nodes=nodes, hardware=hardware, ranking=ranking)
+    except ValueError:  # nothing fits this batch
+        return None
+    return next((c for c in ranking if c.fits and c.comm_fraction <= limit), None)
+
+
+def nearest_batches(cfg: ModelConfig, batch: int, seq_len: int, *, num_devices: int, nodes: int,
+                    device_memory: int, hardware: cost.Hardware,
+                    limit: float = cost.COMM_LIMIT) -> list[tuple[int, cost.StepCost]]:
+    """The global batches nearest `batch` (itself first) at which `--mode auto` weighs a
+    placement within `limit` (`within_limit`): (batch, that step), both sides on a tie; []
+    when none in (0, 2 x batch] has one. Besides `batch` only multiples of the node count
+    are tried, the batches that split over the nodes (on N nodes a batch that does not leaves
+    `fsdp` crossing them: `weight_streaming_axes`). What `cgpt plan` names when its step
+    spends more than `limit` communicating."""
+    found: list[tuple[int, cost.StepCost]] = []
+    tries = sorted({batch, *range(nodes, 2 * batch + 1, nodes)},
+                   key=lambda b: (abs(b - batch), b))
+    for b in tries:
+        if found and abs(b - batch) > abs(found[0][0] - batch):
+            break
+        step = within_limit(cfg, b, seq_len, num_devices=num_devices, nodes=nodes,
+                            device_memory=device_memory, hardware=hardware, limit=limit)
+        if step is not None:
+            found.append((b, step))
+    return found
 
 
 def _tiles(stages: int, num_devices: int, nodes: int) -> bool:
@@ -224,4 +261,11 @@ def placement(mode: str, mesh_spec: str, cfg: ModelConfig, batch: int, micro: in
         mesh_reason = "chosen by --mode auto"
     if nodes > 1:
         split_axes(axes, nodes)  # the mesh must tile the nodes
+        n = math.prod(axes.values())
+        if mode == "weight_streaming" and n > nodes and weight_shards(mode, axes, nodes) == 1:
+            raise ValueError(
+                f"--mesh {mesh_spec!r} on {nodes} nodes: weight_streaming shards the weights "
+                "over fsdp inside a node (data crosses nodes), and this mesh has none, so every "
+                f"device would hold all of them; use --mesh data={nodes},fsdp={n // nodes} "
+                "(HSDP), or --mode data_parallel for replicated weights")
     return mode, axes, mesh_reason, auto_reason

@@ -75,22 +75,34 @@ def weight_streaming_axes(num_devices: int, batch: int, micro_batch: int | None 
     that divides `batch`, and `batch / micro_batch` when a micro-batch is set), `fsdp` = the
     rest. The weights are sharded over both, i.e. over every device.
 
-    On `nodes` > 1 nodes `data` must also be a multiple of the node count (it is the axis that
-    crosses nodes, `cgpt.sharding.nodes`), so `fsdp` stays inside a node; when the batch
-    allows no such `data`, the single-node factoring is used and the reason says that `fsdp`
-    crosses nodes."""
+    On `nodes` > 1 nodes `data` is the axis that crosses nodes (`cgpt.sharding.nodes`) and
+    the weights are sharded only inside a node, over `fsdp` (a kernel sharded across nodes
+    would be gathered over the slow network every layer). When the batch splits over every
+    device this is HSDP: `data` = the nodes, `fsdp` = a node's devices, the batch over both
+    and each device holding 1/G of the state (G devices per node). When it splits over
+    nodes x k devices only (k < G), `data` = nodes x k and `fsdp` = G / k: each fsdp group
+    shares a batch shard. When the batch does not split over the nodes at all, the
+    single-node factoring is used and the reason says that `fsdp` crosses nodes."""
     step = batch // micro_batch if micro_batch and batch % micro_batch == 0 else batch
     crossing = ""
     if nodes > 1 and num_devices % nodes == 0:
         per_node = num_devices // nodes
         inside = [k for k in range(1, per_node + 1) if per_node % k == 0
                   and step % (nodes * k) == 0]
+        if inside and max(inside) == per_node and per_node > 1:  # HSDP
+            return {"data": nodes, "fsdp": per_node}, (
+                f"HSDP: the global batch of {batch} splits over all {num_devices} devices, "
+                f"over data={nodes} (one per node: data crosses nodes) x fsdp={per_node} (a "
+                f"node's devices); weights and optimizer state sharded over fsdp={per_node} "
+                f"inside each node, replicated over the {nodes} nodes")
         if inside:
             data = nodes * max(inside)
             fsdp = num_devices // data
             why = (f"the global batch of {batch} splits over data={data} (a multiple of the "
                    f"{nodes} nodes: data crosses nodes)" + (
-                       f", fsdp={fsdp} inside each node of {per_node}" if fsdp > 1 else ""))
+                       f", fsdp={fsdp} inside each node of {per_node} shares a batch shard; "
+                       f"weights sharded over fsdp={fsdp}, replicated over data"
+                       if fsdp > 1 else "; weights replicated (one device per node)"))
             return ({"data": data, "fsdp": fsdp} if fsdp > 1 else {"data": data}), why
         crossing = (f"; fsdp CROSSES NODES: the batch of {batch} does not split over the "
                     f"{nodes} nodes (data would have to be a multiple of {nodes}); a batch "

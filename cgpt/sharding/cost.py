@@ -58,6 +58,10 @@ GATHER_BYTES = 4  # weight streaming's gathers counted at f32, an upper bound: s
 # the weights are cast before the gather (bf16 on a GPU), but the CPU-compiled HLO this is checked
 # against (tests/test_plan.py) widens part of them back to f32, so 2 could not be verified here
 PREFERENCE = ("layer_pipelined", "data_parallel", "weight_streaming")  # today's order (ties)
+COMM_LIMIT = 0.25  # the most of a step a layout may spend in exposed communication before
+# `plan` looks for a batch that does better (`auto.nearest_batches`): a quarter is what full
+# remat costs (a recomputed forward, 1/4 of such a step), which the fit already avoids where it
+# can; and beyond it the step is bound by the link rates the model assumes least surely
 
 
 @dataclass(frozen=True)
@@ -254,6 +258,11 @@ class StepCost:
         return self.compute_s + self.remat_s + self.bubble_s + self.comm_s
 
     @property
+    def comm_fraction(self) -> float:
+        """The share of the step spent in exposed communication (`COMM_LIMIT`)."""
+        return self.comm_s / self.total_s if self.total_s else 0.0
+
+    @property
     def bubble_fraction(self) -> float | None:
         if self.micro_batches is None:
             return None
@@ -274,11 +283,12 @@ class StepCost:
     def to_dict(self) -> dict:
         """The breakdown as `plan --json` prints it."""
         return {"mode": self.mode, "mesh": dict(self.axes), "fits": self.fits,
-                "need_bytes": self.need, "micro_batch": self.micro_batch, "accum": self.accum,
+                "micro_batch": self.micro_batch, "accum": self.accum,
                 "remat": self.remat, "micro_batches": self.micro_batches,
                 "bubble_fraction": self.bubble_fraction, "total_s": self.total_s,
                 "compute_s": self.compute_s, "remat_s": self.remat_s,
-                "bubble_s": self.bubble_s, "comm_s": self.comm_s, "hardware": self.hardware,
+                "bubble_s": self.bubble_s, "comm_s": self.comm_s,
+                "comm_fraction": self.comm_fraction, "hardware": self.hardware,
                 "traffic": [{"what": t.what, "kind": t.kind, "axes": list(t.axes),
                              "bytes": t.bytes, "overlapped": t.overlapped}
                             for t in self.traffic]}

@@ -94,16 +94,17 @@ def initialize(peer_timeout: int | None = None) -> bool:
                                    shutdown_timeout_seconds=max(timeout, SHUTDOWN_TIMEOUT_S),
                                    **kw)
         joined = True
-    nodes = _count_hosts()
+    hosts = _gather_hosts()
+    nodes = len(set(hosts))
     allocation.check_devices(alloc, jax.default_backend(), jax.device_count(),
                              jax.local_device_count(), jax.process_count(), nodes,
                              cpu_on_purpose=os.environ.get("JAX_PLATFORMS", "").strip() == "cpu")
     _LAYOUT.update(allocation.layout(alloc, nodes, jax.process_count(),
-                                     jax.local_device_count(), jax.device_count()))
+                                     jax.local_device_count(), jax.device_count()), hosts=hosts)
     return joined
 
 
-_LAYOUT: dict = {}  # this job's layout once initialize() checked it
+_LAYOUT: dict = {}  # this job's layout once initialize() checked it, with each process's host
 
 
 def job_layout() -> dict:
@@ -113,16 +114,34 @@ def job_layout() -> dict:
     return dict(_LAYOUT)
 
 
-def _count_hosts() -> int:
-    """How many distinct hosts the job's processes run on (1 with one process)."""
+HOST_ENV = "CGPT_HOST"  # the host a process reports, when set: tests make two processes of
+# one machine two hosts with it, and a container whose hostname is not its node's can name it
+
+
+def host_name(environ=None) -> str:
+    """The host this process runs on: $CGPT_HOST when set, else the machine's hostname."""
+    env = os.environ if environ is None else environ
+    return (env.get(HOST_ENV) or "").strip() or socket.gethostname()
+
+
+def _gather_hosts() -> list[str]:
+    """Every process's `host_name()`, by process index, through the coordination service's
+    key-value store (each process publishes its own, all meet at a barrier, each reads the
+    directory once: three calls per process, however many there are): read at start-up, so
+    the mesh groups processes by where they run, not by how they are numbered."""
     if jax.process_count() == 1:
-        return 1
-    import zlib
+        return [host_name()]
+    client = _client()
+    client.key_value_set(f"cgpt/host/{jax.process_index()}", host_name())
+    client.wait_at_barrier("cgpt/hosts", BARRIER_TIMEOUT_S * 1000)
+    got = {int(k.rsplit("/", 1)[-1]): v for k, v in client.key_value_dir_get("cgpt/host/")}
+    return [got[i] for i in range(jax.process_count())]
 
-    from jax.experimental import multihost_utils
 
-    h = np.int32(zlib.crc32(socket.gethostname().encode()) & 0x7FFFFFFF)
-    return len(set(np.asarray(multihost_utils.process_allgather(h)).ravel().tolist()))
+def process_hosts() -> tuple[str, ...]:
+    """The host of each process of this job (index = `jax.process_index()`), joining the
+    job first if it has not been joined (`initialize`)."""
+    return tuple(job_layout()["hosts"])
 
 
 def joined() -> tuple[int, int] | None:

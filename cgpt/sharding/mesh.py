@@ -2,8 +2,9 @@
 placement's axes and a device's memory (the axes themselves: `cgpt.sharding.axes`).
 
 Mesh axis names (MaxText's, where the role is the same):
-  data   the batch is split over it (replicas). In weight_streaming the weights and
-         optimizer state are sharded over it too, so they cover every device.
+  data   the batch is split over it (replicas). In weight_streaming on one node the
+         weights and optimizer state are sharded over it too, so they cover every device;
+         on several nodes it crosses them and the state is replicated over it (HSDP).
   fsdp   weight_streaming only: the weights and optimizer state are sharded over it; the
          batch is split over it as well where the global batch divides data x fsdp
          (MaxText's fsdp), otherwise its devices share a batch shard and split its MLP
@@ -57,31 +58,40 @@ def build_mesh(axes: dict[str, int], devices: Sequence | None = None, nodes: int
     return Mesh(np.array(devices[:n]).reshape(tuple(axes.values())), names, axis_types=auto)
 
 
-def job_nodes(devices: Sequence) -> int:
-    """The nodes `devices` span: 1 for one process; on CPU each process stands for a node
-    (the multi-process tests); on accelerators the job's hosts (`distributed.job_layout`)."""
-    procs = {d.process_index for d in devices}
-    if len(procs) == 1:
+def job_nodes(devices: Sequence, hosts: Sequence[str] | None = None) -> int:
+    """The nodes `devices` span: the distinct hosts their processes run on (`hosts`, one per
+    process index; default: those `cgpt.sharding.distributed` gathered when the job
+    started), 1 for one process. ValueError naming every host's processes when the hosts
+    hold different numbers of processes (`cgpt.sharding.nodes.host_groups`)."""
+    from cgpt.sharding.nodes import host_groups
+
+    if len({d.process_index for d in devices}) == 1:
         return 1
-    if devices[0].platform == "cpu":
-        return len(procs)
-    n = int(distributed.job_layout().get("nodes") or 1)
-    return n if len(procs) % n == 0 else 1
+    return len(host_groups(distributed.process_hosts() if hosts is None else hosts))
 
 
-def node_groups(devices: Sequence, nodes: int) -> list[list]:
-    """`devices` grouped by node, in node order. Devices of several processes: by process
-    (`process_index` // processes per node, processes of a node being consecutive, as SLURM
-    numbers its tasks); one process (plan's emulated devices): consecutive equal blocks."""
-    procs = sorted({d.process_index for d in devices})
+def node_groups(devices: Sequence, nodes: int,
+                hosts: Sequence[str] | None = None) -> list[list]:
+    """`devices` grouped by node, in node order. Devices of several processes: by the host
+    each process runs on (`hosts`, default the job's as gathered at start-up: a node's
+    processes need not be numbered consecutively); one process (plan's emulated devices):
+    consecutive equal blocks. ValueError naming both when the hosts are not `nodes`."""
+    from cgpt.sharding.nodes import host_groups
+
+    procs = {d.process_index for d in devices}
     if len(procs) > 1:
-        if len(procs) % nodes:
-            raise ValueError(f"{len(procs)} processes cannot be split over {nodes} nodes")
-        per = len(procs) // nodes
-        rank = {p: i for i, p in enumerate(procs)}
+        hosts = distributed.process_hosts() if hosts is None else hosts
+        groups_of = [g for g in host_groups(hosts) if procs & set(g)]
+        if len(groups_of) != nodes:
+            where = "; ".join(f"{hosts[g[0]]}: processes {', '.join(map(str, g))}"
+                              for g in groups_of)
+            raise ValueError(f"the mesh is laid over {nodes} nodes but the job's {len(procs)} "
+                             f"processes run on {len(groups_of)} hosts ({where}); plan and "
+                             "train for the nodes the job has")
+        node_of = {p: i for i, g in enumerate(groups_of) for p in g}
         groups: list[list] = [[] for _ in range(nodes)]
         for d in devices:
-            groups[rank[d.process_index] // per].append(d)
+            groups[node_of[d.process_index]].append(d)
     else:
         if len(devices) % nodes:
             raise ValueError(f"{len(devices)} devices cannot be split over {nodes} nodes")
@@ -94,21 +104,26 @@ def node_groups(devices: Sequence, nodes: int) -> list[list]:
 
 
 def hybrid_devices(axes: dict[str, int], devices: Sequence, nodes: int,
-                   use_mesh_utils: bool = True) -> np.ndarray:
-    """The device array of a hybrid mesh: `jax.experimental.mesh_utils.create_hybrid_device_mesh`
-    with each process a node (its granule); where processes are not nodes (one per GPU, or
-    plan's one process emulating them) the same layout by hand: devices grouped by node
-    (`node_groups`), shaped (dcn..., ici...) and each axis' dcn factor made its outer part."""
+                   use_mesh_utils: bool = True, hosts: Sequence[str] | None = None
+                   ) -> np.ndarray:
+    """The device array of a hybrid mesh: devices grouped by node (`node_groups`: by the
+    host of their process), shaped (dcn..., ici...) and each axis' dcn factor made its outer
+    part. Where each node is one process this is
+    `jax.experimental.mesh_utils.create_hybrid_device_mesh` with the process as granule (it
+    also orders a node's devices by their physical links); otherwise (one process per GPU,
+    or plan's one process emulating the nodes) the same layout by hand."""
     from cgpt.sharding.nodes import split_axes
 
     split = split_axes(axes, nodes)
     dcn = tuple(split[a][0] for a in axes)
     ici = tuple(split[a][1] for a in axes)
-    if use_mesh_utils and len({d.process_index for d in devices}) == nodes:
+    groups = node_groups(devices, nodes, hosts)
+    if use_mesh_utils and all(len({d.process_index for d in g}) == 1 for g in groups) and \
+            len({d.process_index for d in devices}) == nodes:
         from jax.experimental import mesh_utils
 
         return mesh_utils.create_hybrid_device_mesh(ici, dcn, devices, process_is_granule=True)
-    grid = np.array(node_groups(devices, nodes), dtype=object).reshape(dcn + ici)
+    grid = np.array(groups, dtype=object).reshape(dcn + ici)
     k = len(axes)
     order = [i for pair in zip(range(k), range(k, 2 * k)) for i in pair]  # d0, i0, d1, i1 ...
     return grid.transpose(order).reshape(tuple(axes.values()))

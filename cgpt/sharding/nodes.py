@@ -15,9 +15,30 @@ from the collectives it checks against the compiled HLO), laid over this split.
 from __future__ import annotations
 
 import math
+from typing import Sequence
 
 
 CROSS_ORDER = ("data", "stage", "fsdp")  # which axes take the node count, first first
+
+
+def host_groups(hosts: Sequence[str]) -> list[list[int]]:
+    """Process indices grouped by the host each runs on (`hosts[i]`: process i's, as
+    `cgpt.sharding.distributed` gathers them at start-up), hosts in the order of their first
+    process. A node is a host, whatever the numbering: a scheduler that hands out tasks
+    cyclically (node 0 gets processes 0, 2, ...) gives the same groups as a block one.
+    ValueError naming every host's processes when the hosts hold different numbers of them
+    (a node-aware mesh needs the same on each)."""
+    groups: dict[str, list[int]] = {}
+    for i, h in enumerate(hosts):
+        groups.setdefault(h, []).append(i)
+    if len({len(g) for g in groups.values()}) > 1:
+        where = "; ".join(f"{h}: process{'es' if len(g) > 1 else ''} {', '.join(map(str, g))}"
+                          for h, g in groups.items())
+        raise ValueError(f"the job's {len(hosts)} processes run on {len(groups)} hosts with "
+                         f"different numbers of processes ({where}); a node-aware mesh needs "
+                         "the same number on every host: start as many tasks on each node "
+                         "(srun --ntasks-per-node)")
+    return list(groups.values())
 
 
 def split_axes(axes: dict[str, int], nodes: int) -> dict[str, tuple[int, int]]:

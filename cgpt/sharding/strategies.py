@@ -289,8 +289,10 @@ class DataParallel(Sharded):
 class WeightStreaming(Sharded):
     """Activations stationary, each layer's weights gathered inside the layer scan.
 
-    Weights and optimizer state are sharded over every device: kernels `embed` over
-    `data` and `heads`/`mlp` over `fsdp`, 1-D weights over both. The batch goes over
+    On one node the weights and optimizer state are sharded over every device: kernels
+    `embed` over `data` and `heads`/`mlp` over `fsdp`, 1-D weights over both. On several
+    nodes `data` crosses them and the weights are sharded over `fsdp` only, inside a node,
+    and replicated over `data` (HSDP: `cgpt.sharding.nodes.weight_axes`). The batch goes over
     `data`, and over `fsdp` too when `batch_axes` says the batch divides it; when it does
     not, the MLP's hidden activations are split over `fsdp` instead, so each fsdp group
     shares a batch shard but splits its matmuls (GSPMD follows the kernels' `fsdp` dim)
@@ -372,10 +374,15 @@ def strategy_on(mesh, mode: str, cfg: ModelConfig, batch: int, micro: int | None
                 "batch (every activation)", "act_batch", batch, ("data", "fsdp"), ("data",),
                 f"the global batch {batch} is not a multiple of data={axes.get('data', 1)} x "
                 f"fsdp={axes['fsdp']}" + (f" x micro-batch {micro}" if micro else "")))
+            over = weight_axes(mode, axes, nodes)
             log.warning("weight_streaming: the batch of %d splits over data=%d only; the "
                         "fsdp=%d devices of each group share its rows and split their MLP "
-                        "instead (the weights are still sharded over all %d)", batch,
-                        axes.get("data", 1), axes["fsdp"], mesh.size)
+                        "instead (the weights are sharded over %s: %d of the %d devices%s)",
+                        batch, axes.get("data", 1), axes["fsdp"],
+                        " x ".join(f"{a}={axes[a]}" for a in over) or "none",
+                        math.prod(axes[a] for a in over), mesh.size,
+                        "" if "data" in over or axes.get("data", 1) == 1 else
+                        f", replicated over data={axes['data']}, which crosses the {nodes} nodes")
     else:
         s = LayerPipelined(cfg, mesh, micro_batches, mesh_reason)
     s.auto_reason = auto_reason
