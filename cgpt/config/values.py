@@ -60,9 +60,9 @@ def typed(key: str, value, types: tuple[str, ...], given: str | None = None):
     if isinstance(value, bool):
         if "bool" in types:
             return value
-        why = f"the YAML boolean {str(value).lower()} (from yes/no/on/off/true/false)"
         hint = "quote it" if "str" in types else f"give {want}"
-        raise ValueError(f"{given}: read as {why}, not {want}; {hint}")
+        raise ValueError(f"{given}: is the boolean {str(value).lower()}, not {want} (YAML "
+                         f"reads yes/no/on/off/true/false as booleans); {hint}")
     if isinstance(value, (int, float)):
         return _from_number(key, value, types, given, want)
     kind = "a list" if isinstance(value, (list, tuple)) else \
