@@ -123,10 +123,9 @@ class ModelConfig:
                 self.loss_chunk, int) or self.loss_chunk < 0):
             raise ValueError(f"model.loss_chunk must be a non-negative int (0: unchunked) "
                              f"or null (the platform's choice), got {self.loss_chunk!r}")
-        for f in ("ln_eps", "init_std"):
-            v = getattr(self, f)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < math.inf:
-                raise ValueError(f"model.{f} must be a finite number > 0, got {v!r}")
+        v = self.ln_eps
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < math.inf:
+            raise ValueError(f"model.ln_eps must be a finite number > 0, got {v!r}")
 
     # ---- derived quantities -------------------------------------------------------------
     @property
