@@ -50,7 +50,11 @@ def bootstrap_indices(n: int, n_boot: int, seed: int, groups=None) -> list[np.nd
     groups = np.asarray(groups)
     if len(groups) != n:
         raise ValueError(f"groups has length {len(groups)}, expected one label per point ({n})")
-    members = [np.flatnonzero(groups == g) for g in pd.unique(groups)]
+    # each group's rows in first-seen order, from one sort (not one scan per group: O(n^2))
+    _, first, inverse = np.unique(groups, return_index=True, return_inverse=True)
+    order = np.argsort(inverse, kind="stable")
+    members = np.split(order, np.cumsum(np.bincount(inverse.ravel()))[:-1])
+    members = [members[i] for i in np.argsort(first, kind="stable")]
     out = []
     for _ in range(n_boot):
         pick = rng.integers(0, len(members), len(members))

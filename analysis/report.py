@@ -11,6 +11,8 @@ from .plots import plot_loss_vs_compute
 from .published import CEREBRAS_GPT
 from .results import FLOPS, compute, finished, load_results
 
+MAX_REPORT_RUNS = 10_000  # far beyond a sweep (Chinchilla fitted ~400 runs); bounds the time
+
 
 def sweep_report(sweep_dir: str | Path, out_png: str | Path | None = None, *,
                  flops: str = "counted", n_boot: int = 1000, seed: int = 0) -> str:
@@ -30,6 +32,11 @@ def sweep_report(sweep_dir: str | Path, out_png: str | Path | None = None, *,
     done = finished(df)
     counts = df["status"].value_counts().to_dict()
     sp = done[~done["mup"]] if done["mup"].any() and (~done["mup"]).any() else done
+    if len(sp) > MAX_REPORT_RUNS:
+        raise ValueError(f"{src}: {len(sp):,} finished runs, more than the {MAX_REPORT_RUNS:,} "
+                         f"a sweep report fits (its bootstrap refits them {n_boot} times); is "
+                         "this a sweep's results.csv? Fit a subset with "
+                         "analysis.fit_power_law")
     if len(sp) < 3:
         raise ValueError(f"{src}: {len(sp)} finished run(s) with a val_loss, need at least 3 to "
                          "fit the 3 parameters (A, b, c); wait for more runs to finish")

@@ -21,8 +21,30 @@ B_GRID = np.geomspace(1e-3, 3.0, 241)       # exponents searched by the least-sq
 _GOLDEN = (np.sqrt(5) - 1) / 2
 
 
+_BLOCK = 1 << 21  # elements of one [rows, exponents, n] temporary: 16 MiB of float64
+
+
 def _amp_offset(b, U, Y, offset: bool, c_fixed):
-    """Best (amplitude a, offset c >= 0) and residual sum of squares for exponents b [R, G]."""
+    """Best (amplitude a, offset c >= 0) and residual sum of squares for exponents b [R, G],
+    in blocks of at most _BLOCK elements: the [R, G, n] temporaries of 1,000 resamples of a
+    large results.csv would otherwise need tens of GiB at once."""
+    R, G = b.shape
+    n = max(Y.shape[1], 1)
+    rows = max(1, _BLOCK // (G * n))
+    cols = G if rows > 1 else max(1, min(G, _BLOCK // n))
+    if rows >= R and cols >= G:
+        return _amp_offset_block(b, U, Y, offset, c_fixed)
+    cf = None if c_fixed is None else np.broadcast_to(np.asarray(c_fixed, float), (R,))
+    a, c, rss = np.empty((R, G)), np.empty((R, G)), np.empty((R, G))
+    for r in range(0, R, rows):
+        for g in range(0, G, cols):
+            at = (slice(r, r + rows), slice(g, g + cols))
+            a[at], c[at], rss[at] = _amp_offset_block(
+                b[at], U[r:r + rows], Y[r:r + rows], offset, None if cf is None else cf[r:r + rows])
+    return a, c, rss
+
+
+def _amp_offset_block(b, U, Y, offset: bool, c_fixed):
     f = np.exp(-b[..., None] * U[:, None, :])                  # [R, G, n]
     y = Y[:, None, :]
     sff, sfy = (f * f).sum(-1), (f * y).sum(-1)

@@ -101,7 +101,7 @@ def test_remat_values_and_the_old_booleans():
     assert ModelConfig.from_dict({"remat": False}).remat == "save_dots"  # old config.yaml
     assert ModelConfig(remat=None).remat is None and remat_value(None) == "save_dots"
     assert [ModelConfig(remat=r).remat for r in REMATS] == list(REMATS)
-    with pytest.raises(ValueError, match="ModelConfig.remat='some'.*none, save_attn"):
+    with pytest.raises(ValueError, match="model.remat='some'.*none, save_attn"):
         ModelConfig(remat="some")
     with pytest.raises(ValueError, match="loss_chunk"):
         ModelConfig(loss_chunk=-1)

@@ -72,52 +72,62 @@ class ModelConfig:
     # weight matmuls' outputs (the old false), "full" only each layer's input (the old true).
     # None: `train` and `plan` climb the platform's ladder and take the first rung whose step
     # fits (`cgpt.train.fit`); elsewhere "save_dots".
-    remat: str | None = field(default=None, metadata={"roles": ("execution", "placement")})
+    remat: str | bool | None = field(default=None, metadata={"roles": ("execution", "placement")})
     # The loss's head and cross-entropy in chunks of this many sequence positions, so the
     # f32 logits are never all held (`cgpt.model.gpt.chunked_cross_entropy`); 0: unchunked.
     # None: the platform's (`cgpt.config.backend`).
     loss_chunk: int | None = field(default=None, metadata={"roles": ("execution", "placement")})
 
     def __post_init__(self) -> None:
+        # Errors name the config key the user sets (model.d_model), and a derived size by
+        # what it derives from: d_ffn = 4 x d_model unless model.d_ffn was given.
         for f in ("n_layer", "d_model", "n_head", "vocab_size", "n_ctx"):
             v = getattr(self, f)
-            if not isinstance(v, int) or v <= 0:
-                raise ValueError(f"ModelConfig.{f} must be a positive int, got {v!r}")
+            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+                raise ValueError(f"model.{f} must be a positive int, got {v!r}")
             if v > MAX_DIM:  # JAX and XLA index arrays with int64 (shapes) and int32 (ids)
-                raise ValueError(f"ModelConfig.{f}={v} is beyond any array dimension (at most "
+                raise ValueError(f"model.{f}={v} is beyond any array dimension (at most "
                                  f"{MAX_DIM:,}); did you mean a smaller value?")
         if self.d_head is None:
             if self.d_model % self.n_head:
                 raise ValueError(
-                    f"ModelConfig.n_head={self.n_head} does not divide d_model={self.d_model}; "
-                    "set d_head explicitly or pick a divisor")
+                    f"model.n_head={self.n_head} does not divide model.d_model={self.d_model}; "
+                    "set model.d_head explicitly or pick a divisor")
             object.__setattr__(self, "d_head", self.d_model // self.n_head)
+        for f in ("d_head", "d_ffn"):
+            v = getattr(self, f)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int)
+                                  or not 0 < v <= MAX_DIM):
+                raise ValueError(f"model.{f} must be an int in [1, {MAX_DIM:,}], got {v!r}")
         if self.d_head * self.n_head != self.d_model:
             raise ValueError(
-                f"ModelConfig.d_head: n_head*d_head = {self.n_head}*{self.d_head} must equal "
-                f"d_model={self.d_model}")
+                f"model.d_head: n_head*d_head = {self.n_head}*{self.d_head} must equal "
+                f"model.d_model={self.d_model}")
         if self.d_ffn is None:
+            if 4 * self.d_model > MAX_DIM:
+                raise ValueError(f"model.d_model={self.d_model} makes the MLP width 4 x d_model "
+                                 f"= {4 * self.d_model:,}, beyond any array dimension (at most "
+                                 f"{MAX_DIM:,}); use a smaller d_model or set model.d_ffn")
             object.__setattr__(self, "d_ffn", 4 * self.d_model)
-        if not 0 < self.d_ffn <= MAX_DIM or not 0 < self.d_head <= MAX_DIM:
-            raise ValueError(f"ModelConfig.d_ffn and d_head must be in [1, {MAX_DIM:,}], got "
-                             f"{self.d_ffn} and {self.d_head}")
         if self.compute_dtype not in COMPUTE_DTYPES:
             raise ValueError(
-                f"ModelConfig.compute_dtype={self.compute_dtype!r}; use one of {COMPUTE_DTYPES}")
+                f"model.compute_dtype={self.compute_dtype!r}; use one of {COMPUTE_DTYPES}")
         if self.attention not in ATTENTIONS:
             raise ValueError(
-                f"ModelConfig.attention={self.attention!r}; use one of {ATTENTIONS}")
-        if self.vocab_multiple is not None and (
-                not isinstance(self.vocab_multiple, int) or self.vocab_multiple < 1):
-            raise ValueError(f"ModelConfig.vocab_multiple must be a positive int or null (the "
+                f"model.attention={self.attention!r}; use one of {ATTENTIONS}")
+        if self.vocab_multiple is not None and (isinstance(self.vocab_multiple, bool) or
+                                                not isinstance(self.vocab_multiple, int)
+                                                or self.vocab_multiple < 1):
+            raise ValueError(f"model.vocab_multiple must be a positive int or null (the "
                              f"platform's choice), got {self.vocab_multiple!r}")
         object.__setattr__(self, "remat", None if self.remat is None else remat_value(self.remat))
         if self.loss_chunk is not None and (isinstance(self.loss_chunk, bool) or not isinstance(
                 self.loss_chunk, int) or self.loss_chunk < 0):
-            raise ValueError(f"ModelConfig.loss_chunk must be a non-negative int (0: unchunked) "
+            raise ValueError(f"model.loss_chunk must be a non-negative int (0: unchunked) "
                              f"or null (the platform's choice), got {self.loss_chunk!r}")
-        if not self.ln_eps > 0:
-            raise ValueError(f"ModelConfig.ln_eps must be > 0, got {self.ln_eps}")
+        v = self.ln_eps
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < math.inf:
+            raise ValueError(f"model.ln_eps must be a finite number > 0, got {v!r}")
 
     # ---- derived quantities -------------------------------------------------------------
     @property
@@ -231,7 +241,7 @@ def remat_value(remat: str | bool | None) -> str:
         return "full"
     if isinstance(remat, str) and remat.strip().lower() in REMATS:
         return remat.strip().lower()
-    raise ValueError(f"ModelConfig.remat={remat!r}; use one of {', '.join(REMATS)} (or the old "
+    raise ValueError(f"model.remat={remat!r}; use one of {', '.join(REMATS)} (or the old "
                      "true = full, false = save_dots), or null to let train choose")
 
 

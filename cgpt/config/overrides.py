@@ -1,17 +1,17 @@
 """`section.key=value` overrides of a raw run config, shared by `cgpt train` and `cgpt sweep`.
 
 One place for the rules both commands apply: what a key may name (a section of RunConfig and
-a field of its dataclass), what a replicate seed sets, and that `data.source` is a string.
+a field of its dataclass), how its text is read (by the field's type, `cgpt.config.values`),
+what a replicate seed sets, and that `data.source` is a string.
 """
 from __future__ import annotations
 
 import dataclasses
 
-import yaml
-
 from cgpt.config.model import ModelConfig
 from cgpt.config.data import DataConfig
 from cgpt.config.run import TrainConfig
+from cgpt.config.values import field_types, scalar, typed
 
 SECTIONS = ("model", "data", "train")
 _FIELDS = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig}
@@ -39,28 +39,19 @@ def set_key(raw: dict, key: str, value, where: str) -> None:
     sec[name] = value
 
 
-def parse_value(text: str):
-    """YAML scalar parsing, so `true`, `1e-3`, `null` and `[1, 2]` mean what they look like
-    (YAML 1.1 itself reads `1e-3` as a string; numbers are read as numbers here)."""
-    try:
-        value = yaml.safe_load(text)
-    except yaml.YAMLError:
-        return text
-    if isinstance(value, str):
-        try:
-            return float(value)
-        except ValueError:
-            return value
-    return value
-
-
 def split_override(item: str, where: str) -> tuple[str, object]:
-    """'train.peak_lr=1e-3' -> ('train.peak_lr', 0.001) (YAML scalar parsing)."""
+    """'train.peak_lr=1e-3' -> ('train.peak_lr', 0.001): the text after the first '=' read by
+    the type of the field it sets (`cgpt.config.values.typed`; a path verbatim). Keys of other
+    sections (`--set slurm.time=...`) get `values.scalar`, checked where they are used."""
     key, eq, text = item.partition("=")
     if not eq or "." not in key:
         raise ValueError(f"{where}: expected section.key=value, e.g. train.peak_lr=1e-3 or "
                          "model.remat=true")
-    return key, parse_value(text)
+    section, _, name = key.partition(".")
+    if section not in SECTIONS:
+        return key, scalar(text)
+    section, name = check_key(key, where)
+    return key, typed(key, text, field_types(_FIELDS[section])[name], given=where)
 
 
 def apply_overrides(raw: dict, items: list[str], where: str = "override") -> dict:
@@ -78,11 +69,8 @@ def seed_overrides(seed: int) -> dict:
 
 
 def coerce_source(raw: dict) -> dict:
-    """data.source stays a string even if YAML read it as a number or a bool (in place)."""
+    """data.source must be text: a path YAML read as a bool (`yes`) or a number (`1e3` as
+    2.0e3) is refused with the advice to quote it, never turned into 'True' or '2000.0'."""
     if isinstance(raw.get("data"), dict) and "source" in raw["data"]:
-        src = raw["data"]["source"]
-        if isinstance(src, (dict, list)):
-            raise ValueError(f"data.source is {str(src)[:80]!r}: it must be one path, "
-                             "'default', or hf:<name>[:<config>]")
-        raw["data"]["source"] = str(src)
+        typed("data.source", raw["data"]["source"], ("str",))
     return raw

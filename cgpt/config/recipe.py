@@ -26,6 +26,7 @@ PUBLISHED_RECIPE = {
 MUP_PEAK_LR = 6e-3
 CPU_PEAK_LR = 2e-3  # SP CPU family; chosen on cpu-1.7m, see docs/recipe.md
 CPU_BATCH = 32
+MAX_STEPS = 2**31 - 1  # an int32 step counter
 
 
 SCHEDULES = ("published", "wsd")
@@ -80,6 +81,13 @@ def warmup_steps_for(total_steps: int, tokens_per_step: int, published: bool) ->
 
 
 def steps_for_tokens(tokens: int, batch_size: int, seq_len: int) -> int:
-    """Whole steps within the budget, rounded down as in the published runs (111M: 9,037)."""
-    return max(1, tokens // (batch_size * seq_len))
+    """Whole steps within the budget, rounded down as in the published runs (111M: 9,037).
+    At most MAX_STEPS: the optimizer counts steps in int32 inside the jitted update."""
+    steps = max(1, tokens // (batch_size * seq_len))
+    if steps > MAX_STEPS:
+        raise ValueError(f"train.tokens={tokens:.3g} is {steps:.3g} steps of train.batch_size="
+                         f"{batch_size} x data.seq_len={seq_len} tokens; a run takes at most "
+                         f"{MAX_STEPS:,} steps (at most {MAX_STEPS * batch_size * seq_len:.3g} "
+                         "tokens here): did you mean a smaller budget?")
+    return steps
 

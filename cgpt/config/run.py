@@ -19,6 +19,7 @@ import yaml
 from cgpt.config.model import ModelConfig, get_config
 from cgpt.config.data import DataConfig
 from cgpt.config.units import parse_bytes
+from cgpt.config.values import StrictLoader, typed_section
 
 MODES = ("single", "data_parallel", "weight_streaming", "layer_pipelined", "auto")
 # What a config key is for beyond its value, written once on its field (`role`, or
@@ -187,23 +188,9 @@ def with_placement(cfg: RunConfig, launch: RunConfig) -> RunConfig:
 
 
 def _coerce(section: str, cls, values: dict):
-    """Check keys, and read numbers that YAML 1.1 left as strings ("6e-4") as numbers."""
-    types = {f.name: str(f.type) for f in dataclasses.fields(cls)}
-    bad = sorted(set(values) - set(types))
-    if bad:
-        raise ValueError(f"unknown key(s) {', '.join(f'{section}.{b}' for b in bad)}; "
-                         f"valid {section} keys: {', '.join(sorted(types))}")
-    out = dict(values)
-    for k, v in values.items():
-        numeric = ("float" in types[k] or "int" in types[k]) and "str" not in types[k]
-        if numeric and isinstance(v, (list, dict)):  # a number's check would fail inside
-            raise ValueError(f"{section}.{k}={v!r} is not a number")
-        if numeric and isinstance(v, str):
-            try:
-                out[k] = float(v) if "float" in types[k] else int(float(v))
-            except ValueError:
-                raise ValueError(f"{section}.{k}={v!r} is not a number") from None
-    return out
+    """Check keys and type every value by its field (`cgpt.config.values`: a bool is not a
+    number, 2.5 is not an int, "6e-4" that YAML 1.1 left as text is a number)."""
+    return typed_section(section, cls, values)
 
 
 MIN_VOCAB = 257
@@ -280,7 +267,7 @@ def safe_load(text: str, where: str):
     MAX_YAML_VALUES values or refer to themselves: the composed graph is sized before any
     Python object is built, so an alias bomb costs no memory (and is never printed)."""
     try:
-        loader = yaml.SafeLoader(text)
+        loader = StrictLoader(text)  # a key given twice is an error, not the last kept
         try:
             node = loader.get_single_node()
             if node is None:

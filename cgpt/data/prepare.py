@@ -421,14 +421,32 @@ def _cmd_prepare(args, out: Path, corpus: Corpus, t0: float) -> int:
         tok = load_tokenizer(args.tokenizer)
     elif (out / "plan.json").is_file() and (out / "tokenizer.json").is_file():
         tok = load_tokenizer(out / "tokenizer.json")  # resuming: the tokenizer trained the first time
+        _check_vocab(out, tok, args.vocab_size)
     else:
         tok = train_tokenizer(corpus.texts(), args.vocab_size)
     tok = with_eot(tok, args.tokenizer)
     store = prepare(args.source, tok, out, text_column=args.text_column, split=args.split,
-                    num_proc=args.num_proc, progress=not args.no_progress, corpus=corpus)
+                    num_proc=args.num_proc, progress=not args.no_progress, corpus=corpus,
+                    extra={"requested_vocab_size": args.vocab_size} if args.tokenizer == "train"
+                    else None)
     m, dt = store.manifest, time.perf_counter() - t0
     print(json.dumps({"store": str(out), "num_tokens": m["num_tokens"], "num_documents": m["num_documents"],
                       "shards": len(m["shards"]), "dtype": m["dtype"], "vocab_size": m["vocab_size"],
                       "seconds": round(dt, 1)}, indent=1))
     print(f"train on it with: data.source={out}")
     return 0
+
+
+def _check_vocab(out: Path, tok, requested: int) -> None:
+    """A store's trained tokenizer must be the one `--vocab-size` asks for: never a silent
+    no-op that leaves the user training on another vocabulary. (A small corpus may stop the
+    BPE short of the request, so an old store without the recorded request passes when its
+    vocabulary is not larger.)"""
+    have = tok.get_vocab_size(with_added_tokens=True)
+    manifest = out / "manifest.json"
+    asked = _read_record(manifest).get("requested_vocab_size") if manifest.is_file() else None
+    if requested in (have, asked) or (asked is None and have < requested):
+        return
+    raise DataError(f"--out {out} holds a store whose tokenizer was trained with a "
+                    f"{asked or have}-token vocabulary, and --vocab-size {requested} asks for "
+                    "another; use another --out, or delete that directory to start over")

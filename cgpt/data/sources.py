@@ -32,6 +32,11 @@ FORMATS = {
     ".parquet": "parquet",
 }
 BATCH_BYTES = 1 << 22  # documents are handed to the tokenizer in batches of about 4 MiB
+# Bounds on what is held whole: a document goes to the tokenizer in one piece (its memory
+# grows many times the text's size), and a JSON value is parsed whole. Larger inputs are
+# refused before they are read, with the advice to split them.
+MAX_DOCUMENT_BYTES = 1 << 26  # 64 MiB: one text file, or one JSONL line
+MAX_JSON_ARRAY_BYTES = 1 << 28  # 256 MiB: a .json file holding one array of objects
 
 
 def suffix_of(path: Path) -> str:
@@ -116,7 +121,8 @@ def _line_ranges(path: Path, size: int, unit_bytes: int) -> list[tuple[int, int]
     with open(path, "rb") as f:
         while cuts[-1] + unit_bytes < size:
             f.seek(cuts[-1] + unit_bytes)
-            f.readline()  # finish the line the cut fell into
+            while (part := f.readline(1 << 20)) and not part.endswith(b"\n"):
+                pass  # finish the line the cut fell into, a MiB at a time
             if f.tell() >= size:
                 break
             cuts.append(f.tell())
@@ -214,10 +220,20 @@ def _unreadable(path: Path, e: BaseException) -> DataError:
                      f"or not {suffix_of(path) or 'a supported'} data: restore or remove it")
 
 
+def _too_big(where: str, size: str, limit: int, fix: str) -> DataError:
+    return DataError(f"{where}: {size} over the limit of {limit >> 20} MiB for one "
+                     f"{'JSON array' if limit == MAX_JSON_ARRAY_BYTES else 'document'} (each "
+                     f"is held whole to be parsed and tokenized); {fix}")
+
+
 def _read_text_files(paths: list[Path], digest) -> Iterator[tuple[list[str], int]]:
     texts, rows, size = [], 0, 0
     for path in paths:
-        data = path.read_bytes()
+        with open(path, "rb") as f:
+            data = f.read(MAX_DOCUMENT_BYTES + 1)
+        if len(data) > MAX_DOCUMENT_BYTES:
+            raise _too_big(str(path), "a text file is one document, and this one is",
+                           MAX_DOCUMENT_BYTES, "split it into several files")
         if digest is not None:
             digest.update(data)
         try:
@@ -251,9 +267,10 @@ def _row_text(row: object, column: str, where: Callable[[], str]) -> str | None:
 
 
 def _range_lines(f, length: int, digest) -> Iterator[bytes]:
-    """The lines of the next `length` bytes of `f`, hashing exactly those bytes."""
+    """The lines of the next `length` bytes of `f`, hashing exactly those bytes; a line is
+    read at most MAX_DOCUMENT_BYTES + 1 bytes at a time (a longer one is refused)."""
     while length > 0:
-        line = f.readline(length)
+        line = f.readline(min(length, MAX_DOCUMENT_BYTES + 1))
         if not line:
             return
         length -= len(line)
@@ -274,7 +291,8 @@ def _read_jsonl(path: Path, unit: Unit, column: str, digest) -> Iterator[tuple[l
     with open(path, "rb") as raw:
         if unit.kind == "jsonl-compressed":
             src = _Hashing(raw, digest) if digest is not None else raw
-            lines, first_line = _open_compressed(path, src), 1
+            reader, first_line = _open_compressed(path, src), 1
+            lines = iter(lambda: reader.readline(MAX_DOCUMENT_BYTES + 1), b"")  # bounded
         else:
             raw.seek(unit.start)
             lines, first_line = _range_lines(raw, unit.stop - unit.start, digest), None
@@ -283,12 +301,17 @@ def _read_jsonl(path: Path, unit: Unit, column: str, digest) -> Iterator[tuple[l
             if not line.strip():
                 continue
             where = lambda: _line_where(path, unit, first_line, n)  # noqa: E731
+            if len(line) > MAX_DOCUMENT_BYTES:
+                raise _too_big(where(), "this line is", MAX_DOCUMENT_BYTES,
+                               "split the document into several rows")
             try:
                 row = json.loads(line)
             except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
                 raise DataError(f"{where()}: not valid JSON ({e}); each line must be one JSON object "
                                 f'such as {{"{column}": "..."}}') from e
             text = _row_text(row, column, where)
+            if b"\\u" in line:  # only a \u escape can make a lone surrogate
+                _check_unicode(text, column, where)
             rows += 1
             if text:
                 texts.append(text)
@@ -313,7 +336,23 @@ def _line_where(path: Path, unit: Unit, first_line: int | None, n: int) -> str:
     return f"{path}, line {first_line + n - 1}"
 
 
+def _check_unicode(text: str | None, column: str, where: Callable[[], str]) -> None:
+    """JSON's \\ud800 escapes decode to lone UTF-16 surrogates: not text any tokenizer reads."""
+    if text is None:
+        return
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise DataError(f"{where()}: column {column!r} holds a lone UTF-16 surrogate "
+                        f"(\\u{ord(text[e.start]):04x} at character {e.start}), which is not "
+                        "Unicode text; fix the escape or drop the row") from None
+
+
 def _read_json_array(path: Path, column: str, digest) -> Iterator[tuple[list[str], int]]:
+    if path.stat().st_size > MAX_JSON_ARRAY_BYTES:
+        raise _too_big(str(path), f"a JSON array of {path.stat().st_size >> 20} MiB is",
+                       MAX_JSON_ARRAY_BYTES, "write it as JSON Lines (.jsonl, one object a "
+                       "line), which is read a line at a time")
     data = path.read_bytes()
     if digest is not None:
         digest.update(data)
@@ -322,6 +361,9 @@ def _read_json_array(path: Path, column: str, digest) -> Iterator[tuple[list[str
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
         raise DataError(f"{path}: not valid JSON ({e}); write a JSON array of objects or JSON Lines") from None
     texts = [_row_text(r, column, lambda i=i: f"{path}, item {i}") for i, r in enumerate(rows)]
+    if b"\\u" in data:
+        for i, t in enumerate(texts):
+            _check_unicode(t, column, lambda i=i: f"{path}, item {i}")
     yield [t for t in texts if t], len(texts)
 
 

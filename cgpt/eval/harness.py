@@ -195,12 +195,16 @@ def run_tasks(args) -> int:
     if not tasks:
         raise ValueError(f"--tasks {args.tasks!r}: name at least one lm-eval task")
     model = CgptLM(pretrained=args.source, dtype=args.dtype, batch_size=args.batch_size)
-    manager = TaskManager(include_path=args.include_path) if args.include_path else TaskManager()
+    manager = _checked_manager(TaskManager)(include_path=args.include_path) \
+        if args.include_path else _checked_manager(TaskManager)()
     unknown = [t for t in tasks if t not in manager.all_tasks]
     if unknown:
-        raise ValueError(f"--tasks: unknown lm-eval task(s) {unknown}; see `lm_eval --tasks list`"
-                         + ("" if args.include_path else ", or add --include-path DIR for "
-                            "task YAMLs of your own"))
+        broken = _unparsable_yamls(Path(args.include_path)) if args.include_path else []
+        raise ValueError(f"--tasks: unknown lm-eval task(s) {unknown}; " + (
+            f"these task YAMLs under --include-path do not parse (lm-eval skips them): "
+            f"{'; '.join(broken)}" if broken else "see `lm_eval --tasks list`" + (
+                "" if args.include_path else ", or add --include-path DIR for task YAMLs of "
+                "your own")))
     limit = args.limit if args.limit is None or args.limit < 1 else int(args.limit)
     res = simple_evaluate(model=model, tasks=tasks, num_fewshot=args.num_fewshot,
                           limit=limit, task_manager=manager, log_samples=False,
@@ -214,3 +218,48 @@ def run_tasks(args) -> int:
     print(make_table(res))
     print(f"results: {out}")
     return 0
+
+
+def _unparsable_yamls(root: Path) -> list[str]:
+    """'file: why' for each task YAML under `root` that does not parse: lm-eval's index skips
+    those silently, so their tasks would otherwise be reported as unknown. Tags such as
+    `!function` are accepted unread (only the YAML syntax is checked)."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    Loader.add_multi_constructor("!", lambda loader, suffix, node: None)
+    out = []
+    for f in sorted(root.glob("**/*.yaml")) if root.is_dir() else [root]:
+        try:
+            yaml.load(f.read_text(errors="replace"), Loader=Loader)  # noqa: S506 (safe base)
+        except yaml.YAMLError as e:
+            out.append(f"{f}: {' '.join(str(e).split())}")
+        except OSError as e:
+            out.append(f"{f}: {e.strerror or e}")
+    return out
+
+
+def _checked_manager(base):
+    """lm-eval's TaskManager whose `load` turns a task that cannot be built (its data file
+    empty or unreadable: lm-eval and `datasets` raise many types, StopIteration among them)
+    or that has no documents into one ValueError naming the task, instead of a traceback."""
+
+    class Checked(base):
+        def load(self, task_list, *a, **kw):
+            try:
+                loaded = super().load(task_list, *a, **kw)
+            except Exception as e:  # noqa: BLE001 - a third-party boundary, re-raised named
+                raise ValueError(f"--tasks: lm-eval could not build task(s) {task_list}: "
+                                 f"{type(e).__name__}: {str(e) or 'no data'}; check the task "
+                                 "YAML's dataset_path and data_files (an empty data file has "
+                                 "no documents)") from e
+            for name, task in (loaded.get("tasks") or {}).items():
+                docs = getattr(task, "eval_docs", None)
+                if docs is not None and len(docs) == 0:
+                    raise ValueError(f"--tasks: lm-eval task {name!r} has no documents in its "
+                                     "evaluation split; check its data files")
+            return loaded
+
+    return Checked

@@ -16,6 +16,7 @@ without its heartbeat (at once if process 0, the coordinator, dies) the others s
 """
 from __future__ import annotations
 
+import errno
 import os
 import socket
 import sys
@@ -38,12 +39,54 @@ LEAVE_GRACE_S = 2.0  # process 0 outlives the others' exits by this much in `lea
 _peer_timeout = PEER_TIMEOUT_S  # this job's, set by `initialize`
 
 
+def _env_int(env, name: str, low: int = 1) -> int | None:
+    """An integer environment variable, or a ValueError naming it as the user set it."""
+    text = env.get(name)
+    if not text:
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or value < low:
+        raise ValueError(f"{name}={text!r}: must be a whole number >= {low}")
+    return value
+
+
+def check_env(env: os._Environ | dict | None = None) -> None:
+    """Refuse, before JAX starts, a job environment that does not add up, naming the variable
+    as set: otherwise JAX fails deep inside (an IndexError for JAX_COORDINATOR_ADDRESS='not a
+    host', `process_id` for JAX_PROCESS_ID) or waits for processes that never come (SLURM
+    variables copied into a shell that `srun` did not start)."""
+    env = os.environ if env is None else env
+    if env.get("JAX_COORDINATOR_ADDRESS"):
+        addr = env["JAX_COORDINATOR_ADDRESS"]
+        host, colon, port = addr.strip().rpartition(":")
+        if not colon or not host or any(c.isspace() for c in host) or not port.isdigit() \
+                or not 0 < int(port) < 65536:
+            raise ValueError(f"JAX_COORDINATOR_ADDRESS={addr!r}: expected host:port (process "
+                             "0's host name or address and a free port, e.g. node01:12345)")
+        n = _env_int(env, "JAX_NUM_PROCESSES") or 1
+        pid = _env_int(env, "JAX_PROCESS_ID", low=0)
+        if pid is not None and pid >= n:
+            raise ValueError(f"JAX_PROCESS_ID={pid} with JAX_NUM_PROCESSES={n}: the processes "
+                             f"of a job are numbered 0 .. {n - 1}")
+        return
+    if env.get("SLURM_JOB_ID") and (_env_int(env, "SLURM_NTASKS") or 1) > 1 \
+            and env.get("CGPT_DISTRIBUTED") != "1" and not env.get("SLURM_STEP_NODELIST"):
+        raise ValueError(
+            f"SLURM_NTASKS={env['SLURM_NTASKS']} (SLURM job {env['SLURM_JOB_ID']}) describes "
+            "a job of several processes, but this one was not started by `srun` "
+            "(SLURM_STEP_NODELIST is unset), so the others would never join: start every "
+            "process with srun, or run one process with `env -u SLURM_NTASKS cgpt ...`")
+
+
 def job_processes(env: os._Environ | dict | None = None) -> int:
     """How many processes the environment says this job has (readable before JAX starts)."""
     env = os.environ if env is None else env
     if env.get("JAX_COORDINATOR_ADDRESS"):
-        return int(env.get("JAX_NUM_PROCESSES") or 1)
-    return int(env.get("SLURM_NTASKS") or 1)
+        return _env_int(env, "JAX_NUM_PROCESSES") or 1
+    return _env_int(env, "SLURM_NTASKS") or 1
 
 
 def devices_per_process(total: int) -> int:
@@ -76,6 +119,46 @@ def initialize(peer_timeout: int | None = None) -> bool:
                          ">= 1")
     if _LAYOUT:
         return jax.process_count() > 1
+    check_env(os.environ)
+    try:
+        return _initialize(timeout)
+    except (RuntimeError, AssertionError) as e:
+        platforms = os.environ.get("JAX_PLATFORMS", "").strip()
+        if not platforms or _backends_up():
+            raise  # not the platform: JAX's own error
+        # JAX asserts (no message) when JAX_PLATFORMS=cuda finds no GPU, raises for others
+        raise ValueError(f"JAX_PLATFORMS={platforms}: JAX cannot start that platform on this "
+                         f"machine ({' '.join(str(e).split()) or 'no such device found'}); "
+                         "unset JAX_PLATFORMS to let JAX choose, or name one it has "
+                         "(e.g. cpu)") from None
+
+
+def _check_port_free(address: str) -> None:
+    """Process 0 serves the job on the coordinator's port: one held by another program makes
+    JAX crash (a segfault in this version) while the others wait. Probed as JAX binds it."""
+    port = int(address.rpartition(":")[2])
+    for family, host in ((socket.AF_INET6, "::"), (socket.AF_INET, "0.0.0.0")):
+        try:
+            with socket.socket(family, socket.SOCK_STREAM) as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                probe.bind((host, port))
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                raise DistributedError(
+                    f"JAX_COORDINATOR_ADDRESS={address}: port {port} on this host is held by "
+                    "another program, so process 0 cannot serve the job there; pick a free "
+                    "port for every process") from None
+            # no IPv6 on this host, say: the other family decides
+
+
+def _backends_up() -> bool:
+    try:
+        return bool(jax.devices())
+    except (RuntimeError, AssertionError):
+        return False
+
+
+def _initialize(timeout: int) -> bool:
     from cgpt.config.backend import gpu_allocator, gpu_xla_flags, launch_platform
 
     gpu_allocator(os.environ)  # before JAX creates its GPU client
@@ -88,11 +171,22 @@ def initialize(peer_timeout: int | None = None) -> bool:
     if kw is not None and not joined:
         # Cross-process collectives on the CPU backend (accelerator backends ignore this).
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
-        jax.distributed.initialize(heartbeat_timeout_seconds=timeout,
-                                   # the exit barrier waits only for live processes: on a
-                                   # loaded machine a slow one must not become a SIGABRT
-                                   shutdown_timeout_seconds=max(timeout, SHUTDOWN_TIMEOUT_S),
-                                   **kw)
+        if kw.get("process_id") == 0 and kw.get("coordinator_address"):
+            _check_port_free(kw["coordinator_address"])
+        try:
+            jax.distributed.initialize(heartbeat_timeout_seconds=timeout,
+                                       # the others wait for process 0 this long at most
+                                       initialization_timeout=max(timeout, 60),
+                                       # the exit barrier waits only for live processes: on a
+                                       # loaded machine a slow one must not become a SIGABRT
+                                       shutdown_timeout_seconds=max(timeout, SHUTDOWN_TIMEOUT_S),
+                                       **kw)
+        except (RuntimeError, ValueError) as e:  # port taken, coordinator unreachable, ...
+            where = kw.get("coordinator_address") or "the SLURM job's coordinator"
+            raise DistributedError(
+                f"could not join the job at {where} within {max(timeout, 60)} s "
+                f"({' '.join(str(e).split())[:300]}); check that process 0 runs and that its "
+                "port is free (another program may hold it), or raise --peer-timeout") from None
         joined = True
     hosts = _gather_hosts()
     nodes = len(set(hosts))
