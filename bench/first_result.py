@@ -26,6 +26,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -37,6 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 INSTALL = ("pip install -r requirements.txt", "pip install --no-deps -e .")
 SWEEP = "python -m cgpt sweep sweeps/demo.yaml --out {out}"
+CPU: dict[str, float] = {}  # command -> CPU seconds of it and its children
 
 # Loaded by every Python process of the sweep (PYTHONPATH); writes one JSON line per event to
 # $CGPT_BENCH_EVENTS. Patching happens after a module's own code ran, so nothing else changes.
@@ -118,14 +120,21 @@ if _PATH:
 '''
 
 
+def cpu_children() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
 def sh(cmd: str, cwd: Path, env: dict, log: Path) -> float:
-    """Run `cmd` in a shell; its output goes to `log`; return its wall seconds."""
-    t0 = time.perf_counter()
+    """Run `cmd` in a shell; its output goes to `log`; return its wall seconds (its CPU
+    seconds, all its processes, go to CPU[cmd]: on a shared machine they move less)."""
+    t0, c0 = time.perf_counter(), cpu_children()
     with open(log, "a") as f:
         f.write(f"$ {cmd}\n")
         f.flush()
         rc = subprocess.call(cmd, shell=True, cwd=cwd, env=env, stdout=f, stderr=subprocess.STDOUT)
     dt = time.perf_counter() - t0
+    CPU[cmd] = cpu_children() - c0
     if rc != 0:
         sys.exit(f"`{cmd}` failed (exit {rc}) after {dt:.0f} s; its output: {log}")
     return dt
@@ -145,16 +154,20 @@ def parts(events: Path, out: Path) -> dict:
     """Seconds per part of one sweep, from the hook's events and the runs' summaries."""
     total = defaultdict(float)
     count = defaultdict(int)
+    longest = defaultdict(float)
     if events.is_file():
         for line in events.read_text().splitlines():
             e = json.loads(line)
             total[e["what"]] += e["dt"]
             count[e["what"]] += 1
+            longest[e["what"]] = max(longest[e["what"]], e["dt"])
     steps, runs = 0.0, 0
     for s in sorted(out.glob("*/summary.json")):
         steps += json.loads(s.read_text())["train_time_s"]
         runs += 1
-    return {"data": total["data"], "compiles": sum(v for k, v in total.items()
+    # data: the longest load (the cold prepare); the compile-ahead's loads of the next runs
+    # wait for that one on the cache's lock, so a sum would count the wait again
+    return {"data": longest["data"], "compiles": sum(v for k, v in total.items()
                                                    if k.startswith("compile.") and k != "compile.cache_read"),
             "compile_xla": total["compile.xla"], "compile_cache_read": total["compile.cache_read"],
             "programs": count["compile.xla"], "steps": steps, "runs": runs,
@@ -166,15 +179,17 @@ def parts(events: Path, out: Path) -> dict:
 def sweep(clone: Path, env: dict, name: str, log: Path) -> tuple[float, dict]:
     events = clone / f"events-{name}.jsonl"
     env = {**env, "CGPT_BENCH_EVENTS": str(events)}
-    wall = sh(SWEEP.format(out=f"runs/{name}"), clone, env, log)
-    return wall, parts(events, clone / "runs" / name)
+    cmd = SWEEP.format(out=f"runs/{name}")
+    wall = sh(cmd, clone, env, log)
+    return wall, {**parts(events, clone / "runs" / name), "cpu": CPU[cmd]}
 
 
 def row(label: str, wall: float, p: dict, install: float | None) -> str:
     beyond = wall - p["steps"]
-    return (f"{label:6s} install {install if install is not None else 0:6.1f} s | sweep {wall:6.1f} s: "
+    return (f"{label:6s} install {install if install is not None else 0:6.1f} s | sweep {wall:6.1f} s "
+            f"({p['cpu']:.0f} CPU s): "
             f"steps {p['steps']:6.1f} s ({p['runs']} runs), beyond the steps {beyond:6.1f} s "
-            f"[data {p['data']:5.1f}, compiles {p['compiles']:5.1f} ({p['programs']} XLA programs, "
+            f"[data {p['data']:5.1f} (first load), compiles {p['compiles']:5.1f} ({p['programs']} XLA programs, "
             f"XLA {p['compile_xla']:.1f}, cache reads {p['compile_cache_read']:.1f}), "
             f"evals {p['evals']:4.1f} ({p['n_evals']}), checkpoints {p['checkpoints']:4.1f} "
             f"({p['n_checkpoints']}), fit {p['fit']:4.1f}]")
@@ -207,7 +222,9 @@ def main(argv: list[str] | None = None) -> int:
     subprocess.run(["git", "-C", str(clone), "checkout", "-q", commit], check=True)
     venv = sh(f"{args.python} -m venv .venv", clone, env, log)
     install = sum(sh(c, clone, env, log) for c in INSTALL)
-    print(f"commit {commit}: venv {venv:.1f} s, install {install:.1f} s", flush=True)
+    install_cpu = sum(CPU[c] for c in INSTALL)
+    print(f"commit {commit}: venv {venv:.1f} s, install {install:.1f} s ({install_cpu:.0f} CPU s)",
+          flush=True)
     env["PYTHONPATH"] = str(hook)
     fresh_wall, fresh = sweep(clone, env, "demo", log)
     print(row("fresh", fresh_wall, fresh, install), flush=True)
@@ -226,7 +243,8 @@ def main(argv: list[str] | None = None) -> int:
           else "no results.csv", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps({
-            "commit": commit, "install_s": install, "fresh_sweep_s": fresh_wall, "fresh": fresh,
+            "commit": commit, "install_s": install, "install_cpu_s": install_cpu,
+            "fresh_sweep_s": fresh_wall, "fresh": fresh,
             "warm_sweep_s": warm_wall, "warm": warm}, indent=1) + "\n")
     if not args.keep:
         shutil.rmtree(tmp, ignore_errors=True)
