@@ -229,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     fresh_wall, fresh = sweep(clone, env, "demo", log)
     print(row("fresh", fresh_wall, fresh, install), flush=True)
     science = [ln for ln in log.read_text().splitlines()[-60:]
-               if re.search(r"\bb = |extrapolat|runs, ", ln)]
+               if re.search(r"\bb\s+= |extrapolat|runs, ", ln)]
     print("\n".join(f"        | {ln}" for ln in science), flush=True)
     print(f"        command 1 fresh: {install + fresh_wall:.1f} s "
           f"({(install + fresh_wall) / 60:.0f} min {(install + fresh_wall) % 60:.0f} s)", flush=True)
