@@ -1,5 +1,7 @@
-"""The analysis notebooks: committed stripped, in sync with their generator, and they run
-top to bottom (nbclient) on the fixture sweep."""
+"""The five notebooks: committed with their outputs (figures as PNG, printed fits), in sync with
+their generator (tests/fixtures/analysis/make_notebooks.py), small enough to review, and they
+run top to bottom (nbclient) here; a cell that errors fails the test."""
+import base64
 import re
 import shutil
 import sys
@@ -7,7 +9,6 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from nbclient import NotebookClient
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
@@ -15,47 +16,92 @@ FIXTURE = ROOT / "tests" / "fixtures" / "analysis"
 sys.path.insert(0, str(FIXTURE))
 import make_notebooks  # noqa: E402  (the notebooks' generator)
 
-CASES = {"01_scaling_law.ipynb": make_notebooks.NB01,
-         "02_cerebras_gpt_published.ipynb": make_notebooks.NB02,
-         "04_three_approaches.ipynb": make_notebooks.NB04,
-         "05_plan_next_runs.ipynb": make_notebooks.NB05}
+CASES = make_notebooks.CELLS
+MAX_NOTEBOOK = 400_000  # bytes: the committed file, outputs included
+MAX_IMAGE = 120_000  # bytes of one PNG
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def outputs(nb):
+    return [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
+
+
+def text_of(nb) -> str:
+    return "".join(o.get("text", "") + str(o.get("data", {}).get("text/plain", ""))
+                   for o in outputs(nb))
 
 
 def run(name, kernel, env, monkeypatch):
+    for k in make_notebooks.ENV_KEYS:
+        monkeypatch.delenv(k, raising=False)
     for k, v in env.items():
         monkeypatch.setenv(k, v)
-    nb = nbformat.read(NOTEBOOKS / name, as_version=4)
-    NotebookClient(nb, timeout=300, kernel_name=kernel,
-                   resources={"metadata": {"path": str(NOTEBOOKS)}}).execute()
-    text = "".join(o.get("text", "") + str(o.get("data", {}).get("text/plain", ""))
-                   for c in nb.cells if c.cell_type == "code" for o in c.outputs)
-    images = sum("image/png" in o.get("data", {})
-                 for c in nb.cells if c.cell_type == "code" for o in c.outputs)
-    return text, images
+    nb = make_notebooks.execute(make_notebooks.notebook(CASES[name]), kernel=kernel, timeout=300)
+    return text_of(nb), sum("image/png" in o.get("data", {}) for o in outputs(nb))
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_committed_stripped_and_in_sync(name):
-    nb = nbformat.read(NOTEBOOKS / name, as_version=4)
+def test_committed_with_outputs_and_in_sync(name):
+    path = NOTEBOOKS / name
+    nb = nbformat.read(path, as_version=4)
     nbformat.validate(nb)
-    for cell in nb.cells:
-        if cell.cell_type == "code":
-            assert cell.outputs == [] and cell.execution_count is None
     assert [c.source for c in nb.cells] == [c.source for c in CASES[name]], \
         "notebook differs from tests/fixtures/analysis/make_notebooks.py: rerun it"
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert [c.execution_count for c in code] == list(range(1, len(code) + 1)), \
+        "not executed top to bottom in one go: rerun tests/fixtures/analysis/make_notebooks.py"
+    assert all(c.outputs for c in code[:1]) and sum(bool(c.outputs) for c in code) >= len(code) - 1
+    assert path.stat().st_size <= MAX_NOTEBOOK, f"{name}: {path.stat().st_size} bytes"
+    for o in outputs(nb):
+        assert o.output_type != "error", o.get("ename")
+        assert o.get("name") != "stderr" or "Traceback" not in o.get("text", "")
+        data = o.get("data", {})
+        assert not set(data) & {"image/svg+xml", "application/vnd.jupyter.widget-view+json"}
+        if "image/png" in data:
+            png = base64.b64decode(data["image/png"])
+            assert png.startswith(PNG) and len(png) <= MAX_IMAGE
+    # paths printed are the repository's, never the machine that made the outputs
+    assert not re.search(r"/(tmp|home|root|work|Users)/", text_of(nb))
+
+
+def test_committed_outputs_show_the_figures_and_fits():
+    text = {n: text_of(nbformat.read(NOTEBOOKS / n, as_version=4)) for n in CASES}
+    images = {n: sum("image/png" in o.get("data", {})
+                     for o in outputs(nbformat.read(NOTEBOOKS / n, as_version=4))) for n in CASES}
+    assert images["01_scaling_law.ipynb"] >= 2 and images["02_cerebras_gpt_published.ipynb"] >= 2
+    assert images["04_three_approaches.ipynb"] >= 3 and images["05_plan_next_runs.ipynb"] >= 1
+    assert re.search(r"b  = [\d.]+  \[[\d.]+, [\d.]+\]", text["01_scaling_law.ipynb"])
+    assert "extrapolation" in text["01_scaling_law.ipynb"]
+    assert "b = 0.073" in text["02_cerebras_gpt_published.ipynb"]
+    assert "validation loss matches summary.json" in text["03_checkpoints.ipynb"]
+    assert "N_opt ~ C^" in text["04_three_approaches.ipynb"]
+    assert "interval width by round" in text["05_plan_next_runs.ipynb"]
+
+
+def test_committed_demo_data_is_a_real_demo_run():
+    """notebooks/data/demo: every run of sweeps/demo.yaml, done, with its training curve."""
+    import pandas as pd
+    import yaml
+
+    res = pd.read_csv(NOTEBOOKS / "data" / "demo" / "results.csv")
+    grid = yaml.safe_load((ROOT / "sweeps" / "demo.yaml").read_text())["grid"]["model"]
+    assert sorted(res["model"]) == sorted(grid) and (res["status"] == "done").all()
+    for rid in res["run_id"]:
+        assert (NOTEBOOKS / "data" / "demo" / rid / "metrics.jsonl").stat().st_size > 0
 
 
 def test_01_scaling_law_on_fixture_sweep(kernel, tmp_path, monkeypatch):
     sweep = tmp_path / "sweep"
     shutil.copytree(FIXTURE / "sweep", sweep)
     text, images = run("01_scaling_law.ipynb", kernel,
-                       {"CGPT_SWEEP_DIR": str(sweep), "CGPT_N_BOOT": "100"}, monkeypatch)
+                       {"CGPT_SWEEP_DIR": str(sweep), "CGPT_N_BOOT": "100",
+                        "CGPT_FIG_DIR": str(tmp_path)}, monkeypatch)
     assert images >= 2
     assert "21 runs (18 done, 1 failed, 1 running, 1 pending)" in text
     assert "fit on 12 runs" in text                          # extrapolation check ran
     assert "skipped with too few distinct x" in text         # the calibrated bootstrap's summary
     assert "no training curves" in text                      # a results.csv without run dirs
-    assert (sweep / "loss_vs_compute.png").stat().st_size > 0
+    assert (tmp_path / "loss_vs_compute.png").stat().st_size > 0
 
 
 def test_02_cerebras_gpt_published(kernel, monkeypatch):
@@ -66,6 +112,15 @@ def test_02_cerebras_gpt_published(kernel, monkeypatch):
     assert "c is not identified by these data" in text        # 7 points: the profile over c
     assert "b = 0.066808" in text                             # Huber delta=1e-3 on log loss
     assert "muP vs SP law: mean -0.43%" in text               # paper: 0.43% better
+
+
+def test_03_checkpoints_trains_its_own_run(kernel, monkeypatch):
+    """No CGPT_RUN_DIR (as the committed outputs): it trains a tiny run with `cgpt train`,
+    loads it, recomputes the reported validation loss and generates."""
+    text, _ = run("03_checkpoints.ipynb", kernel, {}, monkeypatch)
+    assert "trained: cgpt train --model tiny-17k" in text
+    assert "validation loss matches summary.json" in text
+    assert "greedy : " in text and "sampled: " in text and "def " in text
 
 
 def test_04_three_approaches_on_a_real_sweep(kernel, tmp_path, monkeypatch):

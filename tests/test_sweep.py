@@ -238,10 +238,12 @@ def test_failure_isolation_and_results_schema(launched):
         r = rows[rid]
         assert r["status"] == "failed" and "no-such-corpus" in r["error"]
         assert r["val_loss"] == "" and int(r["n_params"]) == 13440
-    # the runs shared one persistent compilation cache (item 8), recorded in sweep.yaml
-    assert any((out / ".jax_cache").iterdir())
+    # the runs shared the user's persistent compilation cache (item 8; a later sweep into
+    # another --out reuses it), recorded in sweep.yaml
+    from cgpt.config.backend import compile_cache_dir
+    assert any(compile_cache_dir().iterdir())
     assert yaml.safe_load((out / "sweep.yaml").read_text())["compile_cache"] == \
-        str(out / ".jax_cache")
+        str(compile_cache_dir())
     assert sw.compile_cache_env(None) == {}
     analysis = pytest.importorskip("analysis")
     df = analysis.load_results(out)  # the reader accepts every column the writer writes

@@ -37,8 +37,10 @@ kept as the user set it, and CGPT_GPU_XLA_FLAGS=0 leaves XLA_FLAGS untouched.
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 from cgpt.config.model import ModelConfig
 
@@ -214,6 +216,26 @@ def init_compile_options(platform: str) -> dict | None:
     """`compiler_options` of the fresh-state init for `platform`'s devices: the CPU's
     (CPU_INIT_COMPILE_OPTIONS), None (XLA's defaults) elsewhere."""
     return dict(CPU_INIT_COMPILE_OPTIONS) if _platform_name(platform) == "cpu" else None
+
+
+def cache_home(environ=os.environ) -> Path:
+    """Where cgpt caches what it can rebuild (prepared data, compiled programs): $CGPT_CACHE,
+    else ~/.cache/cgpt."""
+    return Path(environ.get("CGPT_CACHE") or Path.home() / ".cache" / "cgpt").expanduser()
+
+
+# JAX's persistent compilation cache, one per user (`compile_cache_dir`): a sweep's workers,
+# and every later sweep into any --out, load the programs compiled before instead of running
+# XLA again (measured with bench/first_result.py: the rerun of README command 1). JAX keys an
+# entry by the program, the backend and device kinds, the compile options and the jax/jaxlib
+# version, so a hit is the same executable; the directory is kept to COMPILE_CACHE_BYTES, least
+# recently used entries evicted first.
+COMPILE_CACHE_BYTES = 2 << 30
+
+
+def compile_cache_dir(environ=os.environ) -> Path:
+    """The default directory of JAX's persistent compilation cache: `cache_home()`/jax."""
+    return cache_home(environ) / "jax"
 
 
 GPU_XLA_FLAGS: tuple[tuple[str, str, str], ...] = (

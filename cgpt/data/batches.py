@@ -37,6 +37,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
+from cgpt.config import backend
 from cgpt.config.data import DataConfig
 from cgpt.data import corpus
 from cgpt.fileio import atomic_write
@@ -52,8 +53,7 @@ __all__ = ["DataConfig", "DataError", "EOT", "TokenData", "load_data", "load_tok
 
 def cache_root(cfg: DataConfig) -> Path:
     """The cache directory: cfg.cache_dir, else $CGPT_CACHE, else ~/.cache/cgpt."""
-    root = cfg.cache_dir or os.environ.get("CGPT_CACHE") or Path.home() / ".cache" / "cgpt"
-    return Path(root).expanduser()
+    return Path(cfg.cache_dir).expanduser() if cfg.cache_dir else backend.cache_home()
 
 
 def _digest(obj: object) -> str:

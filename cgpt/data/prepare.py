@@ -124,7 +124,7 @@ class Corpus:
 
 
 def _load_hub(name: str, config: str | None, split: str, hf_cache: str | None):
-    import datasets
+    datasets = sources.optional("datasets", f"data source 'hf:{name}' (a Hugging Face dataset)")
 
     try:
         return datasets.load_dataset(name, config, split=split, cache_dir=hf_cache)

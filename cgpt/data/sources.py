@@ -39,6 +39,21 @@ MAX_DOCUMENT_BYTES = 1 << 26  # 64 MiB: one text file, or one JSONL line
 MAX_JSON_ARRAY_BYTES = 1 << 28  # 256 MiB: a .json file holding one array of objects
 
 
+HF_EXTRA = "pip install -r requirements-hf.txt (or pip install 'cgpt[hf]')"
+
+
+def optional(module: str, what: str):
+    """Import `module`, an optional dependency (README command 1 installs without it); missing,
+    one DataError saying what needs it and how to install it."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise DataError(f"{what} needs the optional package {module.split('.')[0]!r}, which is "
+                        f"not installed: {HF_EXTRA}") from None
+
+
 def suffix_of(path: Path) -> str:
     """The supported suffix of `path` ('.jsonl.zst' counts as one), or its last suffix."""
     name = path.name.lower()
@@ -131,7 +146,7 @@ def _line_ranges(path: Path, size: int, unit_bytes: int) -> list[tuple[int, int]
 
 
 def _row_group_ranges(path: Path, unit_bytes: int) -> list[tuple[int, int]]:
-    import pyarrow.parquet as pq
+    pq = optional("pyarrow.parquet", f"reading {path} (Parquet)")
 
     try:
         meta = pq.read_metadata(path)
@@ -368,8 +383,8 @@ def _read_json_array(path: Path, column: str, digest) -> Iterator[tuple[list[str
 
 
 def _read_parquet(path: Path, start: int, stop: int, column: str) -> Iterator[tuple[list[str], int]]:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    pa = optional("pyarrow", f"reading {path} (Parquet)")
+    pq = optional("pyarrow.parquet", f"reading {path} (Parquet)")
 
     pf = pq.ParquetFile(path)
     names = pf.schema_arrow.names

@@ -60,8 +60,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "differ only in seed, data order or optimizer hyperparameters train as one "
                    "vmapped program per group (--dry-run lists the groups)")
     p.add_argument("--no-compile-cache", action="store_true",
-                   help="do not share JAX's persistent compilation cache (DIR/.jax_cache) "
-                   "between the runs")
+                   help="do not use JAX's persistent compilation cache (~/.cache/cgpt/jax, "
+                   "or $CGPT_CACHE/jax), which the runs of this and every later sweep share")
 
 
 def register(subparsers) -> argparse.ArgumentParser:

@@ -14,6 +14,7 @@ from pathlib import Path
 import yaml
 
 from cgpt import rundir
+from cgpt.config import backend
 from cgpt.fileio import probe_writable
 from cgpt.sweep.executors import Job, run_local, run_submitit
 from cgpt.sweep.groups import group_jobs, plan_groups
@@ -23,7 +24,6 @@ from cgpt.sweep.state import SUPERSEDED_DIR, config_change, prepare_run_dir, run
 
 EXECUTORS = ("local", "slurm", "submitit-local")
 ON_CHANGE = ("error", "rerun")
-COMPILE_CACHE_DIR = ".jax_cache"  # under the sweep directory, shared by all its runs
 
 
 def compile_cache_env(cache: Path | None) -> dict:
@@ -33,7 +33,8 @@ def compile_cache_env(cache: Path | None) -> dict:
         return {}
     return {"JAX_COMPILATION_CACHE_DIR": str(cache),
             "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-            "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
+            "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
+            "JAX_COMPILATION_CACHE_MAX_SIZE": str(backend.COMPILE_CACHE_BYTES)}
 
 
 def checkpoints_per_limit(run: Run, est_s: float, limit_s: float) -> float:
@@ -174,7 +175,8 @@ def launch(sweep: Sweep, out: Path, parallel: int | None = None, executor: str =
     local sequential sweep trains all its jobs in one worker process (`cgpt.sweep.worker`).
 
     compile_cache: a directory for JAX's persistent compilation cache shared by the runs
-    ("default": DIR/.jax_cache), or None for none.
+    ("default": the user's, `cgpt.config.backend.compile_cache_dir()`, so a later sweep
+    reuses these programs too), or None for none.
     """
     from tqdm.auto import tqdm
 
@@ -197,7 +199,7 @@ def launch(sweep: Sweep, out: Path, parallel: int | None = None, executor: str =
     try:
         states = {r.run_id: rundir.state(out / r.run_id) for r in runs}
         _check_identity(sweep, [r for r in runs if states[r.run_id] != "running"], out, on_change)
-        cache = out / COMPILE_CACHE_DIR if compile_cache == "default" else compile_cache
+        cache = backend.compile_cache_dir() if compile_cache == "default" else compile_cache
         (out / "sweep.yaml").write_text(yaml.safe_dump(
             {"spec": str(sweep.path), "name": sweep.name, "argv": sys.argv[1:],
              "compile_cache": str(cache) if cache else None,
