@@ -16,9 +16,10 @@ within SPREAD of it, and (3) puts TOP_SHARE of the budget on runs at the largest
 compute near the optimum before the rest goes per FLOP. bench/design.py measures it on a family
 of simulated studies (3 laws, 2 noise levels, 4 start designs, 2 targets, one-shot and rounds)
 against an isoFLOP grid on the true optimum with twice its compute: at or below the grid's
-median error in 37 of 48 cells, 94% coverage. Where it does not hold: short reaches (7 of the
-24 cells at 30x, mostly at 0.5% noise, where the grid is within 1%; 4 of 24 at 1000x), so it
-warns when the target is under SHORT_REACH x the largest run. docs/analysis.md has the table.
+median error in 33 of 48 cells (4 seeds a cell), 93% coverage. Where it does not hold: short
+reaches at low noise (30x, 0.5%: 7 of 12 cells lost, where the grid is within 1%), so it warns
+when the target is under SHORT_REACH x the largest run; elsewhere 8 of 36 cells lost, most by
+less than the seeds' scatter. docs/analysis.md has the table.
 The least-squares fit and its intervals live in analysis.lsfit (re-exported here).
 """
 from __future__ import annotations
@@ -45,8 +46,8 @@ SPREAD = 8.0
 # ... and this share of the budget on runs at the largest affordable compute near the optimum:
 # a per-FLOP criterion alone spends it on small runs and trusts the law 1000x beyond them.
 TOP_SHARE = 0.3
-# Below this target / max_run_flops the robust plan warns: in bench/design.py's family it lost
-# to the true-optimum grid (2-seed median) in 7 of 24 cells at 30x, 4 of 24 at 1000x.
+# Below this target / max_run_flops the robust plan warns: in bench/design.py's family (4 seeds
+# a cell) it lost to the true-optimum grid in 7 of the 12 cells at 30x and 0.5% noise.
 SHORT_REACH = 100.0
 
 def _real(v) -> bool:
@@ -135,10 +136,10 @@ def suggest_runs(results: pd.DataFrame, target_flops: float, budget_flops: float
                              "runs, a number in [0, 1]")
         if target_flops < SHORT_REACH * cap:
             warnings.warn(f"target_flops={target_flops:.3g} is {target_flops / cap:.3g}x the "
-                          f"largest run ({cap:.3g}): at 30x the robust plan lost to an isoFLOP "
-                          "grid on the true optimum (with twice its compute) in 7 of 24 "
-                          "simulated cells (docs/analysis.md); a grid at the largest compute "
-                          "is as good there", stacklevel=2)
+                          f"largest run ({cap:.3g}): at 30x and 0.5% noise the robust plan "
+                          "lost to an isoFLOP grid on the true optimum (with twice its compute) "
+                          "in 7 of 12 simulated cells (docs/analysis.md); a grid at the largest "
+                          "compute is as good there", stacklevel=2)
         return _robust(N, D, L, sigma, float(target_flops), float(budget_flops), cap,
                        min(lo, cap), sizes, max_runs, max_tokens, objective, float(top_share),
                        n_levels)

@@ -181,7 +181,7 @@ def test_robust_plans_from_four_runs_and_keeps_a_share_near_the_top():
     none = suggest_runs(seed, 1e21, 3.5e18, max_run_flops=1e18, top_share=0.0)
     assert none["flops"].max() < 0.9e18
     # A short reach (target < 100x the largest run) warns: where the grid held its own.
-    with pytest.warns(UserWarning, match="30x the largest run .* lost to an isoFLOP grid"):
+    with pytest.warns(UserWarning, match="30x the largest run .* lost to an isoFLOP grid on"):
         suggest_runs(seed, 3e19, 3.5e18, max_run_flops=1e18, max_runs=1)
     # A replicate may repeat at the top: three top runs from a 3-run budget at the cap.
     three = suggest_runs(seed, 1e21, 3e18, max_run_flops=1e18, top_share=1.0)
