@@ -61,7 +61,7 @@ def resume(ctx: Ctx, damage: Damage, *extra: str, fresh: bool = False,
         check = complete(d)
     else:
         same = untouched(d)
-        check = lambda: complete(d)() if (d / "summary.json").exists() else same()  # noqa: E731
+        check = lambda: complete(d)() if (d / "summary.json").is_file() else same()  # noqa: E731
     return {"argv": ctx.train(d, *(() if fresh else ("--resume",)), *extra), "check": check}
 
 
