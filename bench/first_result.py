@@ -167,11 +167,12 @@ def parts(events: Path, out: Path) -> dict:
         runs += 1
     # data: the longest load (the cold prepare); the compile-ahead's loads of the next runs
     # wait for that one on the cache's lock, so a sum would count the wait again
-    return {"data": longest["data"], "compiles": sum(v for k, v in total.items()
-                                                   if k.startswith("compile.") and k != "compile.cache_read"),
+    compiles = sum(v for k, v in total.items()
+                   if k.startswith("compile.") and k != "compile.cache_read")
+    return {"data": longest["data"], "compiles": compiles,
             "compile_xla": total["compile.xla"], "compile_cache_read": total["compile.cache_read"],
-            "programs": count["compile.xla"], "steps": steps, "runs": runs,
-            "evals": total["eval"], "n_evals": count["eval"],
+            "programs": count["compile.xla"], "cache_hits": count["compile.cache_read"],
+            "steps": steps, "runs": runs, "evals": total["eval"], "n_evals": count["eval"],
             "checkpoints": total["checkpoint"], "n_checkpoints": count["checkpoint"],
             "fit": total["fit"]}
 
@@ -189,8 +190,9 @@ def row(label: str, wall: float, p: dict, install: float | None) -> str:
     return (f"{label:6s} install {install if install is not None else 0:6.1f} s | sweep {wall:6.1f} s "
             f"({p['cpu']:.0f} CPU s): "
             f"steps {p['steps']:6.1f} s ({p['runs']} runs), beyond the steps {beyond:6.1f} s "
-            f"[data {p['data']:5.1f} (first load), compiles {p['compiles']:5.1f} ({p['programs']} XLA programs, "
-            f"XLA {p['compile_xla']:.1f}, cache reads {p['compile_cache_read']:.1f}), "
+            f"[data {p['data']:5.1f} (first load), compiles {p['compiles']:5.1f} ({p['programs']} programs, "
+            f"{p['cache_hits']} from the persistent cache; XLA {p['compile_xla']:.1f}, cache reads "
+            f"{p['compile_cache_read']:.1f}), "
             f"evals {p['evals']:4.1f} ({p['n_evals']}), checkpoints {p['checkpoints']:4.1f} "
             f"({p['n_checkpoints']}), fit {p['fit']:4.1f}]")
 

@@ -38,7 +38,8 @@ def test_parts_from_events_and_summaries(tmp_path):
         (out / f"r{i}" / "summary.json").write_text(json.dumps({"train_time_s": s}))
     p = first_result.parts(events, out)
     assert p == {"data": 30.0, "compiles": 12.0, "compile_xla": 9.0, "compile_cache_read": 0.5,
-                 "programs": 2, "steps": 30.0, "runs": 2, "evals": 0.5, "n_evals": 2,
+                 "programs": 2, "cache_hits": 1, "steps": 30.0, "runs": 2, "evals": 0.5,
+                 "n_evals": 2,
                  "checkpoints": 0.5, "n_checkpoints": 1, "fit": 3.0}
     line = first_result.row("fresh", 100.0, {**p, "cpu": 90.0}, 60.0)
     assert "sweep  100.0 s (90 CPU s)" in line and "beyond the steps   70.0 s" in line
