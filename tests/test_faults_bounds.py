@@ -274,7 +274,7 @@ def test_sweep_report_on_a_huge_results_csv_is_one_error(tmp_path):
         val_loss=2 + 50 * (120 * N * N) ** -0.1, mup=False, run_dir="x"))
     df.to_csv(tmp_path / "results.csv", index=False)
     with within(120), pytest.raises(ValueError, match=r"20,001 finished runs, more than the "
-                                                      r"10,000 a sweep report fits"):
+                                                      r"5,000 a sweep report fits"):
         sweep_report(tmp_path, n_boot=1000)
     with within(60):  # one group per run: grouped from one sort, not one scan per group
         (idx,) = bootstrap_indices(n, 1, 0, groups=N)
