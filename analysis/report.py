@@ -11,7 +11,7 @@ from .plots import plot_loss_vs_compute
 from .published import CEREBRAS_GPT
 from .results import FLOPS, compute, finished, load_results
 
-MAX_REPORT_RUNS = 10_000  # far beyond a sweep (Chinchilla fitted ~400 runs); bounds the time
+MAX_REPORT_RUNS = 5_000  # far beyond a sweep (Chinchilla fitted ~400 runs); bounds the time
 
 
 def sweep_report(sweep_dir: str | Path, out_png: str | Path | None = None, *,

@@ -438,10 +438,8 @@ def _cmd_prepare(args, out: Path, corpus: Corpus, t0: float) -> int:
 
 
 def _check_vocab(out: Path, tok, requested: int) -> None:
-    """A store's trained tokenizer must be the one `--vocab-size` asks for: never a silent
-    no-op that leaves the user training on another vocabulary. (A small corpus may stop the
-    BPE short of the request, so an old store without the recorded request passes when its
-    vocabulary is not larger.)"""
+    """A store's trained tokenizer must be the one `--vocab-size` asks for, never a silent
+    no-op (a small corpus may stop BPE short: a store without the request passes if smaller)."""
     have = tok.get_vocab_size(with_added_tokens=True)
     manifest = out / "manifest.json"
     asked = _read_record(manifest).get("requested_vocab_size") if manifest.is_file() else None

@@ -21,7 +21,6 @@ from pathlib import Path
 import numpy as np
 
 from cgpt.config.model import ModelConfig
-from cgpt.config.units import fmt_bytes
 from cgpt.config.values import typed
 from cgpt.errors import LoadError  # noqa: F401 - re-exported: `from cgpt.model.hf import LoadError`
 
@@ -80,40 +79,28 @@ def config_from_hf(cfg: dict, path: Path, compute_dtype: str = "float32") -> Mod
             bad(key, f"is {cfg.get(key, default)!r}; cgpt supports only {want!r}"
                 + (f" (an untied head is read only from a cgpt μP export with '{MUP_KEY}')"
                    if key == "tie_word_embeddings" else ""))
-    for key in ("n_layer", "n_embd", "n_head", "vocab_size", "n_positions"):
-        if key not in cfg:
+    def value(key: str, kind: str = "int", default=None):  # 2.5 layers: refused, not truncated
+        if key not in cfg and default is None:
             bad(key, "is missing")
-
-    def value(key: str, kind: str, default=None):
-        # JSON typing read strictly: 2.5 is not a layer count (never truncated), true not 1
         try:
             return typed(key, cfg.get(key, default), (kind,), given=f"{path}: key {key!r}")
         except ValueError as e:
             raise LoadError(str(e)) from None
-
-    d = value("n_embd", "int")
-    n_inner = value("n_inner", "int") if cfg.get("n_inner") is not None else None
     try:
         return ModelConfig(
-            name=str(cfg.get("_name_or_path") or path.name or "hf"),
-            n_layer=value("n_layer", "int"), d_model=d, n_head=value("n_head", "int"),
-            d_ffn=n_inner, vocab_size=value("vocab_size", "int"),
-            n_ctx=value("n_positions", "int"),
-            ln_eps=value("layer_norm_epsilon", "float", 1e-5),
-            compute_dtype=compute_dtype, **_mup_fields(mup, path))
-    except (TypeError, ValueError) as e:
-        raise LoadError(f"{path}: inconsistent GPT-2 config: {_hf_names(str(e))}") from e
+            name=str(cfg.get("_name_or_path") or path.name or "hf"), n_layer=value("n_layer"),
+            d_model=value("n_embd"), n_head=value("n_head"),
+            d_ffn=value("n_inner") if cfg.get("n_inner") is not None else None,
+            vocab_size=value("vocab_size"), n_ctx=value("n_positions"),
+            ln_eps=value("layer_norm_epsilon", "float", 1e-5), compute_dtype=compute_dtype,
+            **_mup_fields(mup, path))
+    except (TypeError, ValueError) as e:  # named by config.json's keys, not cgpt's fields
+        msg = re.sub(r"\bmodel\.(\w+)", lambda m: _HF_KEYS.get(m.group(1), m.group(1)), str(e))
+        raise LoadError(f"{path}: inconsistent GPT-2 config: {msg}") from e
 
 
-# cgpt's model.* fields by the GPT-2 config.json keys they are read from, so that an error
-# names the key in the file the user has (n_embd, layer_norm_epsilon), not cgpt's
 _HF_KEYS = {"d_model": "n_embd", "d_ffn": "n_inner", "n_ctx": "n_positions",
-            "ln_eps": "layer_norm_epsilon", "n_layer": "n_layer", "n_head": "n_head",
-            "vocab_size": "vocab_size", "d_head": "the head size"}
-
-
-def _hf_names(message: str) -> str:
-    return re.sub(r"\bmodel\.(\w+)", lambda m: _HF_KEYS.get(m.group(1), m.group(0)), message)
+            "d_head": "the head size", "ln_eps": "layer_norm_epsilon"}  # others: the same
 
 
 def config_to_hf(cfg: ModelConfig, eot_id: int | None = None) -> dict:
@@ -193,25 +180,10 @@ def _weight_files(d: Path) -> list[Path]:
 
 
 def _check_regular(f: Path) -> None:
-    """A checkpoint file must be a regular file (a link to one is fine): opening a FIFO or a
-    device would block forever or read without end."""
+    """A FIFO or a device would block `open` forever or read without end (a link is fine)."""
     if not f.is_file():
         raise LoadError(f"{f} is not a regular file (a FIFO, device, socket or directory); a "
                         "checkpoint's config and weights are plain files: replace it")
-
-
-def _check_size(cfg: ModelConfig, files: list[Path], cfg_file: Path) -> None:
-    """Before anything is allocated: the weights on disk must be able to hold the model that
-    config.json describes (2 bytes a parameter at the least, bf16/fp16), so a config that
-    claims n_layer=1e9 is refused instead of filling the machine's memory."""
-    n = cfg.num_params()
-    on_disk = sum(f.stat().st_size for f in files)
-    if 2 * n > on_disk:
-        raise LoadError(
-            f"{cfg_file}: describes {n:,} parameters (n_layer={cfg.n_layer}, n_embd="
-            f"{cfg.d_model}, vocab_size={cfg.vocab_size}, n_positions={cfg.n_ctx}), at least "
-            f"{fmt_bytes(2 * n)} of weights, but the weight files hold {fmt_bytes(on_disk)}: "
-            "config.json does not belong to these weights")
 
 
 def _shard(index: Path, d: Path, name: str) -> Path:
@@ -226,7 +198,7 @@ def _shard(index: Path, d: Path, name: str) -> Path:
 
 
 def read_state_dict(files: list[Path]) -> tuple[dict[str, np.ndarray], dict[str, Path]]:
-    """All tensors of an HF directory's weight files, plus which file each key came from."""
+    """All tensors of an HF directory's weight files, and which file each key came from."""
     tensors, origin = {}, {}
     for f in files:
         part = _read_safetensors(f) if f.suffix == ".safetensors" else _read_bin(f)
@@ -406,9 +378,7 @@ def load_hf_dir(d: Path, compute_dtype: str = "float32") -> tuple[ModelConfig, d
     if not cfg_file.exists():
         raise LoadError(f"{d}: not a checkpoint (no config.json); expected a Hugging Face GPT-2 "
                         "directory, a hub id such as 'cerebras/Cerebras-GPT-111M', or a cgpt run")
-    if cfg_file.is_dir():
-        raise LoadError(f"{cfg_file} is a directory; a checkpoint's config.json is a file")
-    _check_regular(cfg_file)
+    _check_regular(cfg_file)  # not a directory, nor a FIFO that would block the read
     try:
         raw = json.loads(cfg_file.read_bytes().decode())
     except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
@@ -417,9 +387,12 @@ def load_hf_dir(d: Path, compute_dtype: str = "float32") -> tuple[ModelConfig, d
         raise LoadError(f"{cfg_file}: expected a JSON object (a GPT-2 config), got "
                         f"{type(raw).__name__}")
     cfg = config_from_hf(raw, cfg_file, compute_dtype)
-    files = _weight_files(d)
-    _check_size(cfg, files, cfg_file)
-    sd, origin = read_state_dict(files)
+    sd, origin = read_state_dict(_weight_files(d))  # bounded by the files on disk
+    held, n = sum(a.size for a in sd.values()), cfg.num_params()
+    if n > 2 * held:  # before config.json sizes anything; a few missing tensors: named below
+        raise LoadError(f"{cfg_file}: describes {n:,} parameters (n_layer={cfg.n_layer}, n_embd="
+                        f"{cfg.d_model}, vocab_size={cfg.vocab_size}), but the weight files "
+                        f"hold {held:,} values: config.json does not belong to these weights")
     if cfg.mup:
         sd = unfold_mup(sd, origin, cfg, d)
     return cfg, params_from_state_dict(sd, origin, cfg, d)
