@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import signal
 
+import yaml
+
 
 class CgptError(Exception):
     """An error whose message names the file, key or flag at fault and the fix."""
@@ -84,3 +86,8 @@ class NotStarted(Stopped):
 class CheckpointsChanged(Exception):
     """A checkpoint vanished while it was read (a run training into the directory replaced
     it): the reader lists the checkpoints again; never shown to a user."""
+
+
+class DuplicateKeyError(CgptError, yaml.YAMLError):
+    """A mapping names one key twice (YAML forbids it; PyYAML would keep the last silently).
+    A YAMLError too, so every reader that reports a file that does not parse reports this."""

@@ -14,6 +14,8 @@ import math
 
 import yaml
 
+from cgpt.errors import DuplicateKeyError
+
 MAX_INT = 2**31 - 1  # counts and sizes: array dimensions, int32 step counters, seeds
 BIG_INTS = ("train.tokens",)  # a token budget may exceed int32 (steps_for_tokens bounds it)
 PATHS = ("data.source", "data.tokenizer", "data.cache_dir")  # verbatim, "null" included
@@ -130,10 +132,6 @@ def scalar(text: str):
     number = _number(text)
     return text if number is None or isinstance(number, float) and not math.isfinite(number) \
         else number
-
-
-class DuplicateKeyError(yaml.YAMLError):
-    """A mapping names one key twice (YAML forbids it; PyYAML would keep the last silently)."""
 
 
 class StrictLoader(yaml.SafeLoader):
