@@ -278,11 +278,14 @@ def fit_power_law(x, y, offset: bool = True, *, delta: float = np.inf, space: st
     usable = [i for i in idx if np.unique(u[i]).size >= k]
     skipped, failed, rows = len(idx) - len(usable), 0, []
     if usable and fast:
-        I = np.stack(usable)
-        l, b, c, _, okb = solve.least_squares(u[I], y[I], offset)
-        failed = int((~okb).sum())
-        rows = [(np.exp(li + bi * lx_ref), bi, ci if offset else 0.0)
-                for li, bi, ci in zip(l[okb], b[okb], c[okb])]
+        # a cluster bootstrap over groups of unequal size (e.g. more seeds at one size) draws
+        # resamples of unequal length: solve each length's resamples as one batch
+        for size in dict.fromkeys(i.size for i in usable):
+            I = np.stack([i for i in usable if i.size == size])
+            l, b, c, _, okb = solve.least_squares(u[I], y[I], offset)
+            failed += int((~okb).sum())
+            rows += [(np.exp(li + bi * lx_ref), bi, ci if offset else 0.0)
+                     for li, bi, ci in zip(l[okb], b[okb], c[okb])]
     else:
         for i in usable:
             theta, _, okb = fit_one(u[i], y[i])

@@ -206,3 +206,15 @@ def test_identified_offset_with_a_wide_sweep():
     lo, hi = fit.profile_interval()
     assert 0 < lo <= law.c <= hi < law(x).min()
     assert "not identified" not in fit.summary()
+
+
+def test_unequal_seeds_per_model_are_bootstrapped():
+    """Models with unequal numbers of seeds give cluster resamples of unequal length: the batched
+    least-squares bootstrap solves each length's resamples together (it once stacked them all
+    and raised), keeping every usable resample."""
+    x = np.array([1e17] * 3 + [1e18] + [1e19] * 2 + [1e20] + [1e21] * 3 + [1e22])
+    y = noisy(TRUE, x, 0.005, seed=3)
+    fit = fit_power_law(x, y, n_boot=300)
+    assert len(fit.boot) == 300 - fit.skipped - fit.failed > 200
+    lo, hi = fit.ci["b"]
+    assert lo < TRUE.b < hi
