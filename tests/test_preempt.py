@@ -121,7 +121,7 @@ def test_slow_save_on_the_signal_completes_and_the_requeued_job_resumes(
     test-only hook, sitecustomize); it waits the grace of a `lead`-second signal and hands
     back the resuming call, which finishes with the uninterrupted run's losses."""
     from cgpt.sweep import executors as ex
-    from cgpt.sweep.state import RUN_FILE
+    from cgpt.rundir import RUN_FILE
 
     ref = tmp_path / "ref"
     assert cli_main(["train", *_flags(corpus, tmp_path, ref)]) == 0
