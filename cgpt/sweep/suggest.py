@@ -19,6 +19,8 @@ from pathlib import Path
 
 import yaml
 
+from cgpt.config.run import safe_load
+
 RUN_KEYS = ("model", "tokens", "seed")
 # suggest_runs settings: its default planner, on the forecast loss.
 PLANNER = dict(objective="loss", method="robust")
@@ -151,7 +153,7 @@ def print_suggestions(sweep, out: Path, k: int, target_flops=None, budget_flops=
     if check:
         print(check)
     if write:
-        raw = yaml.safe_load(Path(sweep.path).read_text())
+        raw = safe_load(Path(sweep.path).read_text(), str(sweep.path))  # the spec's one reader
         # A new seed: a suggestion next to a finished run is a replicate (fresh init and data
         # order), not a rerun of the same computation.
         seed = 1 + max(r.seed for r in sweep.runs)
