@@ -16,14 +16,18 @@ Every design is then read the same way: `fit_ls` (least squares on log L) and it
 fixed-design bootstrap interval (100 refits) of the compute-optimal loss at the target.
 The table: per cell, the median |relative error| of that forecast for the grid and both uses
 of the planner, the planner's compute as a share of the grid's, its interval coverage, and
-`ok` when the planner's median error is at most the grid's (both uses). A planner that refuses
-a cell (an error) is counted as failing it. `--planner before` is the planner as it was
-(notebook 05's bootstrap-covariance criterion), `after` is `suggest_runs`' default.
+`ok` when the planner's median error is at most the grid's (both uses), `worse` the studies
+(of 2 x seeds plans) whose error exceeded the grid's in the same study, and `warn` the share of
+plans where suggest_runs warned. A planner that refuses a cell (an error) fails it. Planners:
+`nb05` notebook 05's bootstrap-covariance criterion, `v1` the robust planner as first merged
+(top share 0.3 at every reach), `after` `suggest_runs`' default. Several planners in one run
+(`--planner v1,after`) share each study's start runs and grid draws; each use of a planner draws
+its runs' noise from its own stream, so a planner's numbers do not depend on the others run.
 
     python bench/design.py                     # the whole family, 2 seeds a cell
     python bench/design.py --seeds 6           # steadier medians (3x the time)
     python bench/design.py --quick             # 4 corner cells x 2 seeds (a CI-size check)
-    python bench/design.py --planner before    # the same family with the old planner
+    python bench/design.py --planner v1,after  # before and after, on the same studies
 """
 from __future__ import annotations
 
@@ -53,10 +57,9 @@ STARTS = {"small-4": ((1e-3, 3e-3), (8, 64)), "small-10": ((1e-3, 3e-3), (4, 10,
 NOISES = (0.005, 0.02)
 TARGETS = (30, 1000)
 ROUNDS = 3
-# The family includes the short reaches suggest_runs warns about: the table is the measurement.
-warnings.filterwarnings("ignore", message="target_flops=.* the largest run", category=UserWarning)
-PLANNERS = {"before": dict(method="bootstrap", objective="loss", n_boot=400, seed=0),
-            "after": {}}
+PLANNERS = {"nb05": dict(method="bootstrap", objective="loss", n_boot=400, seed=0),
+            "v1": dict(top_share=0.3), "after": {}}
+USES = (("one-shot", 1), ("rounds", ROUNDS))
 
 
 def start_runs(name):
@@ -81,36 +84,41 @@ def cells(quick: bool):
 
 
 def one_study(args):
-    cell_id, (law_name, start, noise, mult), study, planner, n_boot = args
+    cell_id, (law_name, start, noise, mult), study, planners, n_boot = args
     law = LAWS[law_name]
-    rng = np.random.default_rng([cell_id, study])
     target = mult * TOP
     truth = float(law.loss_opt(target))
 
-    def train(runs):
+    def train(runs, rng):
         n, d = np.array(runs, float).reshape(-1, 2).T
         return pd.DataFrame({"n_params": n, "tokens": d,
                              "val_loss": law(n, d) * np.exp(noise * rng.standard_normal(n.size))})
 
-    seed = train(start_runs(start))
-    grid = train(grid_runs(law))
+    rng = np.random.default_rng([cell_id, study])
+    seed = train(start_runs(start), rng)
+    grid = train(grid_runs(law), rng)
     budget = 0.5 * float((6 * grid["n_params"] * grid["tokens"]).sum())
-    designs = {"grid": pd.concat([seed, grid], ignore_index=True)}
-    for use, rounds in (("one-shot", 1), ("rounds", ROUNDS)):
-        runs = seed
-        try:
-            for _ in range(rounds):
-                s = suggest_runs(runs, target, budget / rounds, max_run_flops=TOP,
-                                 **PLANNERS[planner])
-                runs = pd.concat([runs, train(list(zip(s["n_params"], s["tokens"])))],
-                                 ignore_index=True)
-            designs[use] = runs
-        except (ValueError, np.linalg.LinAlgError) as e:
-            designs[use] = str(e).splitlines()[0]
+    designs, warned = {"grid": pd.concat([seed, grid], ignore_index=True)}, {}
+    for planner, (k, (use, rounds)) in itertools.product(planners, enumerate(USES)):
+        rng, runs, name = np.random.default_rng([cell_id, study, k + 1]), seed, (planner, use)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                for _ in range(rounds):
+                    s = suggest_runs(runs, target, budget / rounds, max_run_flops=TOP,
+                                     **PLANNERS[planner])
+                    runs = pd.concat([runs, train(list(zip(s["n_params"], s["tokens"])), rng)],
+                                     ignore_index=True)
+                designs[name] = runs
+            except (ValueError, np.linalg.LinAlgError) as e:
+                designs[name] = str(e).splitlines()[0]
+        warned[name] = any(issubclass(w.category, UserWarning) for w in caught)
     out = []
-    for design, df in designs.items():
+    for name, df in designs.items():
+        planner, design = ("", name) if name == "grid" else name
         row = dict(cell=cell_id, law=law_name, start=start, noise=noise, target=mult,
-                   design=design, study=study, grid_flops=2 * budget)
+                   planner=planner, design=design, study=study, grid_flops=2 * budget,
+                   warned=warned.get(name, False))
         if isinstance(df, str):
             out.append(dict(row, err=np.nan, covered=False, flops=np.nan, refused=df))
             continue
@@ -124,17 +132,29 @@ def one_study(args):
     return out
 
 
-def table(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per cell: median |error| (%) per design, the planner's compute share and
-    coverage (%), and ok (each use's median error <= the grid's, nothing refused)."""
-    keys = ["law", "start", "noise", "target"]
-    med = df.groupby(keys + ["design"], sort=False)["err"].apply(
-        lambda e: 100 * np.median(np.abs(e)) if e.notna().all() else np.nan).unstack()
-    plan = df[df["design"] != "grid"]
-    out = med[["grid", "one-shot", "rounds"]].copy()
-    out["share"] = 100 * (plan["flops"] / plan["grid_flops"]).groupby(
-        [plan[k] for k in keys], sort=False).max()
-    out["cover"] = 100 * plan.groupby(keys, sort=False)["covered"].mean()
+KEYS = ["law", "start", "noise", "target"]
+
+
+def table(df: pd.DataFrame, planner: str) -> pd.DataFrame:
+    """One row per cell for one planner: median |error| (%) of the grid and each use, the
+    planner's compute share and coverage (%), worse (its plans less accurate than the grid in
+    the same study), warn (% of its plans warned) and ok (each use's median error <= the
+    grid's, nothing refused)."""
+    grid = df[df["design"] == "grid"]
+    plan = df[df["planner"] == planner]
+    by = lambda d: d.groupby(KEYS, sort=False)                          # noqa: E731
+    out = pd.DataFrame({"grid": 100 * by(grid)["err"].apply(lambda e: np.median(np.abs(e)))})
+    for use, _ in USES:
+        d = plan[plan["design"] == use]
+        out[use] = 100 * by(d)["err"].apply(
+            lambda e: np.median(np.abs(e)) if e.notna().all() else np.nan)
+    out["share"] = 100 * by(plan).apply(lambda d: (d["flops"] / d["grid_flops"]).max())
+    out["cover"] = 100 * by(plan)["covered"].mean()
+    g = grid.set_index(["cell", "study"])["err"].abs()
+    worse = plan["err"].abs().to_numpy() > g.loc[list(zip(plan["cell"], plan["study"]))].to_numpy()
+    out["worse"] = by(plan.assign(w=worse | plan["err"].isna())).apply(
+        lambda d: f"{int(d['w'].sum())}/{len(d)}")
+    out["warn"] = 100 * by(plan)["warned"].mean()
     out["ok"] = (out["one-shot"] <= out["grid"]) & (out["rounds"] <= out["grid"])
     return out
 
@@ -145,14 +165,18 @@ def main(argv=None) -> int:
     ap.add_argument("--first-seed", type=int, default=0,
                     help="seeds first-seed .. first-seed + seeds - 1 (more seeds in a later run)")
     ap.add_argument("--quick", action="store_true", help="4 corner cells only")
-    ap.add_argument("--planner", choices=tuple(PLANNERS), default="after")
+    ap.add_argument("--planner", default="after",
+                    help=f"one or more of {', '.join(PLANNERS)}, comma-separated")
     ap.add_argument("--n-boot", type=int, default=100, help="the interval's bootstrap refits")
     ap.add_argument("--procs", type=int, default=2)
     ap.add_argument("--csv", help="also write every study's row here")
     a = ap.parse_args(argv)
-    seeds = a.seeds
-    jobs = [(i, c, s, a.planner, a.n_boot) for i, c in enumerate(cells(a.quick))
-            for s in range(a.first_seed, a.first_seed + seeds)]
+    planners = a.planner.split(",")
+    bad = [p for p in planners if p not in PLANNERS]
+    if bad:
+        ap.error(f"--planner {a.planner}: unknown {bad}; use one or more of {', '.join(PLANNERS)}")
+    jobs = [(i, c, s, planners, a.n_boot) for i, c in enumerate(cells(a.quick))
+            for s in range(a.first_seed, a.first_seed + a.seeds)]
     t0 = time.time()
     rows = []
     with mp.get_context("fork").Pool(a.procs) as pool:
@@ -163,20 +187,25 @@ def main(argv=None) -> int:
             if a.csv:                             # every study so far: a partial run survives
                 pd.DataFrame(rows).to_csv(a.csv, index=False)
     print(file=sys.stderr)
-    df = pd.DataFrame(rows).sort_values(["cell", "study", "design"])
-    t = table(df)
-    print(f"planner {a.planner!r} ({PLANNERS[a.planner] or 'suggest_runs defaults'}); forecast "
-          f"of the compute-optimal loss at target x {TOP:.0e}; median |error| (%) over "
-          f"{seeds} seeds a cell; share: the planner's compute / the grid's (%), the largest "
-          f"study's; cover: the planner's 95% intervals covering the truth (%), both uses")
-    print(t.to_string(float_format=lambda v: f"{v:.2f}"))
-    plan = df[df["design"] != "grid"]
-    refused = plan[plan["refused"] != ""]
+    df = pd.DataFrame(rows).sort_values(["cell", "study", "planner", "design"])
     grid_cover = 100 * df[df["design"] == "grid"]["covered"].mean()
-    print(f"cells ok: {int(t['ok'].sum())} of {len(t)}; coverage over the family: "
-          f"{100 * plan['covered'].mean():.1f}% (grid {grid_cover:.1f}%); "
-          f"refused: {len(refused)} of {len(plan)} plans"
-          + (f" (e.g. {refused['refused'].iloc[0]!r})" if len(refused) else ""))
+    for p in planners:
+        t = table(df, p)
+        plan = df[df["planner"] == p]
+        refused = plan[plan["refused"] != ""]
+        print(f"\nplanner {p!r} ({PLANNERS[p] or 'suggest_runs defaults'}); forecast of the "
+              f"compute-optimal loss at target x {TOP:.0e}; median |error| (%) over {a.seeds} "
+              "seeds a cell; share: the planner's compute / the grid's (%), the largest study's;"
+              " cover: its 95% intervals covering the truth (%), both uses; worse: its plans "
+              "less accurate than the grid in the same study; warn: its plans warned (%)")
+        print(t.to_string(float_format=lambda v: f"{v:.2f}"))
+        lost = t[~t["ok"]]
+        print(f"cells ok: {int(t['ok'].sum())} of {len(t)} ({int((~lost['warn'].gt(0)).sum())} "
+              f"lost unwarned); coverage over the family: {100 * plan['covered'].mean():.1f}% "
+              f"(grid {grid_cover:.1f}%); median |error| over the family: one-shot "
+              f"{t['one-shot'].median():.2f}%, rounds {t['rounds'].median():.2f}%, grid "
+              f"{t['grid'].median():.2f}%; refused: {len(refused)} of {len(plan)} plans"
+              + (f" (e.g. {refused['refused'].iloc[0]!r})" if len(refused) else ""))
     print(f"{len(jobs)} studies in {time.time() - t0:.0f} s with {a.procs} processes")
     return 0
 

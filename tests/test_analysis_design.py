@@ -1,6 +1,7 @@
 """analysis.design: the least-squares fit behind the planner, and suggest_runs on known laws."""
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -9,8 +10,9 @@ import pytest
 
 from analysis import CHINCHILLA_UNROUNDED, EPOCH, fit_chinchilla
 from analysis.chinchilla import ChinchillaLaw
-from analysis.design import (SPREAD, TOKENS_PER_PARAM, fit_ls, frontier, predict_loss_opt,
-                             profile_loss_opt, suggest_runs)
+from analysis.design import (MIN_NOISE_RUNS, SHORT_REACH, SPREAD, TOKENS_PER_PARAM, fit_ls,
+                             frontier, predict_loss_opt, profile_loss_opt, suggest_runs,
+                             top_share_at)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -170,7 +172,8 @@ def test_robust_plans_from_four_runs_and_keeps_a_share_near_the_top():
     seed = runs(EPOCH, START4, 0.01, 7)
     with pytest.raises(ValueError, match="more runs than the law's 5 parameters"):
         suggest_runs(seed, 1e21, 3.5e18, max_run_flops=1e18, method="bootstrap")
-    s = suggest_runs(seed, 1e21, 3.5e18, max_run_flops=1e18, top_share=0.6)
+    with pytest.warns(UserWarning, match="4 finished runs fitted"):
+        s = suggest_runs(seed, 1e21, 3.5e18, max_run_flops=1e18, top_share=0.6)
     assert s["flops"].sum() <= 3.5e18 * (1 + 1e-9) and s["flops"].max() <= 1e18 * (1 + 1e-6)
     top = s.iloc[:2]                                          # round(0.6 * 3.5) = 2 runs
     np.testing.assert_allclose(top["flops"], 1e18, rtol=1e-6)
@@ -180,12 +183,37 @@ def test_robust_plans_from_four_runs_and_keeps_a_share_near_the_top():
     # The same start with no top share: no run reaches the largest compute.
     none = suggest_runs(seed, 1e21, 3.5e18, max_run_flops=1e18, top_share=0.0)
     assert none["flops"].max() < 0.9e18
-    # A short reach (target < 100x the largest run) warns: where the grid held its own.
-    with pytest.warns(UserWarning, match="30x the largest run .* lost to an isoFLOP grid on"):
-        suggest_runs(seed, 3e19, 3.5e18, max_run_flops=1e18, max_runs=1)
     # A replicate may repeat at the top: three top runs from a 3-run budget at the cap.
     three = suggest_runs(seed, 1e21, 3e18, max_run_flops=1e18, top_share=1.0)
     assert len(three) == 3 and np.allclose(three["flops"], 1e18, rtol=1e-6)
+
+
+START10 = [(np.sqrt(c / 6 / r), np.sqrt(c / 6 * r)) for c in (1e15, 3e15)
+           for r in (4, 10, 25, 60, 150)]
+
+
+def test_robust_warns_where_it_lost_to_the_grid():
+    """The robust plan warns in the conditions where bench/design.py's family saw it lose to a
+    true-optimum grid (a reach under SHORT_REACH, fewer fitted runs than MIN_NOISE_RUNS), and
+    not where it held (10 start runs, 1000x); the top share grows as the reach shortens."""
+    ten, four = runs(EPOCH, START10, 0.01, 9), runs(EPOCH, START4, 0.01, 9)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                       # any warning fails the good case
+        far = suggest_runs(ten, 1e21, 3.5e18, max_run_flops=1e18)
+    with pytest.warns(UserWarning, match=r"30x the largest run \(under 100x\)") as got:
+        near = suggest_runs(ten, 3e19, 3.5e18, max_run_flops=1e18)
+    assert len(got) == 1
+    with pytest.warns(UserWarning, match="4 finished runs fitted .under 7.: no noise estimate"):
+        suggest_runs(four, 1e21, 3.5e18, max_run_flops=1e18)
+    with pytest.warns(UserWarning) as both:                  # the two conditions together
+        suggest_runs(four, 3e19, 3.5e18, max_run_flops=1e18)
+    assert len(both) == 2 and MIN_NOISE_RUNS == 7 and SHORT_REACH == 100
+    assert top_share_at(30) == 0.6 and top_share_at(1000) == 0.3
+    assert top_share_at(10) == 0.6 and top_share_at(1e4) == 0.3
+    assert 0.3 < top_share_at(100) < 0.6
+    # 0.6 of 3.5e18 at 30x: 2 runs at the cap; 0.3 at 1000x: 1.
+    assert np.isclose(near["flops"].iloc[:2], 1e18, rtol=1e-6).all()
+    assert np.isclose(far["flops"].iloc[0], 1e18, rtol=1e-6)
 
 
 def test_robust_caps_tokens_per_parameter():

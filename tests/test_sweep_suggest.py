@@ -20,6 +20,8 @@ def test_suggest_prints_and_writes_runs_the_spec_can_launch(tmp_path, capsys):
     assert command.main([str(spec), "--out", str(out), "--suggest", "3", "--write"]) == 0
     text = capsys.readouterr().out
     assert "next 3 run(s)" in text and "C = 1e+14" in text        # 100x the largest run
+    # 100x the largest finished run is a short reach for runs as large as the budget: warned.
+    assert "warning: target_flops is 1" in text and "x the largest run (under 100x)" in text
     assert "at most 1.503e+07 tokens a run (one pass over the corpus)" in text
     assert ("fit residual sd (log L): 0.0226 on 15 runs, 0.0045 without the 5 at 1e+11 FLOPs; "
             "those runs look off the law: --fit-min-flops 1.7e+11") in text
@@ -42,6 +44,7 @@ def test_suggest_is_the_robust_planner(tmp_path, capsys):
     import numpy as np
 
     import analysis
+    from analysis.design import top_share_at
     from cgpt.sweep.suggest import PLANNER, corpus_tokens, suggest
 
     assert PLANNER["method"] == "robust"
@@ -59,7 +62,16 @@ def test_suggest_is_the_robust_planner(tmp_path, capsys):
         assert got["n_params"].tolist() == want["n_params"].tolist()
         assert (got["tokens"] - want["tokens"]).abs().max() <= 1 and got["tokens"].max() <= corpus
         assert set(got["n_params"]) <= set(sizes)
-        assert np.isclose(got["flops"].max(), 4e12 * 0.3, rtol=0.01)  # the top share's run
+        share = top_share_at(100 * c.max() / 4e12)                # the top share's run
+        assert np.isclose(got["flops"].max(), 4e12 * share, rtol=0.01)
+        assert got.attrs["warnings"] and "under 100x" in got.attrs["warnings"][0]
+    # A long reach from 15 runs (a noise estimate): no warning, printed or recorded.
+    far = suggest(sweep, fixture, 2, target_flops=1e16, budget_flops=4e12)
+    assert far.attrs["warnings"] == []
+    assert command.main([str(ROOT / "sweeps" / "approaches.yaml"), "--out", str(fixture),
+                         "--suggest", "1", "--target-flops", "1e16", "--budget-flops",
+                         "4e12"]) == 0
+    assert "warning" not in capsys.readouterr().out
     assert command.main([str(ROOT / "sweeps" / "approaches.yaml"), "--out", str(fixture),
                          "--suggest", "1", "--fit-min-flops", "2e12"]) == 2
     assert "--fit-min-flops 2e+12 leaves 0 of 15 finished runs to fit" in capsys.readouterr().err

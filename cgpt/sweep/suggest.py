@@ -15,6 +15,7 @@ Notebook 05's real rounds were planned with method="bootstrap" (their plan.json)
 """
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import yaml
@@ -80,7 +81,8 @@ def suggest(sweep, out: Path, k: int, target_flops: float | None = None,
             budget_flops: float | None = None, fit_min_flops: float | None = None):
     """The next k runs for the sweep in `out` (its results.csv), as a DataFrame with the
     model name; defaults: target 100x the largest finished run, budget the sweep's compute,
-    no run past one pass over the corpus."""
+    no run past one pass over the corpus. attrs["warnings"]: the planner's warnings (where it
+    lost to a grid in bench/design.py's family), which print_suggestions prints."""
     res = analysis_results(out)
     if len(res) < MIN_RUNS:
         raise ValueError(f"{out}: {len(res)} finished run(s); --suggest fits L(N, D) (5 "
@@ -99,11 +101,18 @@ def suggest(sweep, out: Path, k: int, target_flops: float | None = None,
     import analysis
 
     corpus = corpus_tokens(res)
-    s = analysis.suggest_runs(res, target, budget, max_runs=k, sizes=sorted(names),
-                              max_tokens=corpus, fit_min_flops=fit_min_flops, **PLANNER)
+    with warnings.catch_warnings(record=True) as caught:    # where the planner lost to a grid
+        warnings.simplefilter("always")
+        s = analysis.suggest_runs(res, target, budget, max_runs=k, sizes=sorted(names),
+                                  max_tokens=corpus, fit_min_flops=fit_min_flops, **PLANNER)
+    plan = [w for w in caught if issubclass(w.category, UserWarning)]
+    for w in caught:                                        # others (numpy's) as they were
+        if w not in plan:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     s.insert(0, "model", [names[int(n)] for n in s["n_params"]])
     s["tokens"] = s["tokens"].round().astype(int)
-    s.attrs.update(target=target, budget=budget, corpus=corpus)
+    s.attrs.update(target=target, budget=budget, corpus=corpus,
+                   warnings=[str(w.message) for w in plan])
     return s
 
 
@@ -149,6 +158,8 @@ def print_suggestions(sweep, out: Path, k: int, target_flops=None, budget_flops=
     print(f"forecast sd of log loss at the target: {s.attrs['sd_log_loss_before']:.4f} now, "
           f"{s['sd_log_loss'].iloc[-1]:.4f} with these runs (the fit's linearisation)"
           if len(s) else "")
+    for w in s.attrs["warnings"]:
+        print(f"warning: {w}")
     check = smallest_budget_check(analysis_results(out), fit_min_flops)
     if check:
         print(check)
