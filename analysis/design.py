@@ -14,12 +14,13 @@ default) keeps the criterion but (1) fits with a prior on the exponents (EXPONEN
 start runs give a usable fit, (2) holds the fit's optimum to TOKENS_PER_PARAM and candidates to
 within SPREAD of it, and (3) puts TOP_SHARE of the budget on runs at the largest affordable
 compute near the optimum before the rest goes per FLOP. bench/design.py measures it on a family
-of simulated studies (3 laws, 2 noise levels, 4 start designs, 2 targets, one-shot and rounds)
-against an isoFLOP grid on the true optimum with twice its compute: at or below the grid's
-median error in 33 of 48 cells (4 seeds a cell), 93% coverage. Where it does not hold: short
-reaches at low noise (30x, 0.5%: 7 of 12 cells lost, where the grid is within 1%), so it warns
-when the target is under SHORT_REACH x the largest run; elsewhere 8 of 36 cells lost, most by
-less than the seeds' scatter. docs/analysis.md has the table.
+of simulated studies (3 laws, 0.5% and 2% noise, 4 start designs, targets 30x and 1000x,
+one-shot and rounds) against an isoFLOP grid on the true optimum with twice its compute: at or
+below the grid's median error in 37 of 48 cells (6 seeds a cell), 91.7% coverage; no lost cell
+beyond the seeds' scatter. It warns where the losses gather: a target under SHORT_REACH x the
+largest run it may add (7 of the 11 lost cells), and fewer than MIN_NOISE_RUNS runs fitted (no
+noise estimate; 2 more). Unwarned: 2 one-shot losses from 10 start runs at 1000x, within the
+scatter. docs/analysis.md has the table.
 The least-squares fit and its intervals live in analysis.lsfit (re-exported here).
 """
 from __future__ import annotations
@@ -43,24 +44,16 @@ TOKENS_PER_PARAM = (5.0, 200.0)
 # ... the rest of the budget per FLOP on runs within 1/SPREAD..SPREAD of that optimum (D/N
 # within 64x: the grid's 4x lost a third of the design's information on a known law) ...
 SPREAD = 8.0
-# ... and a share of the budget on runs at the largest affordable compute near the optimum: a
-# per-FLOP criterion alone spends it on small runs and trusts the law 1000x beyond them. The
-# shorter the reach (target / largest run), the more the forecast rests on those runs: the
-# share is TOP_SHARE[0][1] at a reach of TOP_SHARE[0][0] or less, TOP_SHARE[1][1] at
-# TOP_SHARE[1][0] or more, linear in log reach between (bench/design.py: 0.6 against 0.3 cut
-# the error ratio to the grid from 0.92 to 0.73 at 30x and 0.5% noise, and raised it from 0.48
-# to 0.59 at 1000x).
-TOP_SHARE = ((30.0, 0.6), (1000.0, 0.3))
-# Below this target / max_run_flops the robust plan warns: in bench/design.py's family (4 seeds
-# a cell) it lost to the true-optimum grid in 7 of the 12 cells at 30x and 0.5% noise.
+# ... and this share of the budget on runs at the largest affordable compute near the optimum:
+# a per-FLOP criterion alone spends it on small runs and trusts the law 1000x beyond them. A
+# share growing as the reach shortens (0.6 at 30x, 0.3 at 1000x) did no better on the family
+# (bench/design.py, 6 seeds: one-shot better in 41 cells against 37, rounds in 39 against 42).
+TOP_SHARE = 0.3
+# Below this target / max_run_flops the robust plan warns: in bench/design.py's family (6 seeds
+# a cell) 7 of its 11 lost cells are at 30x (the true-optimum grid within 0.2-1.7% there) ...
 SHORT_REACH = 100.0
 # ... and when fewer runs are fitted than give a residual noise estimate (n - 5 >= 2).
 MIN_NOISE_RUNS = 7
-
-def top_share_at(reach: float) -> float:
-    """The budget's share for runs at the largest compute (TOP_SHARE), at this reach."""
-    (r0, s0), (r1, s1) = TOP_SHARE
-    return float(np.interp(np.log(reach), np.log([r0, r1]), [s0, s1]))
 
 
 def _real(v) -> bool:
@@ -107,6 +100,9 @@ def suggest_runs(results: pd.DataFrame, target_flops: float, budget_flops: float
     fit_min_flops: leave runs below this compute (6ND) out of the fit: runs of a few hundred
         steps are still in the early transient and off the law (notebook 05: the 1e11 runs of
         35-241 steps made the residual sd 5x larger and biased every later forecast upwards).
+    Warns (UserWarning; method="robust") where bench/design.py's family saw it lose to a grid:
+    target_flops < SHORT_REACH (100) x the largest run it may add (max_run_flops, else the
+    budget), and fewer than MIN_NOISE_RUNS (7) runs fitted (no noise estimate: plan in rounds).
     Returns one row per run, in the order picked (the most useful per FLOP first): n_params,
     tokens, flops and sd_log_loss, the predicted sd of log loss_opt(target) once the runs up
     to that row are added.
@@ -141,7 +137,7 @@ def suggest_runs(results: pd.DataFrame, target_flops: float, budget_flops: float
     if max_tokens is not None and not (_real(max_tokens) and max_tokens > 0):
         raise ValueError(f"max_tokens={max_tokens!r}: must be a positive token count")
     if method == "robust":
-        top_share = top_share_at(target_flops / cap) if top_share is None else top_share
+        top_share = TOP_SHARE if top_share is None else top_share
         if min_run_flops is None:          # every compute from the smallest run up: each round
             lo = float((6 * N * D).min())  # may fill in below the largest
         if not (_real(top_share) and 0 <= top_share <= 1):

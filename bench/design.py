@@ -19,15 +19,15 @@ of the planner, the planner's compute as a share of the grid's, its interval cov
 `ok` when the planner's median error is at most the grid's (both uses), `worse` the studies
 (of 2 x seeds plans) whose error exceeded the grid's in the same study, and `warn` the share of
 plans where suggest_runs warned. A planner that refuses a cell (an error) fails it. Planners:
-`nb05` notebook 05's bootstrap-covariance criterion, `v1` the robust planner as first merged
-(top share 0.3 at every reach), `after` `suggest_runs`' default. Several planners in one run
-(`--planner v1,after`) share each study's start runs and grid draws; each use of a planner draws
-its runs' noise from its own stream, so a planner's numbers do not depend on the others run.
+`nb05` notebook 05's bootstrap-covariance criterion, `after` `suggest_runs`' default. Several
+planners in one run (`--planner nb05,after`) share each study's start runs and grid draws; each
+use of a planner draws its runs' noise from its own stream, so a planner's numbers do not
+depend on the others run.
 
     python bench/design.py                     # the whole family, 2 seeds a cell
     python bench/design.py --seeds 6           # steadier medians (3x the time)
     python bench/design.py --quick             # 4 corner cells x 2 seeds (a CI-size check)
-    python bench/design.py --planner v1,after  # before and after, on the same studies
+    python bench/design.py --planner nb05,after  # two planners on the same studies
 """
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ NOISES = (0.005, 0.02)
 TARGETS = (30, 1000)
 ROUNDS = 3
 PLANNERS = {"nb05": dict(method="bootstrap", objective="loss", n_boot=400, seed=0),
-            "v1": dict(top_share=0.3), "after": {}}
+            "after": {}}
 USES = (("one-shot", 1), ("rounds", ROUNDS))
 
 

@@ -11,8 +11,7 @@ import pytest
 from analysis import CHINCHILLA_UNROUNDED, EPOCH, fit_chinchilla
 from analysis.chinchilla import ChinchillaLaw
 from analysis.design import (MIN_NOISE_RUNS, SHORT_REACH, SPREAD, TOKENS_PER_PARAM, fit_ls,
-                             frontier, predict_loss_opt, profile_loss_opt, suggest_runs,
-                             top_share_at)
+                             frontier, predict_loss_opt, profile_loss_opt, suggest_runs)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -195,7 +194,7 @@ START10 = [(np.sqrt(c / 6 / r), np.sqrt(c / 6 * r)) for c in (1e15, 3e15)
 def test_robust_warns_where_it_lost_to_the_grid():
     """The robust plan warns in the conditions where bench/design.py's family saw it lose to a
     true-optimum grid (a reach under SHORT_REACH, fewer fitted runs than MIN_NOISE_RUNS), and
-    not where it held (10 start runs, 1000x); the top share grows as the reach shortens."""
+    not where it held (10 start runs, 1000x)."""
     ten, four = runs(EPOCH, START10, 0.01, 9), runs(EPOCH, START4, 0.01, 9)
     with warnings.catch_warnings():
         warnings.simplefilter("error")                       # any warning fails the good case
@@ -208,12 +207,11 @@ def test_robust_warns_where_it_lost_to_the_grid():
     with pytest.warns(UserWarning) as both:                  # the two conditions together
         suggest_runs(four, 3e19, 3.5e18, max_run_flops=1e18)
     assert len(both) == 2 and MIN_NOISE_RUNS == 7 and SHORT_REACH == 100
-    assert top_share_at(30) == 0.6 and top_share_at(1000) == 0.3
-    assert top_share_at(10) == 0.6 and top_share_at(1e4) == 0.3
-    assert 0.3 < top_share_at(100) < 0.6
-    # 0.6 of 3.5e18 at 30x: 2 runs at the cap; 0.3 at 1000x: 1.
-    assert np.isclose(near["flops"].iloc[:2], 1e18, rtol=1e-6).all()
-    assert np.isclose(far["flops"].iloc[0], 1e18, rtol=1e-6)
+    # The warnings change nothing in the plan: the same runs with them silenced.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pd.testing.assert_frame_equal(near, suggest_runs(ten, 3e19, 3.5e18, max_run_flops=1e18))
+    assert len(far) and far["flops"].sum() <= 3.5e18 * (1 + 1e-9)
 
 
 def test_robust_caps_tokens_per_parameter():

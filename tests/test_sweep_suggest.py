@@ -44,7 +44,6 @@ def test_suggest_is_the_robust_planner(tmp_path, capsys):
     import numpy as np
 
     import analysis
-    from analysis.design import top_share_at
     from cgpt.sweep.suggest import PLANNER, corpus_tokens, suggest
 
     assert PLANNER["method"] == "robust"
@@ -62,8 +61,7 @@ def test_suggest_is_the_robust_planner(tmp_path, capsys):
         assert got["n_params"].tolist() == want["n_params"].tolist()
         assert (got["tokens"] - want["tokens"]).abs().max() <= 1 and got["tokens"].max() <= corpus
         assert set(got["n_params"]) <= set(sizes)
-        share = top_share_at(100 * c.max() / 4e12)                # the top share's run
-        assert np.isclose(got["flops"].max(), 4e12 * share, rtol=0.01)
+        assert np.isclose(got["flops"].max(), 4e12 * 0.3, rtol=0.01)  # the top share's run
         assert got.attrs["warnings"] and "under 100x" in got.attrs["warnings"][0]
     # A long reach from 15 runs (a noise estimate): no warning, printed or recorded.
     far = suggest(sweep, fixture, 2, target_flops=1e16, budget_flops=4e12)

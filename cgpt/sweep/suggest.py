@@ -8,9 +8,11 @@ freely. `--write` copies the spec to `<stem>_next.yaml` with the suggestions app
 `runs:` (one `{model, tokens, seed}` each); launching the copy with the same `--out` skips the
 finished grid runs and trains only the new ones.
 
-The planner is `suggest_runs`' default (`PLANNER`, method="robust": it holds on the family of
+The planner is `suggest_runs`' default (`PLANNER`, method="robust": measured on the family of
 simulated studies in bench/design.py, docs/analysis.md), and no run longer than the corpus (its
-training tokens, read from results.csv as tokens / epochs): L(N, D) counts fresh tokens.
+training tokens, read from results.csv as tokens / epochs): L(N, D) counts fresh tokens. Its
+warnings (a short reach, too few runs for a noise estimate: where it lost to a grid there) are
+printed after the table.
 Notebook 05's real rounds were planned with method="bootstrap" (their plan.json).
 """
 from __future__ import annotations
