@@ -150,9 +150,12 @@ def test_offline_run_logs_the_metrics_config_and_summary(corpus, tmp_path, offli
         json.loads((out / "wandb.json").read_text())["id"]
     logged = metrics(out)
     assert len(logged) == STEPS and w["history"] == logged  # every record, value for value
+    # the run as trained: config.yaml's, with the fit's choices (placement keys) filled in
     saved = yaml.safe_load((out / "config.yaml").read_text())
-    for section in ("model", "data", "train"):
-        assert w["config"][section] == saved[section]
+    trained = {k: w["config"][k] for k in saved}
+    assert identity(trained) == identity(saved) and trained["train"]["wandb"] == "cgpt-test"
+    assert trained["model"]["remat"] == summary["placement"]["remat"]
+    assert trained["train"]["micro_batch"] == summary["placement"]["micro_batch"]
     assert w["config"]["derived"]["steps"] == STEPS == summary["steps"]
     assert w["config"]["derived"]["n_params"] == summary["n_params"]
     for k in ("val_loss", "train_loss", "tokens", "flops", "wall_time_s", "mfu"):

@@ -4,7 +4,9 @@ sweep's name (the sweep sets W&B's own `WANDB_RUN_GROUP`).
 
 The W&B run gets exactly the records `metrics.jsonl` gets, handed over by the log's writer
 (`cgpt.train.metrics.MetricsLog`, process 0 only) as the Python numbers already read for the
-file: no device sync and no per-device logging. Its config is the run as trained
+file: no device sync and no per-device logging. A W&B `log` call costs 1-7 ms of the caller's
+time (a hand-off to W&B's service process), so one thread per W&B run makes the calls and the
+loop only queues the record. Its config is the run as trained
 (`Resolved.run`) and a few derived values; its summary is `summary.json`. The W&B run's id is
 kept in the run directory (`rundir.WANDB_FILE`), so a resumed launch continues the same W&B
 run; W&B's files go under the run directory too unless `WANDB_DIR` says otherwise. With
@@ -15,7 +17,10 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import sys
+import threading
+from functools import partial
 from pathlib import Path
 
 from cgpt import rundir
@@ -65,6 +70,9 @@ class WandbRun:
 
     def __init__(self, out: str | Path):
         self.out, self.run = Path(out), None
+        self._calls: queue.SimpleQueue = queue.SimpleQueue()  # W&B calls, made in order
+        self._sender: threading.Thread | None = None
+        self._error: tuple[str, Exception] | None = None  # the first call that failed
 
     def start(self, res) -> None:
         """Open (or, on resume, continue) the W&B run, if `train.wandb` asks for one."""
@@ -87,17 +95,36 @@ class WandbRun:
                              "WANDB_MODE=offline and `wandb sync` later") from None
         if known is None:  # the first launch: its id, for the next ones
             atomic_write_text(path, json.dumps({"id": self.run.id}) + "\n")
+        self.attach(self.run)
+
+    def attach(self, run) -> None:
+        """Log to `run` (a started `wandb.Run`) from here on, through the sending thread."""
+        self.run = run
+        self._sender = threading.Thread(target=self._send, name=f"wandb {self.out.name}",
+                                        daemon=True)
+        self._sender.start()
+
+    def _send(self) -> None:
+        """The W&B calls, in the order queued, until None; after a failure, none more."""
+        while (call := self._calls.get()) is not None:
+            if self._error is None:
+                try:
+                    call()
+                except Exception as e:  # noqa: BLE001 - reported when the run ends
+                    self._error = (call.keywords.get("step", "the summary"), e)
 
     def log(self, rec: dict) -> None:
-        """A metrics.jsonl record, at its step (W&B's step is the training step: a resumed
-        launch's repeat of steps logged before its checkpoint's is kept by neither)."""
+        """A metrics.jsonl record at its step: W&B's step is the training step (W&B ignores a
+        step below its run's current one, so the steps a resume repeats keep their first
+        values)."""
         if self.run is not None:
-            self.run.log({k: v for k, v in rec.items() if k != "step"}, step=rec["step"])
+            self._calls.put(partial(self.run.log, {k: v for k, v in rec.items() if k != "step"},
+                                    step=rec["step"]))
 
     def summary(self, result: dict) -> None:
         """summary.json's values as the W&B run's summary."""
         if self.run is not None:
-            self.run.summary.update(result)
+            self._calls.put(partial(self.run.summary.update, result))
 
     def end(self, exc: BaseException | None) -> None:
         """Finish the W&B run: exit code 0, a stop's code (preempting), or 1."""
@@ -105,6 +132,13 @@ class WandbRun:
         if run is None:
             return
         code = 0 if exc is None else getattr(exc, "exit_code", 1)
+        self._calls.put(None)
+        self._sender.join()  # every record queued reaches W&B before it finishes
+        if self._error is not None:
+            at, e = self._error
+            print(f"cgpt train: W&B stopped taking {self.out}'s log at step {at} "
+                  f"({' '.join(str(e).split())}); metrics.jsonl has every step",
+                  file=sys.stderr, flush=True)
         try:
             if exc is not None and hasattr(exc, "exit_code"):
                 run.mark_preempting()
