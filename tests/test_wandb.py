@@ -109,7 +109,12 @@ def read_offline(run_file: Path) -> dict:
 
 
 def launches(run_dir: Path) -> list[dict]:
-    """Every offline launch of the run directory's W&B run, oldest first."""
+    """Every offline launch of the run directory's W&B run, oldest first. W&B's service
+    process writes a run's file shortly after `finish` returns: `teardown` waits for it (as
+    the end of a training process does)."""
+    import wandb
+
+    wandb.teardown()
     run_id = json.loads((run_dir / "wandb.json").read_text())["id"]
     files = sorted((run_dir / "wandb").glob(f"offline-run-*-{run_id}/run-{run_id}.wandb"))
     return [read_offline(f) for f in files]

@@ -88,7 +88,6 @@ class Lifecycle:
         if self.writer:
             resume_log(self.out / rundir.METRICS_FILE, start, self.res.total_steps)
             self.changes = resume.record_changes(self.out, self.prior, self.saved, start)
-        if self.writer:
             self.wandb.start(self.res)
         self.log = metrics.MetricsLog(self.out, start, write=self.writer, wandb=self.wandb)
 
