@@ -10,6 +10,8 @@ A run directory (one training run) holds:
   (TensorBoard), `checkpoints/<step>/` (Orbax), `config_changes.json` (train.* values a resume
   changed), `branch.json` (a cooldown branch's parent);
 * `summary.json` once finished, or `failed.json` when its last attempt failed;
+* with `train.wandb`: `wandb.json` (the W&B run id, so a resume continues the same W&B run)
+  and `wandb/` (W&B's own files: the offline runs `wandb sync` uploads);
 * `.lock`, an `flock` held while one process trains in it; the kernel drops it when its holder
   dies (a SIGKILL included), so a stale lock file never blocks the next launch. A launcher
   that took the lock itself (the sweep) and exec'd `train` with the descriptor still open is
@@ -49,11 +51,13 @@ CKPT_DIR = "checkpoints"
 EVENTS_DIR = "events"
 DISCARDED_DIR = "discarded_checkpoints"  # rewound past (`--from-step`, a fused resume)
 CORRUPT_DIR = "corrupt_checkpoints"  # set aside: they would not restore
+WANDB_FILE = "wandb.json"  # {"id": the W&B run's id} (`cgpt.train.wandb_log`)
+WANDB_DIR = "wandb"  # where W&B writes its files when given the run directory
 # what each name cgpt writes in a run directory must be
 KINDS = {**dict.fromkeys((CONFIG_FILE, IDENTITY_FILE, RUN_FILE, LOG_FILE, TOKENIZER_FILE,
                           METRICS_FILE, CHANGES_FILE, BRANCH_FILE, SUMMARY_FILE, FAILED_FILE,
-                          LOCK_FILE), "file"),
-         **dict.fromkeys((CKPT_DIR, EVENTS_DIR, DISCARDED_DIR, CORRUPT_DIR), "dir")}
+                          LOCK_FILE, WANDB_FILE), "file"),
+         **dict.fromkeys((CKPT_DIR, EVENTS_DIR, DISCARDED_DIR, CORRUPT_DIR, WANDB_DIR), "dir")}
 STATES = ("done", "running", "failed", "interrupted", "new")
 
 

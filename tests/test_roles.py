@@ -26,7 +26,8 @@ def test_every_role_on_a_field_is_a_known_role():
 
 def test_the_roles_as_the_code_relies_on_them():
     assert set(keys(TrainConfig, "placement")) == {"mode", "mesh", "micro_batches",
-                                                   "host_offload", "micro_batch", "device_memory"}
+                                                   "host_offload", "micro_batch", "device_memory",
+                                                   "wandb"}
     assert set(keys(ModelConfig, "placement")) == {"remat", "loss_chunk"}
     assert keys(DataConfig, "member") == ("seed",)
     assert set(keys(ModelConfig, "member")) == {"name", "init_std", "out_init_std",

@@ -26,8 +26,9 @@ MODES = ("single", "data_parallel", "weight_streaming", "layer_pipelined", "auto
 # `metadata={"roles": (...)}` in the model's and data's configs) and read by `keys`:
 ROLES = {
     # how a step runs on the hardware at hand, not what is trained (`cgpt.train.fit` may
-    # choose another micro-batch on other devices): a launch's values win on --resume and
-    # when the sweep compares a run with its spec; not part of a run's `identity`
+    # choose another micro-batch on other devices), and where its log also goes (train.wandb):
+    # a launch's values win on --resume and when the sweep compares a run with its spec; not
+    # part of a run's `identity`
     "placement": "may change between launches of one run; not part of its identity",
     # a preset changed only in these keeps the preset's name (`_reshaped_name`)
     "execution": "how the model runs, not what it is",
@@ -36,6 +37,10 @@ ROLES = {
     # the optimizer's values and the cadences, recorded with their step (config_changes.json)
     "changeable": "`--resume --allow-train-changes` may change it",
 }
+
+
+# W&B's project names (and entities) exclude these characters and are at most 128 long
+WANDB_PROJECT = re.compile(r"(?:[^/\\#?%:\s]{1,128}/)?[^/\\#?%:\s]{1,128}")
 
 
 def role(*roles: str, default=None):
@@ -78,6 +83,9 @@ class TrainConfig:
     # e.g. "16GB": memory per device for the fit (cgpt.train.fit) and `--mode auto`; None: what
     # the device reports (allocator limit; RAM / devices on CPU)
     device_memory: str | None = role("placement")
+    # a Weights & Biases project ("PROJECT" or "ENTITY/PROJECT") that also gets the log
+    # (`cgpt.train.wandb_log`); None: none
+    wandb: str | None = role("placement")
 
     def __post_init__(self) -> None:
         t = self.tokens
@@ -129,6 +137,10 @@ class TrainConfig:
             raise ValueError(f"train.mode={self.mode!r}; use one of {', '.join(MODES)}")
         if self.device_memory is not None:
             parse_bytes(self.device_memory, "train.device_memory")
+        if self.wandb is not None and not WANDB_PROJECT.fullmatch(self.wandb):
+            raise ValueError(f"train.wandb={self.wandb!r}: give a W&B project, PROJECT or "
+                             "ENTITY/PROJECT (up to 128 characters, none of \\#?%: and no "
+                             "spaces), or null for none")
         if self.batch_size and self.micro_batch and self.batch_size % self.micro_batch:
             raise ValueError(f"train.batch_size={self.batch_size} is not a multiple of "
                              f"train.micro_batch={self.micro_batch}")

@@ -21,6 +21,7 @@ from cgpt.sweep.groups import group_jobs, plan_groups
 from cgpt.sweep.spec import Run, Sweep, fmt_count, fmt_time, missing_required, select
 from cgpt.sweep.state import SUPERSEDED_DIR, config_change, prepare_run_dir, run_files, supersede, \
     write_results
+from cgpt.train import wandb_log
 
 EXECUTORS = ("local", "slurm", "submitit-local")
 ON_CHANGE = ("error", "rerun")
@@ -194,6 +195,8 @@ def launch(sweep: Sweep, out: Path, parallel: int | None = None, executor: str =
     if not runs:
         raise ValueError(f"--only {only!r} matches none of the {len(sweep.runs)} run ids of "
                          f"{sweep.path} (see --dry-run)")
+    for project in sorted({r.config.train.wandb for r in runs} - {None}):
+        wandb_log.require(project)  # W&B asked for but not installed: one error, not per run
     check_out_dir(out)
     lock = SweepLock(out)
     try:
@@ -220,7 +223,8 @@ def launch(sweep: Sweep, out: Path, parallel: int | None = None, executor: str =
             # longest first: K workers finish sooner when the long pole starts at once
             todo.sort(key=lambda r: (r.branch_from is not None,  # parents before branches
                                      -sweep.estimate.seconds(r.steps, r.flops)))
-        env = compile_cache_env(Path(cache).resolve() if cache else None)
+        env = {**compile_cache_env(Path(cache).resolve() if cache else None),
+               wandb_log.GROUP_ENV: sweep.name}  # W&B groups the sweep's runs by its name
         by_id = {r.run_id: Job(r.run_id, str(prepare_run_dir(r, out).resolve()),
                     resume=(out / r.run_id / rundir.CONFIG_FILE).exists(), env=env,
                     files=run_files(r),

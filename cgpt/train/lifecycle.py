@@ -25,7 +25,7 @@ from cgpt import rundir
 from cgpt.config.run import RunConfig
 from cgpt.errors import TrainError
 from cgpt.fileio import atomic_write_text, probe_writable
-from cgpt.train import checkpoint, metrics, resume, summary
+from cgpt.train import checkpoint, metrics, resume, summary, wandb_log
 from cgpt.train.launch import Launch, check_launch, close_all, first_missing, resume_log
 
 
@@ -40,6 +40,7 @@ class Lifecycle:
         self.launch: Launch | None = None
         self.fresh, self.prior, self.saved, self.finished = True, None, None, None
         self.res = self.data = self.ckpt = self.log = None
+        self.wandb = wandb_log.WandbRun(self.out)  # a W&B run, when train.wandb asks for one
         self.start, self.changes, self.val_loss = 0, [], math.nan
         self.result: dict | TrainError | None = None  # the summary, or what stopped the run
 
@@ -55,6 +56,7 @@ class Lifecycle:
                 raise TrainError(f"output directory {self.out} is not writable "
                                  f"({e.strerror or e}); choose another --out") from e
         self.launch = stack.enter_context(Launch(self.out, new_dirs, lock=self.writer))
+        stack.enter_context(self.wandb)  # finished (as the launch ended) before the unlock
 
     def check(self, platform: str | None = None) -> None:
         """Whether the launch starts fresh, the config it trains with (on resume the saved one,
@@ -64,6 +66,7 @@ class Lifecycle:
             self.prior = rundir.read_config(self.out)
         self.saved = resume.check_config(self.run, self.out, self.resuming, self.allow_changes,
                                          platform)
+        wandb_log.require(self.saved.train.wandb)  # a missing package: before any work
         if self.resuming and (self.out / rundir.SUMMARY_FILE).exists():
             self.finished = rundir.read_summary(self.out)
 
@@ -85,7 +88,8 @@ class Lifecycle:
         if self.writer:
             resume_log(self.out / rundir.METRICS_FILE, start, self.res.total_steps)
             self.changes = resume.record_changes(self.out, self.prior, self.saved, start)
-        self.log = metrics.MetricsLog(self.out, start, write=self.writer)
+            self.wandb.start(self.res)
+        self.log = metrics.MetricsLog(self.out, start, write=self.writer, wandb=self.wandb)
 
     # ---- cadence -----------------------------------------------------------------------------
     @property
@@ -142,6 +146,7 @@ class Lifecycle:
         self.result = err
         log, self.log = self.log, None
         log.close()
+        self.wandb.end(err)
         atomic_write_text(self.out / rundir.FAILED_FILE,
                           json.dumps({"status": "failed", "error": str(err)}, indent=2))
         print(f"{self.out}: {err}", file=sys.stderr, flush=True)
@@ -156,4 +161,5 @@ class Lifecycle:
         self.result = summary.build(self, val_loss, speed, wall_time_s, placement)
         if self.writer:
             summary.write(self.out, self.result)
+            self.wandb.summary(self.result)
         return self.result

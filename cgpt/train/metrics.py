@@ -1,6 +1,6 @@
 """The run's log as it is written: `metrics.jsonl` (strict JSON, one object per logged
 step) and the same scalars as TensorBoard events. Process 0 writes both; the others get a log
-that writes nothing."""
+that writes nothing. A W&B run (`cgpt.train.wandb_log`), when given, gets the same records."""
 from __future__ import annotations
 
 import sys
@@ -15,8 +15,9 @@ class MetricsLog:
     them. TensorBoard purges events past `start` on a resume, as the JSON log is cut back
     (`cgpt.train.launch.resume_log`, which also reads the log strictly)."""
 
-    def __init__(self, out: Path, start: int, write: bool = True):
+    def __init__(self, out: Path, start: int, write: bool = True, wandb=None):
         self.file = self.tb = None
+        self.wandb = wandb if write else None  # a `WandbRun`: its records are these
         if write:
             try:  # optional: a GPU image may lack it (metrics.jsonl has every logged step)
                 from tensorboardX import SummaryWriter
@@ -39,6 +40,8 @@ class MetricsLog:
         for k in TB_SCALARS if self.tb is not None else ():
             if k in rec:
                 self.tb.add_scalar(f"train/{k}", rec[k], rec["step"])
+        if self.wandb is not None:
+            self.wandb.log(rec)
 
     def close(self) -> None:
         if self.file is not None:
