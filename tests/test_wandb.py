@@ -169,6 +169,7 @@ def test_offline_run_logs_the_metrics_config_and_summary(corpus, tmp_path, offli
     assert not (tmp_path / "wandb").exists() and not (REPO / "wandb").exists()
 
 
+@pytest.mark.slow  # two launches and a stop: ~2 min; the offline run test covers the default suite
 def test_preempted_run_is_marked_and_resumes_into_the_same_wandb_run(corpus, tmp_path,
                                                                      offline):
     from cgpt.train.loop import train
