@@ -204,6 +204,8 @@ def plot_critical_batch(table, fit_loss: PowerLawFit | None = None,
         ax.plot(ll, law.predict(ll), ls="--", color=f"C{i + 1}", label=law.name)
     ax.set(xscale="log", yscale="log", xlabel="training loss (late, nats/token)",
            ylabel="batch (tokens)", title=title or "critical batch vs loss")
+    ax.xaxis.set_major_formatter(FormatStrFormatter("%.3g"))
+    ax.xaxis.set_minor_formatter(FormatStrFormatter("%.3g"))
     ax2.set(xscale="log", yscale="log", xlabel="training FLOPs (counted)",
             ylabel="batch (tokens)", title="critical batch vs compute")
     for a in (ax, ax2):
