@@ -8,10 +8,11 @@ parameters.
 
 Sources (numbers transcribed here so nothing is read at run time):
   Cerebras-GPT: Dey et al. 2023, arXiv 2304.03208, Sec. 3.1 Eq. 1 and Tab. 3/8 (paper column).
+    Batch sizes: the ModelZoo configs (params_*.yaml, global batch in 2048-token sequences).
   Chinchilla: Hoffmann et al. 2022, arXiv 2203.15556, Eq. 10 (rounded) and the unrounded
     values from its TeX source as used by Epoch (analyzing-chinchilla, `true_params`).
   Epoch replication: Besiroglu et al. 2024, arXiv 2404.10102 (headline estimate).
-  Kaplan: Kaplan et al. 2020, arXiv 2001.08361, Eqs. 1.1-1.3.
+  Kaplan: Kaplan et al. 2020, arXiv 2001.08361, Eqs. 1.1-1.4.
 """
 from __future__ import annotations
 
