@@ -13,7 +13,7 @@ from matplotlib.ticker import FormatStrFormatter
 from .fit import PowerLawFit, fit_power_law
 from .envelope import EnvelopeFit
 from .isoflop import IsoFlopFit
-from .published import CEREBRAS_GPT
+from .published import CEREBRAS_GPT, KAPLAN_BCRIT, cerebras_gpt_batches
 
 
 def _figure(ncols: int = 1, residuals: bool = False) -> tuple[Figure, list]:
@@ -168,4 +168,46 @@ def plot_curves(curves, *, path=None, title: str | None = None,
            title=title or "training curves")
     _plain_y(ax)
     ax.legend(fontsize=6, ncol=2)
+    return _save(fig, path)
+
+
+def plot_critical_batch(table, fit_loss: PowerLawFit | None = None,
+                        fit_compute: PowerLawFit | None = None, *, published: bool = True,
+                        overlays=(KAPLAN_BCRIT,), path=None, title: str | None = None) -> Figure:
+    """The critical batch (tokens) of a sweep's runs (`analysis.gns.noise_table`), against their
+    late training loss (left) and their compute (right), with the fits of
+    `analysis.gns.fit_critical_batch` (B ~ loss^-b; B ~ C^b, fitted as 1/B). `published`: the
+    batches Cerebras-GPT trained with against its Pile losses and FLOPs (chosen, not measured
+    critical batches); `overlays`: laws of B_crit(loss) drawn dashed (default Kaplan's)."""
+    fig, (ax, ax2) = _figure(2)
+    loss, c, b = (np.asarray(table[k], float) for k in ("late_loss", "C", "b_crit_tokens"))
+    pub = cerebras_gpt_batches() if published else None
+    xs_l = np.concatenate([loss, pub["loss"]]) if published else loss
+    ll = np.geomspace(xs_l.min() * 0.95, xs_l.max() * 1.05, 100)
+    for a, x in ((ax, loss), (ax2, c)):
+        a.scatter(x, b, color="k", zorder=3, label=f"runs ({x.size}): B_crit from the noise scale")
+        for xi, bi, name in zip(x, b, table["model"]):
+            a.annotate(str(name), (xi, bi), fontsize=6, xytext=(3, 3), textcoords="offset points")
+    if fit_loss is not None:
+        xx = _grid(loss, 0.9, 1.1)
+        ax.plot(xx, fit_loss.predict(xx), color="C0",
+                label=f"fit: B_crit ~ loss^-{fit_loss.params['b']:.2f}")
+    if fit_compute is not None:
+        cc = _grid(c, 0.5, 2.0)
+        ax2.plot(cc, 1 / fit_compute.predict(cc), color="C0",
+                 label=f"fit: B_crit ~ C^{fit_compute.params['b']:.3f}")
+    if published:
+        for a, x in ((ax, pub["loss"]), (ax2, pub["flops"])):
+            a.scatter(x, pub["batch_tokens"], marker="s", color="C3", zorder=3,
+                      label="Cerebras-GPT batch (trained with)")
+    for i, law in enumerate(overlays):
+        ax.plot(ll, law.predict(ll), ls="--", color=f"C{i + 1}", label=law.name)
+    ax.set(xscale="log", yscale="log", xlabel="training loss (late, nats/token)",
+           ylabel="batch (tokens)", title=title or "critical batch vs loss")
+    ax.xaxis.set_major_formatter(FormatStrFormatter("%.3g"))
+    ax.xaxis.set_minor_formatter(FormatStrFormatter("%.3g"))
+    ax2.set(xscale="log", yscale="log", xlabel="training FLOPs (counted)",
+            ylabel="batch (tokens)", title="critical batch vs compute")
+    for a in (ax, ax2):
+        a.legend(fontsize=7)
     return _save(fig, path)

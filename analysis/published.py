@@ -8,10 +8,11 @@ parameters.
 
 Sources (numbers transcribed here so nothing is read at run time):
   Cerebras-GPT: Dey et al. 2023, arXiv 2304.03208, Sec. 3.1 Eq. 1 and Tab. 3/8 (paper column).
+    Batch sizes: the ModelZoo configs (params_*.yaml, global batch in 2048-token sequences).
   Chinchilla: Hoffmann et al. 2022, arXiv 2203.15556, Eq. 10 (rounded) and the unrounded
     values from its TeX source as used by Epoch (analyzing-chinchilla, `true_params`).
   Epoch replication: Besiroglu et al. 2024, arXiv 2404.10102 (headline estimate).
-  Kaplan: Kaplan et al. 2020, arXiv 2001.08361, Eqs. 1.1-1.3.
+  Kaplan: Kaplan et al. 2020, arXiv 2001.08361, Eqs. 1.1-1.4.
 """
 from __future__ import annotations
 
@@ -46,6 +47,22 @@ EPOCH_CI95 = {"E": (1.769, 1.871), "A": (285.2, 743.6), "B": (1042.4, 5810.3),
 KAPLAN_N = PowerLaw.from_scale(8.8e13, 0.076, name="Kaplan+ 2020 L(N), non-embedding N")
 KAPLAN_D = PowerLaw.from_scale(5.4e13, 0.095, name="Kaplan+ 2020 L(D)")
 KAPLAN_C = PowerLaw.from_scale(3.1e8 * PF_DAY, 0.050, name="Kaplan+ 2020 L(C_min), FLOPs")
+# Kaplan Eq. 1.4: the critical batch B_crit(L) = B* / L^(1/alpha_B), B* ~ 2e8 tokens,
+# alpha_B ~ 0.21 (WebText2 loss in nats/token; B_crit in tokens).
+KAPLAN_BCRIT = PowerLaw(A=2e8, b=1 / 0.21, name="Kaplan+ 2020 B_crit(L), tokens")
+
+
+def cerebras_gpt_batches() -> pd.DataFrame:
+    """The batch sizes the seven Cerebras-GPT models trained with (sequences of 2048 tokens;
+    cerebras_gpt.md's recipe table, the ModelZoo yamls), beside their Pile losses.
+
+    13B switched from 720 to 1080 sequences after 84B tokens: batch_size is the final one,
+    batch_size_start the first (equal for the others)."""
+    t = cerebras_gpt_table()[["model", "n_params", "flops", "loss"]]
+    t["batch_size"] = [120, 264, 264, 528, 528, 1040, 1080]
+    t["batch_size_start"] = [120, 264, 264, 528, 528, 1040, 720]
+    t["batch_tokens"] = t["batch_size"] * 2048
+    return t
 
 
 def cerebras_gpt_table() -> pd.DataFrame:

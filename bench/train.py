@@ -7,6 +7,10 @@ measured against this machine's f32 matmul peak, measured in the same run.
 
     python bench/train.py [--model cpu-19m] [--batch 8] [--seq-len 256] [--steps 5]
 Targets: cgpt >= 1.5x the PyTorch step, and >= 40% of the measured matmul peak.
+
+    python bench/train.py --gns-overhead [--accum 1] [--steps 10]
+The step with the gradient noise scale (train.gns, docs/gns.md) against the step without it,
+interleaved (off, on, off, on, ...) so both see the same machine load. Target: <= 5%.
 """
 from __future__ import annotations
 
@@ -26,7 +30,9 @@ def _best(fn, steps: int) -> float:
     return float(np.median(times))
 
 
-def bench_cgpt(cfg, tokens, steps):
+def cgpt_step(cfg, tokens, gns: bool = False, accum: int = 1):
+    """run() -> loss: one step of cgpt's jitted update (`make_step`, published AdamW) on
+    `tokens` as `accum` micro-batches, its state kept between calls."""
     import jax
 
     from cgpt.model import gpt as model
@@ -35,19 +41,37 @@ def bench_cgpt(cfg, tokens, steps):
     from common import resolved
 
     res = resolved(cfg, tokens.shape[0], tokens.shape[1] - 1, 1e-3)
-    r = res.recipe
     cfg = res.cfg
-    opt = optim.make_optimizer(r, cfg)
+    opt = optim.make_optimizer(res.recipe, cfg)
     state = {"p": model.init_params(cfg, 0)}
     state["o"] = opt.init(state["p"])
-    step = jax.jit(make_step(cfg, opt), donate_argnums=(0, 1))
-    batch = jax.numpy.asarray(tokens[None])
+    step = jax.jit(make_step(cfg, opt, gns=gns), donate_argnums=(0, 1))
+    batch = jax.numpy.asarray(tokens.reshape(accum, -1, tokens.shape[1]))
 
     def run():
         state["p"], state["o"], m = step(state["p"], state["o"], batch)
         return float(m["loss"])
 
+    return run
+
+
+def bench_cgpt(cfg, tokens, steps):
+    run = cgpt_step(cfg, tokens)
     return _best(run, steps), run()
+
+
+def bench_gns_overhead(cfg, tokens, steps: int, accum: int) -> tuple[float, float]:
+    """Median seconds per step without and with train.gns, timed alternately (ABAB)."""
+    runs = [cgpt_step(cfg, tokens, gns, accum) for gns in (False, True)]
+    for run in runs:
+        run()  # compile
+    times = ([], [])
+    for _ in range(steps):
+        for run, t in zip(runs, times):
+            t0 = time.perf_counter()
+            run()
+            t.append(time.perf_counter() - t0)
+    return float(np.median(times[0])), float(np.median(times[1]))
 
 
 def bench_torch(cfg, tokens, steps, threads):
@@ -83,6 +107,10 @@ def main() -> None:
     ap.add_argument("--seq-len", type=int, default=256)
     ap.add_argument("--steps", type=int, default=5, help="timed steps per side (median)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
+    ap.add_argument("--gns-overhead", action="store_true",
+                    help="time cgpt's step with and without train.gns (interleaved), no torch")
+    ap.add_argument("--accum", type=int, default=1,
+                    help="--gns-overhead: micro-batches per step (the batch split in them)")
     args = ap.parse_args()
 
     import cgpt
@@ -91,6 +119,15 @@ def main() -> None:
 
     cfg = cgpt.get_config(args.model)
     tokens = np.random.default_rng(0).integers(0, cfg.vocab_size, (args.batch, args.seq_len + 1))
+    if args.gns_overhead:
+        if args.accum < 1 or args.batch % args.accum:
+            ap.error(f"--accum {args.accum} must divide --batch {args.batch}")
+        off, on = bench_gns_overhead(cfg, tokens, args.steps, args.accum)
+        print(f"model {args.model}, batch {args.batch} x seq {args.seq_len} as {args.accum} "
+              f"micro-batch(es), {args.steps} interleaved steps each (median)")
+        print(f"train.gns off {off * 1e3:8.1f} ms/step   on {on * 1e3:8.1f} ms/step   "
+              f"overhead {on / off - 1:+.1%}")
+        return
     n_tok = args.batch * args.seq_len
     step_flops = flops.train_flops_per_token(cfg, args.seq_len) * n_tok
     peak = measured_matmul_peak("float32", n=2048)

@@ -1,4 +1,4 @@
-"""The five notebooks: committed with their outputs (figures as PNG, printed fits), in sync with
+"""The six notebooks: committed with their outputs (figures as PNG, printed fits), in sync with
 their generator (tests/fixtures/analysis/make_notebooks.py), small enough to review, and they
 run top to bottom (nbclient) here; a cell that errors fails the test."""
 import base64
@@ -155,3 +155,14 @@ def test_05_plan_next_runs_on_real_rounds(kernel, monkeypatch):
            re.findall(r"later runs vs the fit before them .*mean \|\.\| ([\d.]+)", text)]
     assert len(err) == 2 and err[1] < err[0]
     assert "fit on runs >= 2e+11 FLOPs:" in text and float(widths[-1]) < float(widths[0])
+
+
+def test_06_critical_batch_on_the_committed_sweep(kernel, tmp_path, monkeypatch):
+    """notebooks/data/critical_batch: a real sweep with train.gns (its sweep.yaml)."""
+    sweep = tmp_path / "critical_batch"
+    shutil.copytree(NOTEBOOKS / "data" / "critical_batch", sweep)
+    text, images = run("06_critical_batch.ipynb", kernel,
+                       {"CGPT_CRITICAL_BATCH_DIR": str(sweep), "CGPT_N_BOOT": "50"}, monkeypatch)
+    assert images >= 2
+    assert re.search(r"B_crit ~ loss\^-[\d.]+  \[", text) and "B_crit ~ C^" in text
+    assert text.count("the critical batch") == 4 and "tiny-65k  trained at 32 seq" in text

@@ -69,6 +69,8 @@ class TrainConfig:
     end_lr_fraction: float = role("member", "changeable", default=0.1)
     seed: int = role("member", default=0)
     log_every: int = role("member", "changeable", default=10)
+    # log the gradient noise scale (cgpt.train.noise, docs/gns.md); off: the step without it
+    gns: bool = role("changeable", default=False)
     eval_every: int | None = role("member", "changeable")  # None: ~10 evaluations per run
     eval_batches: int | None = role("changeable")  # None: the whole validation split
     ckpt_every: int | None = role("member", "changeable")  # None: ~10 checkpoints per run

@@ -197,7 +197,7 @@ def fit_step(res, strategy, optimizer, device_memory: int):
     def compile_one(m: int, remat: str):
         r = res.fitted(m, remat)
         strategy.prepare(r)
-        return compile_step(strategy, make_step(r.cfg, optimizer, strategy.loss), r.cfg,
+        return compile_step(strategy, make_step(r.cfg, optimizer, strategy.loss, t.gns), r.cfg,
                             optimizer, r)
 
     choice, compiled = search(micros or [per_replica], per_replica, compile_one, device_memory,

@@ -113,9 +113,10 @@ def member_optimizer(h: Hyper, recipe, cfg: ModelConfig) -> optax.GradientTransf
 
 def make_fused_step(cfg: ModelConfig, recipe, loss: Callable = model.loss_fn,
                     spmd_axis_name: str | None = None, shardings=None,
-                    per_pass: int = 0) -> Callable:
+                    per_pass: int = 0, gns: bool = False) -> Callable:
     """step(params, opt_state, batch [M, accum, micro, T+1], hyper, active [M]) ->
-    (params, opt_state, {loss, grad_norm, ok} each [M]), jitted with params and state donated.
+    (params, opt_state, {loss, grad_norm, ok} each [M]), jitted with params and state donated;
+    `gns`: each member's noise scale estimates too (`make_step`'s).
 
     A member that is not `active`, or whose loss or gradient norm is not finite, keeps its
     params and optimizer state (`ok` is False for it). On a mesh (`cgpt.sharding.members`):
@@ -124,7 +125,7 @@ def make_fused_step(cfg: ModelConfig, recipe, loss: Callable = model.loss_fn,
     vmapped per pass of a loop over them (0: all in one pass; `members_per_pass`)."""
 
     def member(params, opt_state, batch, h, active):
-        new_p, new_o, m = make_step(cfg, member_optimizer(h, recipe, cfg), loss)(
+        new_p, new_o, m = make_step(cfg, member_optimizer(h, recipe, cfg), loss, gns)(
             params, opt_state, batch)
         ok = active & jnp.isfinite(m["loss"]) & jnp.isfinite(m["grad_norm"])
         keep = lambda new, old: jnp.where(ok, new, old)  # noqa: E731

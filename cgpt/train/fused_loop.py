@@ -31,7 +31,7 @@ from cgpt.config.model import remat_value
 from cgpt.config.run import RunConfig
 from cgpt.errors import Preempted, TrainError
 from cgpt.sharding.members import Members
-from cgpt.train import fit, fused, fused_prep, preempt, setup
+from cgpt.train import fit, fused, fused_prep, noise, preempt, setup
 from cgpt.train.background import Background
 from cgpt.train.launch import close_all
 from cgpt.train.lifecycle import Lifecycle
@@ -222,7 +222,8 @@ def _compile_step(r0, members: int):
         sharding=bsh)
     per_pass = fused.members_per_pass(lay.member_sharding(), lay.loop)
     compiled = fused.make_fused_step(cfg, r0.recipe, lay.loss, lay.spmd_axis_name,
-                                     lay.step_shardings(), per_pass).lower(
+                                     lay.step_shardings(), per_pass,
+                                     r0.run.train.gns).lower(
         *(jax.tree.map(lambda x: grow(x, None), a) if s is None else jax.tree.map(grow, a, s)
           for a, s in ((a_p, lay.params), (a_o, lay.opt_state))),
         a_batch, a_hyper,
@@ -361,10 +362,12 @@ def _loop(group: list[Lifecycle], start: int, state, step_fn, evaluate, lay: Mem
             done = step + 1
             evals = [k for k, m in enumerate(group) if active[k] and m.evaluates(done)]
             vl = evaluate(params) if evals else None
-            for k, m in enumerate(group):
-                if active[k] and m.logged(done):
-                    m.record(done, float(loss[k]), float(gnorm[k]), float(lrs[k, step]), speed,
-                             float(vl[k]) if k in evals else None)
+            logs = [k for k, m in enumerate(group) if active[k] and m.logged(done)]
+            est = noise.read(out) if logs else {}
+            for k in logs:
+                group[k].record(done, float(loss[k]), float(gnorm[k]), float(lrs[k, step]),
+                                speed, float(vl[k]) if k in evals else None,
+                                noise.member(est, k))
             save_now, stop_signal = triggers.poll(step)
             saves = [k for k, m in enumerate(group) if active[k] and m.saves(done, save_now)]
             if saves:

@@ -25,7 +25,7 @@ from cgpt import rundir
 from cgpt.config.run import RunConfig
 from cgpt.errors import TrainError
 from cgpt.fileio import atomic_write_text, probe_writable
-from cgpt.train import checkpoint, metrics, resume, summary, wandb_log
+from cgpt.train import checkpoint, metrics, noise, resume, summary, wandb_log
 from cgpt.train.launch import Launch, check_launch, close_all, first_missing, resume_log
 
 
@@ -42,6 +42,7 @@ class Lifecycle:
         self.res = self.data = self.ckpt = self.log = None
         self.wandb = wandb_log.WandbRun(self.out)  # a W&B run, when train.wandb asks for one
         self.start, self.changes, self.val_loss = 0, [], math.nan
+        self.noise = noise.Smoother()  # the gradient noise scale's smoothing (train.gns)
         self.result: dict | TrainError | None = None  # the summary, or what stopped the run
 
     # ---- launch ----------------------------------------------------------------------------
@@ -88,6 +89,9 @@ class Lifecycle:
         if self.writer:
             resume_log(self.out / rundir.METRICS_FILE, start, self.res.total_steps)
             self.changes = resume.record_changes(self.out, self.prior, self.saved, start)
+            if start:  # the smoothed noise scale goes on from the kept log
+                self.noise = noise.Smoother.replay(
+                    rundir.read_metrics(self.out / rundir.METRICS_FILE))
             self.wandb.start(self.res)
         self.log = metrics.MetricsLog(self.out, start, write=self.writer, wandb=self.wandb)
 
@@ -115,15 +119,16 @@ class Lifecycle:
 
     # ---- the metrics record and the guard ----------------------------------------------------
     def record(self, done: int, loss: float, grad_norm: float, lr: float, speed,
-               val_loss: float | None = None) -> None:
-        """Log step `done` (a logged step) with its evaluation, if one ran."""
+               val_loss: float | None = None, gns: dict | None = None) -> None:
+        """Log step `done` (a logged step) with its evaluation, if one ran, and its noise
+        scale estimates (`cgpt.train.noise.read`; train.gns)."""
         rec = {"step": done, "loss": loss, "grad_norm": grad_norm, "lr": lr,
                "tokens": done * self.res.tokens_per_step,
                "epoch": self.data.epoch_at(done, self.res.batch_size),
                "tokens_per_s": speed.tokens_per_s, "mfu": speed.mfu()}
         if val_loss is not None:
             self.val_loss = rec["val_loss"] = val_loss
-        self.log.write(rec)
+        self.log.write({**rec, **self.noise.update(done, gns or {})})
 
     def nonfinite(self, step: int, loss: float, grad_norm: float) -> TrainError:
         """The error of a step (0-based `step`) whose loss or gradient norm is not finite,

@@ -18,7 +18,7 @@ from pathlib import Path
 from cgpt.config.run import RunConfig
 from cgpt.errors import Preempted, TrainError
 from cgpt.sharding import distributed
-from cgpt.train import ahead, evaluation, preempt, setup
+from cgpt.train import ahead, evaluation, noise, preempt, setup
 from cgpt.train.launch import close_all
 from cgpt.train.lifecycle import Lifecycle
 from cgpt.train.mfu import Throughput
@@ -73,7 +73,8 @@ def _train(life: Lifecycle, progress: bool, from_step: int | None,
     life.commit(res, setup.run_data(res, out, life.fresh))  # before the fit
 
     _, params, opt_state = strategy.compile_step(
-        make_step(res.cfg, optimizer, strategy.loss), optimizer, res.run.train.seed, res)
+        make_step(res.cfg, optimizer, strategy.loss, res.run.train.gns), optimizer,
+        res.run.train.seed, res)
     start, params, opt_state = setup.start_state(
         res, strategy, life.ckpt, (params, opt_state), out, resume=resuming,
         from_step=from_step, branch_from=branch_from)
@@ -101,7 +102,7 @@ def _train(life: Lifecycle, progress: bool, from_step: int | None,
         if life.logged(done):
             evaluated = state is not None and life.evaluates(done)
             life.record(done, loss, grad_norm, lrs.pop(step), speed,
-                        evaluate(state) if evaluated else None)
+                        evaluate(state) if evaluated else None, noise.read(m))
         bar.set_postfix(loss=f"{loss:.3f}", val=f"{life.val_loss:.3f}",
                         tok_s=f"{speed.tokens_per_s:,.0f}", mfu=f"{speed.mfu():.1%}",
                         refresh=False)

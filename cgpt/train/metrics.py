@@ -7,7 +7,10 @@ import sys
 from pathlib import Path
 
 from cgpt.rundir import EVENTS_DIR, METRICS_FILE, json_line
-TB_SCALARS = ("loss", "val_loss", "grad_norm", "lr", "tokens_per_s", "mfu")
+from cgpt.train.noise import EMA_KEYS, STEP_KEYS
+
+TB_SCALARS = ("loss", "val_loss", "grad_norm", "lr", "tokens_per_s", "mfu",
+              *STEP_KEYS, *EMA_KEYS)
 
 
 class MetricsLog:

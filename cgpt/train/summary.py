@@ -10,6 +10,7 @@ from pathlib import Path
 from cgpt.config import flops
 from cgpt.fileio import atomic_write_text
 from cgpt.train.mfu import Throughput
+from cgpt.train.noise import EMA_KEYS
 from cgpt import rundir
 
 
@@ -21,7 +22,8 @@ def build(life, val_loss: float, speed: Throughput, wall_time_s: float,
           placement: dict) -> dict:
     """The summary of a run at the end of its launch (`life`, a `cgpt.train.lifecycle.
     Lifecycle`: its fitted `Resolved`, directory, data, first step and recorded changes),
-    from its log: train_loss is the mean logged loss of the last `train_loss_window` steps."""
+    from its log: train_loss is the mean logged loss of the last `train_loss_window` steps,
+    and the gradient noise scale (train.gns) the smoothed one of the last logged step."""
     res, out, data, start, changes = life.res, life.out, life.data, life.start, life.changes
     cfg, total = res.cfg, res.total_steps
     log = rundir.read_metrics(out / rundir.METRICS_FILE)
@@ -46,4 +48,7 @@ def build(life, val_loss: float, speed: Throughput, wall_time_s: float,
         # the run's own copy (relative to the run directory), the same after a resume
         "data": {**data.describe(), "tokenizer": rundir.TOKENIZER_FILE},
     }
+    noisy = [r for r in log if EMA_KEYS[0] in r]
+    if noisy:
+        summary.update({k: noisy[-1].get(k, math.nan) for k in EMA_KEYS})
     return json.loads(rundir.json_line(summary, default=str))

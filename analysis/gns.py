@@ -1,0 +1,98 @@
+"""The critical batch of a sweep's runs, from the gradient noise scale they logged (`cgpt train`
+with train.gns=true; docs/gns.md).
+
+Each logged step of such a run carries unbiased estimates of |G|^2 (`gns_g2`) and tr(S)
+(`gns_trace`) for one sequence's loss gradient, and their smoothed ratio B_simple
+(`gns_b_simple`). The critical batch of a run is B_simple late in training, where McCandlish
+et al. 2018 read it (B_crit ~ B_simple, up to a problem-dependent factor of order one): here
+the ratio of the mean tr(S) to the mean |G|^2 over the last `late` fraction of the logged
+steps, a ratio of means rather than a mean of noisy ratios. It is in sequences of the run's
+length; `b_crit_tokens` multiplies by it, the unit to compare across sequence lengths (and with
+published batch sizes in tokens).
+
+Its trend is a power law fitted with `analysis.fit.fit_power_law` in log space (least squares
+on log B_crit): B_crit = A * loss^(-b) against loss (Kaplan et al. 2020: b = 1/alpha_B ~ 4.8),
+and against compute through 1/B_crit = A * C^(-b), so that B_crit grows as C^b.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from .fit import PowerLawFit, fit_power_law
+from .results import compute, finished, load_results, n_params
+
+STEP_KEYS = ("gns_g2", "gns_trace")  # the estimates of one logged step
+
+
+def read_noise(run_dir: str | Path) -> pd.DataFrame:
+    """The logged steps of one run that carry the noise scale's estimates: step, tokens,
+    loss, gns_g2, gns_trace and (where defined) gns_b_simple, the smoothed B_simple."""
+    log = Path(run_dir) / "metrics.jsonl"
+    if not log.is_file():
+        raise FileNotFoundError(f"{log}: no metrics.jsonl, so no noise scale for this run")
+    m = pd.read_json(log, lines=True)
+    if not set(STEP_KEYS) <= set(m.columns):
+        raise ValueError(f"{log}: no gradient noise scale was logged (no {STEP_KEYS[0]!r}); "
+                         "train the run with train.gns=true")
+    keep = [c for c in ("step", "tokens", "loss", *STEP_KEYS, "gns_b_simple") if c in m]
+    return m[keep].dropna(subset=list(STEP_KEYS)).reset_index(drop=True)
+
+
+def critical_batch(noise: pd.DataFrame, late: float = 0.5) -> float:
+    """B_crit in sequences: mean tr(S) / mean |G|^2 over the logged steps in the last `late`
+    fraction of training (`noise`: `read_noise`'s table)."""
+    if not 0 < late <= 1:
+        raise ValueError(f"late={late}: the fraction of training to average must be in (0, 1]")
+    tail = noise[noise["step"] >= (1 - late) * noise["step"].max()]
+    g2, trace = tail["gns_g2"].mean(), tail["gns_trace"].mean()
+    if not g2 > 0:
+        raise ValueError(f"the mean |G|^2 estimate over the last {late:.0%} of training is "
+                         f"{g2:.3g} (not positive: noise dominates the gradient there); "
+                         "average over more of the run (a larger late=) or log more steps")
+    return float(trace / g2)
+
+
+def noise_table(sweep_dir: str | Path, *, late: float = 0.5, flops: str = "counted",
+                params: str = "total") -> pd.DataFrame:
+    """One row per finished run of a sweep: run_id, model, N, C, val_loss, the mean training
+    loss over the same late window (`late_loss`), b_simple (the smoothed value at the end),
+    b_crit (sequences), seq_len, b_crit_tokens and the batch it trained with (batch_size,
+    sequences)."""
+    df = finished(load_results(sweep_dir))
+    src = Path(df.attrs.get("source", sweep_dir))
+    rows = []
+    for r, n, c in zip(df.itertuples(), n_params(df, params), compute(df, flops)):
+        run_dir = Path(r.run_dir)
+        if not run_dir.is_dir():                    # the sweep directory moved: run_id inside it
+            run_dir = src.parent / r.run_id
+        noise = read_noise(run_dir)
+        summary = pd.read_json(run_dir / "summary.json", typ="series")
+        tail = noise[noise["step"] >= (1 - late) * noise["step"].max()]
+        b_crit = critical_batch(noise, late)
+        rows.append({"run_id": r.run_id, "model": r.model, "N": n, "C": c,
+                     "val_loss": r.val_loss, "late_loss": float(tail["loss"].mean()),
+                     "b_simple": float(summary.get("gns_b_simple", np.nan)), "b_crit": b_crit,
+                     "seq_len": int(summary["seq_len"]),
+                     "b_crit_tokens": b_crit * int(summary["seq_len"]),
+                     "batch_size": int(summary["batch_size"])})
+    if not rows:
+        raise ValueError(f"{src}: no finished runs to read the noise scale from")
+    return pd.DataFrame(rows)
+
+
+def fit_critical_batch(table: pd.DataFrame, against: str = "loss", *, tokens: bool = True,
+                       n_boot: int = 1000, seed: int = 0) -> PowerLawFit:
+    """The power law of the critical batch across runs (`noise_table`'s rows), least squares
+    on log B_crit: against="loss" (the late training loss) fits B_crit = A * loss^(-b);
+    against="compute" fits 1/B_crit = A * C^(-b), i.e. B_crit grows as C^b. `tokens`: B_crit
+    in tokens (else sequences)."""
+    col = {"loss": "late_loss", "compute": "C"}
+    if against not in col:
+        raise ValueError(f"against={against!r}: use 'loss' or 'compute'")
+    b = table["b_crit_tokens" if tokens else "b_crit"].to_numpy(float)
+    x = table[col[against]].to_numpy(float)
+    y = b if against == "loss" else 1.0 / b
+    return fit_power_law(x, y, offset=False, space="log", n_boot=n_boot, seed=seed)
