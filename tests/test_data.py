@@ -478,7 +478,8 @@ def test_a_fraction_of_the_default_corpus_is_prepared_alone(tmp_path):
     d = load_data(DataConfig(fraction=0.02, vocab_size=300, seq_len=16, val_sequences=4,
                              cache_dir=str(tmp_path)))
     manifest = corpus.describe(0.02)
-    assert d.info["num_documents"] == manifest["num_documents"] == int(0.02 * len(corpus.describe()["paths"]))
+    whole = len(corpus.describe()["paths"])
+    assert d.info["num_documents"] == manifest["num_documents"] == int(0.02 * whole)
     assert d.info["corpus"]["fraction"] == 0.02
     assert int((np.asarray(d.tokens) == d.eot_id).sum()) == manifest["num_documents"]
     assert [p.name for p in (tmp_path / "corpus").iterdir()] == [f"{corpus.identity(0.02)}.jsonl"]
