@@ -38,7 +38,7 @@ def make_corpus(out: Path, gb: float, files: int, seed: int = 0) -> list[Path]:
     paths = [out / "jsonl" / f"part{i:02d}.jsonl" for i in range(files)]
     if all(p.is_file() for p in paths) and sum(p.stat().st_size for p in paths) >= gb * 1e9:
         return paths
-    text = "\n".join(t for _, t in corpus.documents())
+    text = "\n".join(t for _, t, _ in corpus.documents())
     rng = np.random.default_rng(seed)
     per_file = gb * 1e9 / files
     for path in paths:

@@ -1,13 +1,16 @@
 """Time README command 1 as a newcomer runs it, then again with warm caches, and print its parts.
 
-    python bench/first_result.py [--ref HEAD] [--repo .] [--keep]
+    python bench/first_result.py [--ref HEAD] [--repo .] [--keep] [--install uv|pip]
 
 Fresh: a clone of REF into a temporary directory, a new virtualenv, HOME an empty directory
-(so pip's wheel cache, ~/.cache/cgpt and any compiled-program cache are all cold), then
+(so uv's and pip's caches, ~/.cache/cgpt and any compiled-program cache are all cold), then
 command 1 exactly as the README gives it:
 
-    pip install -r requirements.txt && pip install --no-deps -e . && \\
+    pip install uv && python -m uv pip install -r requirements.txt -e . && \\
         python -m cgpt sweep sweeps/demo.yaml --out runs/demo
+
+(`--install pip`: the install it replaced, `pip install -r requirements.txt && pip install
+--no-deps -e .`, for a before/after in one sitting.)
 
 Warm: the same sweep again into a new --out (runs/demo2), same clone, venv and HOME.
 
@@ -36,7 +39,10 @@ from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-INSTALL = ("pip install -r requirements.txt", "pip install --no-deps -e .")
+# README command 1's install (uv: parallel downloads, no byte-compilation of the ~230 MB of
+# wheels), and the pip install it replaced
+INSTALLS = {"uv": ("pip install uv", "python -m uv pip install -r requirements.txt -e ."),
+            "pip": ("pip install -r requirements.txt", "pip install --no-deps -e .")}
 SWEEP = "python -m cgpt sweep sweeps/demo.yaml --out {out}"
 CPU: dict[str, float] = {}  # command -> CPU seconds of it and its children
 
@@ -186,7 +192,10 @@ def sweep(clone: Path, env: dict, name: str, log: Path) -> tuple[float, dict]:
 
 
 def row(label: str, wall: float, p: dict, install: float | None) -> str:
+    """One line of parts; `rest` is what no part covers: interpreter start-up and imports, run
+    set-up, the sweep's own work (negative when compiles ran beside the steps)."""
     beyond = wall - p["steps"]
+    rest = beyond - p["data"] - p["compiles"] - p["evals"] - p["checkpoints"] - p["fit"]
     return (f"{label:6s} install {install if install is not None else 0:6.1f} s | sweep {wall:6.1f} s "
             f"({p['cpu']:.0f} CPU s): "
             f"steps {p['steps']:6.1f} s ({p['runs']} runs), beyond the steps {beyond:6.1f} s "
@@ -194,7 +203,7 @@ def row(label: str, wall: float, p: dict, install: float | None) -> str:
             f"{p['cache_hits']} from the persistent cache; XLA {p['compile_xla']:.1f}, cache reads "
             f"{p['compile_cache_read']:.1f}), "
             f"evals {p['evals']:4.1f} ({p['n_evals']}), checkpoints {p['checkpoints']:4.1f} "
-            f"({p['n_checkpoints']}), fit {p['fit']:4.1f}]")
+            f"({p['n_checkpoints']}), fit {p['fit']:4.1f}, rest {rest:5.1f}]")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -204,6 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--python", default=sys.executable, help="interpreter that makes the venv")
     ap.add_argument("--keep", action="store_true", help="keep the temporary directory")
     ap.add_argument("--json", help="also write the figures to this JSON file")
+    ap.add_argument("--install", choices=sorted(INSTALLS), default="uv",
+                    help="uv: README command 1's install (default); pip: the one it replaced")
     args = ap.parse_args(argv)
 
     tmp = Path(tempfile.mkdtemp(prefix="cgpt-first-"))
@@ -213,7 +224,8 @@ def main(argv: list[str] | None = None) -> int:
     (hook / "sitecustomize.py").write_text(HOOK)
     log = tmp / "log.txt"
     base = {k: v for k, v in os.environ.items()
-            if not k.startswith(("PYTHON", "PIP_", "XDG_", "CGPT", "JAX_", "XLA_", "HF_", "VIRTUAL_ENV"))}
+            if not k.startswith(("PYTHON", "PIP_", "UV_", "XDG_", "CGPT", "JAX_", "XLA_", "HF_",
+                                 "VIRTUAL_ENV"))}
     env = {**base, "HOME": str(home), "PATH": f"{clone / '.venv' / 'bin'}:{base['PATH']}",
            "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
     print(f"cpu: {cpu_model()}, {os.cpu_count()} cores; load before: {uptime()}", flush=True)
@@ -223,10 +235,11 @@ def main(argv: list[str] | None = None) -> int:
     subprocess.run(["git", "clone", "-q", "--no-hardlinks", args.repo, str(clone)], check=True)
     subprocess.run(["git", "-C", str(clone), "checkout", "-q", commit], check=True)
     venv = sh(f"{args.python} -m venv .venv", clone, env, log)
-    install = sum(sh(c, clone, env, log) for c in INSTALL)
-    install_cpu = sum(CPU[c] for c in INSTALL)
-    print(f"commit {commit}: venv {venv:.1f} s, install {install:.1f} s ({install_cpu:.0f} CPU s)",
-          flush=True)
+    steps = INSTALLS[args.install]
+    install = sum(sh(c, clone, env, log) for c in steps)
+    install_cpu = sum(CPU[c] for c in steps)
+    print(f"commit {commit}: venv {venv:.1f} s, install {install:.1f} s ({install_cpu:.0f} CPU s: "
+          f"{' && '.join(steps)})", flush=True)
     env["PYTHONPATH"] = str(hook)
     fresh_wall, fresh = sweep(clone, env, "demo", log)
     print(row("fresh", fresh_wall, fresh, install), flush=True)

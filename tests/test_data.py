@@ -449,6 +449,42 @@ def test_corpus_manifest_is_reproducible():
     assert corpus.identity().endswith(d["sha256"][:16])
 
 
+def test_corpus_fraction_is_spread_evenly():
+    assert corpus.sampled(10, 1.0) == list(range(10))
+    assert corpus.sampled(12, 0.25) == [3, 7, 11]  # one of every 4, across the whole corpus
+    for n, f in ((1758, 0.25), (1000, 0.1), (7, 0.5)):
+        take = corpus.sampled(n, f)
+        assert len(take) == int(n * f) and max(np.diff(take), default=0) <= math.ceil(1 / f)
+    whole, part = corpus.describe(), corpus.describe(0.25)
+    assert part["paths"] == [whole["paths"][i] for i in corpus.sampled(len(whole["paths"]), 0.25)]
+    assert part["num_documents"] == len(part["paths"]) and part["sha256"] == whole["sha256"]
+    assert corpus.identity(0.25) != corpus.identity() and corpus.identity(1.0) == corpus.identity()
+
+
+@pytest.mark.parametrize("kw,message", [
+    (dict(fraction=0), r"fraction must be a number in \(0, 1\]"),
+    (dict(fraction=1.5), r"fraction must be a number in \(0, 1\]"),
+    (dict(fraction=True), r"fraction must be a number"),
+    (dict(fraction=0.5, source="some/dir"), r"samples the default corpus only.*select the files"),
+])
+def test_fraction_is_checked(kw, message):
+    with pytest.raises(ValueError, match=message):
+        DataConfig(**kw)
+
+
+def test_a_fraction_of_the_default_corpus_is_prepared_alone(tmp_path):
+    """Only the sampled documents are tokenized (the BPE too is trained on them): a store of
+    its own, each document once."""
+    d = load_data(DataConfig(fraction=0.02, vocab_size=300, seq_len=16, val_sequences=4,
+                             cache_dir=str(tmp_path)))
+    manifest = corpus.describe(0.02)
+    whole = len(corpus.describe()["paths"])
+    assert d.info["num_documents"] == manifest["num_documents"] == int(0.02 * whole)
+    assert d.info["corpus"]["fraction"] == 0.02
+    assert int((np.asarray(d.tokens) == d.eot_id).sum()) == manifest["num_documents"]
+    assert [p.name for p in (tmp_path / "corpus").iterdir()] == [f"{corpus.identity(0.02)}.jsonl"]
+
+
 @pytest.fixture(scope="module")
 def default_data(tmp_path_factory):
     return load_data(DataConfig(cache_dir=str(tmp_path_factory.mktemp("cgpt-cache"))))

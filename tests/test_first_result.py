@@ -43,6 +43,7 @@ def test_parts_from_events_and_summaries(tmp_path):
                  "checkpoints": 0.5, "n_checkpoints": 1, "fit": 3.0}
     line = first_result.row("fresh", 100.0, {**p, "cpu": 90.0}, 60.0)
     assert "sweep  100.0 s (90 CPU s)" in line and "beyond the steps   70.0 s" in line
+    assert "rest  24.0]" in line  # 70 - data 30 - compiles 12 - evals 0.5 - ckpts 0.5 - fit 3
 
 
 def test_hook_times_a_process_without_changing_it(tmp_path):

@@ -22,6 +22,10 @@ class DataConfig:
         A store brings its own tokenizer.
     val_sequences: how many sequences, spread evenly over the token stream, are held out.
     cache_dir: where prepared data lives; None = $CGPT_CACHE or ~/.cache/cgpt.
+    fraction: the share of the default corpus's documents used, spread evenly over it (every
+        document whose index i has floor((i+1) f) > floor(i f)): a small sweep tokenizes only
+        the text it trains on instead of the whole corpus (the demo: a quarter). The BPE is
+        trained on the same documents; the sample is part of the cached store's key.
     """
 
     source: str = "default"
@@ -33,6 +37,7 @@ class DataConfig:
     val_sequences: int = 128
     seed: int = field(default=0, metadata={"roles": ("member",)})  # the batch order
     cache_dir: str | None = None
+    fraction: float = 1.0
 
     def __post_init__(self) -> None:
         for name in ("source", "split", "text_column", "tokenizer"):
@@ -47,6 +52,14 @@ class DataConfig:
         _check_int("seq_len", self.seq_len, 1, "tokens per training sequence")
         _check_int("val_sequences", self.val_sequences, 1, "held-out sequences for validation")
         _check_int("seed", self.seed, 0, "it seeds numpy's default_rng")
+        if (isinstance(self.fraction, bool) or not isinstance(self.fraction, (int, float))
+                or not 0 < self.fraction <= 1):
+            raise ValueError(f"DataConfig.fraction must be a number in (0, 1], the share of the "
+                             f"corpus's documents used (got {self.fraction!r})")
+        if self.fraction != 1 and self.source != "default":
+            raise ValueError(f"DataConfig.fraction={self.fraction} samples the default corpus only "
+                             f"(source {self.source!r}): select the files, or the split of an hf: "
+                             "source, instead")
         if self.cache_dir is not None and not isinstance(self.cache_dir, (str, os.PathLike)):
             raise ValueError(f"DataConfig.cache_dir must be a path or None (got {self.cache_dir!r})")
 

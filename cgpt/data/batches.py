@@ -77,8 +77,9 @@ def _resolve_source(cfg: DataConfig, root: Path) -> _Source:
     hf_cache = str(root / "datasets")
     column = cfg.text_column
     if cfg.source == "default":
-        return _Source({"corpus": corpus.identity(), "column": column},
-                       cache(lambda: Corpus(str(corpus.materialize(root)), column, cfg.split)))
+        return _Source({"corpus": corpus.identity(cfg.fraction), "column": column},
+                       cache(lambda: Corpus(str(corpus.materialize(root, cfg.fraction)), column,
+                                            cfg.split)))
     if cfg.source.startswith("hf:"):
         name, _, config = cfg.source[3:].partition(":")
         return _Source({"hf": name, "config": config or None, "split": cfg.split, "column": column},
@@ -311,7 +312,8 @@ def load_data(cfg: DataConfig, run_dir: str | os.PathLike | None = None) -> Toke
             if (path / "manifest.json").is_file():
                 store = TokenStore(path)
             else:
-                extra = ({"corpus": {k: v for k, v in corpus.describe().items() if k != "paths"}}
+                extra = ({"corpus": {k: v for k, v in corpus.describe(cfg.fraction).items()
+                                       if k != "paths"}}
                          if cfg.source == "default" else None)
                 c = source.corpus()
                 store = prepare(cfg.source, tok, path, text_column=c.text_column, split=c.split,

@@ -67,51 +67,67 @@ def _read(path: Path) -> str | None:
 
 
 @functools.lru_cache(maxsize=1)
-def _scan() -> tuple[tuple[str, ...], str, int]:
-    """(sorted relative paths, sha256 of the concatenated content, total characters)."""
+def _scan() -> tuple[tuple[str, ...], str, tuple[str, ...], tuple[int, ...]]:
+    """(sorted relative paths, sha256 of the concatenated content, each document's sha256,
+    each document's characters)."""
     root = stdlib_root()
-    digest, paths, chars = hashlib.sha256(), [], 0
+    digest, paths, docs, chars = hashlib.sha256(), [], [], []
     for path in _candidates(root):
         text = _read(path)
         if text is None:
             continue
         paths.append(path.relative_to(root).as_posix())
-        digest.update(text.encode("utf-8"))
-        chars += len(text)
-    return tuple(paths), digest.hexdigest(), chars
+        data = text.encode("utf-8")
+        digest.update(data)
+        docs.append(hashlib.sha256(data).hexdigest())
+        chars.append(len(text))
+    return tuple(paths), digest.hexdigest(), tuple(docs), tuple(chars)
 
 
-def describe() -> dict:
+def sampled(n: int, fraction: float) -> list[int]:
+    """The indices of `fraction` of n documents, spread evenly over them: i is taken when
+    floor((i + 1) f) > floor(i f), so every stretch of 1/f documents gives one."""
+    if fraction >= 1:
+        return list(range(n))
+    return [i for i in range(n) if int((i + 1) * fraction) > int(i * fraction)]
+
+
+def describe(fraction: float = 1.0) -> dict:
     """The manifest a run records to state exactly which corpus it trained on."""
-    paths, sha256, chars = _scan()
+    paths, _, _, chars = _scan()
+    take = sampled(len(paths), fraction)
     return {
         "name": NAME,
         "python_version": platform.python_version(),
         "root": str(stdlib_root()),
         "include_tests": INCLUDE_TESTS,
-        "num_documents": len(paths),
-        "num_characters": chars,
-        "sha256": sha256,
-        "paths": list(paths),
+        "fraction": fraction,
+        "num_documents": len(take),
+        "num_characters": sum(chars[i] for i in take),
+        "sha256": _scan()[1],  # of the whole corpus, of which the fraction is a pure function
+        "paths": [paths[i] for i in take],
     }
 
 
-def documents() -> Iterator[tuple[str, str]]:
-    """Yield (relative path, text) for every document, in manifest order."""
+def documents(fraction: float = 1.0) -> Iterator[tuple[str, str, str]]:
+    """Yield (relative path, text, its expected sha256) for every document of the sample, in
+    manifest order."""
     root = stdlib_root()
-    for rel in _scan()[0]:
-        text = _read(root / rel)
+    paths, _, digests, _ = _scan()
+    for i in sampled(len(paths), fraction):
+        text = _read(root / paths[i])
         if text is not None:
-            yield rel, text
+            yield paths[i], text, digests[i]
 
 
-def identity() -> str:
-    """A short string that changes whenever the corpus content changes (for cache keys)."""
-    return f"{NAME}-py{platform.python_version()}-{_scan()[1][:16]}"
+def identity(fraction: float = 1.0) -> str:
+    """A short string that changes whenever the corpus content (or the sample) changes."""
+    whole = f"{NAME}-py{platform.python_version()}-{_scan()[1][:16]}"
+    return whole if fraction >= 1 else f"{whole}-f{fraction:g}"
 
 
-def materialize(cache_dir: str | os.PathLike) -> Path:
-    """Write the corpus once as JSONL ({"path", "text"} per line) so `datasets` can load it.
+def materialize(cache_dir: str | os.PathLike, fraction: float = 1.0) -> Path:
+    """Write the corpus (its `fraction`) once as JSONL ({"path", "text"} per line).
 
     The file name carries the content hash, so a changed stdlib gives a new file; the
     write is atomic (temp file in the same directory + os.replace), so an interrupted
@@ -119,17 +135,16 @@ def materialize(cache_dir: str | os.PathLike) -> Path:
     """
     out_dir = Path(cache_dir) / "corpus"
     out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"{identity()}.jsonl"
+    path = out_dir / f"{identity(fraction)}.jsonl"
     if path.exists():
         return path
     def write(tmp: Path) -> None:
-        digest = hashlib.sha256()
         with open(tmp, "w", encoding="utf-8") as f:
-            for rel, text in documents():
-                digest.update(text.encode("utf-8"))
+            for rel, text, expected in documents(fraction):
+                if hashlib.sha256(text.encode("utf-8")).hexdigest() != expected:
+                    raise RuntimeError(f"stdlib file {rel} changed while writing the corpus to "
+                                       f"{path}; run again")
                 f.write(json.dumps({"path": rel, "text": text}, ensure_ascii=False) + "\n")
-        if digest.hexdigest() != _scan()[1]:
-            raise RuntimeError(f"stdlib files changed while writing the corpus to {path}; run again")
 
     atomic_write(path, write)
     return path
