@@ -103,6 +103,11 @@ class Lifecycle:
         """A checkpoint after `done` steps: on schedule, at the end, or asked (`save_now`)."""
         return done % self.ckpt_every == 0 or done == self.res.total_steps or save_now
 
+    def needs_state(self, done: int, save_now: bool = False, stop_signal: int = 0) -> bool:
+        """Whether the state after `done` steps is used before the next step runs (evaluated,
+        saved, or the run stops there): then the step is read at once (`cgpt.train.ahead`)."""
+        return self.evaluates(done) or self.saves(done, save_now) or bool(stop_signal)
+
     def logged(self, done: int) -> bool:
         """Every log_every steps, evaluations, and the last steps (the summary's train_loss)."""
         total = self.res.total_steps
