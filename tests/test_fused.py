@@ -13,6 +13,7 @@ from cgpt.config.model import get_config
 from cgpt.config.run import RunConfig, TrainConfig
 from cgpt.errors import TrainError
 from cgpt import rundir
+from cgpt.model import orbax_format
 from cgpt.train import checkpoint
 from cgpt.rundir import FAILED_FILE
 from cgpt.train.fused_loop import train_fused
@@ -38,7 +39,7 @@ def _run(corpus, cache, preset="tiny-17k", data_seed=0, steps=STEPS, **train_kw)
 
 
 def _params(out):
-    return checkpoint.load_run(out)[1]
+    return orbax_format.load_run(out)[1]
 
 
 def _assert_close_params(a, b, tol=1e-6):
@@ -160,7 +161,7 @@ def test_a_member_found_nonfinite_a_step_late_fails_there_alone(corpus, cache, t
     runs = [_run(corpus, cache, seed=0), _run(corpus, cache, seed=1)]
     ref = [tmp_path / "ref0", tmp_path / "ref1"]
     train_fused(runs, ref, progress=False)
-    masks, real = [], fused_loop._compile
+    masks, real = [], fused_loop._compiled
 
     def compile_poisoned(*args):
         step_fn, nbytes = real(*args)
@@ -172,7 +173,7 @@ def test_a_member_found_nonfinite_a_step_late_fails_there_alone(corpus, cache, t
             return step_fn(params, opt_state, batch, hyper, active)
         return step, nbytes
 
-    monkeypatch.setattr(fused_loop, "_compile", compile_poisoned)
+    monkeypatch.setattr(fused_loop, "_compiled", compile_poisoned)
     outs = [tmp_path / "a0", tmp_path / "a1"]
     results = train_fused(runs, outs, progress=False)
     monkeypatch.undo()

@@ -100,6 +100,19 @@ def test_lower_stages_never_import_higher_ones():
     assert up == []
 
 
+def test_loading_a_run_never_reaches_into_train():
+    """`cgpt.load` reads a run through `cgpt.rundir` and the Orbax format's one reader
+    (`cgpt.model.orbax_format`), which training shares: nothing it imports is under train/."""
+    seen, todo = set(), ["cgpt.eval.lm"]
+    while todo:
+        m = todo.pop()
+        if m not in seen:
+            seen.add(m)
+            todo.extend(GRAPH[m])
+    assert "cgpt.model.orbax_format" in seen
+    assert sorted(m for m in seen if m.startswith("cgpt.train")) == []
+
+
 def test_analysis_imports_neither_jax_nor_cgpt():
     bad = [f"{m}: {i}" for m, p in MODULES.items() if m.startswith("analysis")
            for i in _imports(p) if i.split(".")[0] in ("jax", "jaxlib", "cgpt", "flax", "optax")]

@@ -18,7 +18,7 @@ from pathlib import Path
 from cgpt.config import backend
 from cgpt.errors import BranchError
 from cgpt import rundir
-from cgpt.train import checkpoint
+from cgpt.model import orbax_format
 from cgpt.fileio import atomic_write_text
 from cgpt.config.run import RunConfig, from_dict
 from cgpt.train.resolve import resolve
@@ -98,7 +98,7 @@ def restore(parent: Path, step: int, abstract_params, abstract_opt_state):
     """(params, opt_state) of the parent's checkpoint at `step`."""
     import orbax.checkpoint as ocp
 
-    mngr = checkpoint._manager(parent, create=False)
+    mngr = orbax_format.manager(parent, create=False)
     try:
         steps = sorted(mngr.all_steps())
         if step not in steps:

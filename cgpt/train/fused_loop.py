@@ -112,8 +112,7 @@ def _train_fused(lives: list[Lifecycle], progress: bool, spread: bool) -> None:
             chunk = group[c:c + per]
             for life, d in zip(chunk, data[c:c + per]):
                 life.data = d
-            _train_chunk(chunk, (memory, spread), progress,
-                         wall0 if c == 0 else time.perf_counter(),
+            _train_chunk(chunk, spread, progress, wall0 if c == 0 else time.perf_counter(),
                          (prep, evaluate) if per == len(group) else None)
     finally:
         prep.join()
@@ -151,14 +150,14 @@ def resolve_member(run: RunConfig, memory: int):
     return r.fitted(r.micro_batch, remat_value(r.cfg.remat))
 
 
-def _train_chunk(group: list[Lifecycle], device: tuple[int, bool], progress: bool,
-                 wall0: float, prepared) -> None:
-    """Train `group` (members of one program) from their start to the end, then summarize.
-    `device`: (its memory, whether members spread over the devices)."""
+def _train_chunk(group: list[Lifecycle], spread: bool, progress: bool, wall0: float,
+                 prepared) -> None:
+    """Train `group` (members of one program, as many as fit: `members_that_fit`) from their
+    start to the end, then summarize."""
     r0 = group[0].res
     cfg, M = r0.cfg, len(group)
-    step_fn, bytes_ = _compile(r0, M, *device)
-    lay = layout(r0, M, device[1])
+    step_fn, bytes_ = _compiled(r0, M, spread)
+    lay = layout(r0, M, spread)
     print(f"{cfg.name}: {M} runs fused into one program, micro-batch {r0.micro_batch} x "
           f"{r0.accum} accumulation step(s): {fmt_bytes(bytes_['total'])} per device, "
           f"{lay.line()}", file=sys.stderr, flush=True)
@@ -271,17 +270,6 @@ def members_that_fit(r0, members: int, memory: int, spread: bool = False) -> tup
     while m > 1 and _compiled(r0, m, spread)[1]["total"] > usable:
         m -= 1
     return m, _compiled(r0, m, spread)[1]["total"]
-
-
-def _compile(r0, members: int, memory: int, spread: bool):
-    """The fused step compiled for `members` stacked states, and its bytes (`fit.step_bytes`);
-    a TrainError if it does not fit the device."""
-    compiled, b = _compiled(r0, members, spread)
-    if b["total"] > fit.usable_memory(memory):
-        raise TrainError(f"{members} fused runs of {r0.cfg.name} need {fmt_bytes(b['total'])} "
-                         f"per device but {fmt_bytes(fit.usable_memory(memory))} are usable; "
-                         "fuse fewer runs per group (or set train.micro_batch smaller)")
-    return compiled, b
 
 
 def _loop(group: list[Lifecycle], start: int, state: list, step_fn, prepared, lay: Members,
