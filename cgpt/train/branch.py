@@ -21,6 +21,7 @@ from cgpt import rundir
 from cgpt.model import orbax_format
 from cgpt.fileio import atomic_write_text
 from cgpt.config.run import RunConfig, from_dict
+from cgpt.train.lifecycle import cadence
 from cgpt.train.resolve import resolve
 
 def parse_spec(spec: str) -> tuple[Path, int]:
@@ -148,7 +149,7 @@ def plan_branches(parent: RunConfig, fractions: list[float],
         raise ValueError(f"{where}: entries are fractions of each run's budget in (0, 1), got {bad}")
     t = parent.train
     plan = resolve(replace(parent, train=replace(t, schedule="wsd")))
-    every = t.ckpt_every or max(1, plan.total_steps // 10)
+    every = cadence(t.ckpt_every, plan.total_steps)  # the parent's checkpoint steps
     parent = replace(parent, train=replace(
         t, schedule="wsd", warmup_steps=plan.recipe.warmup_steps, ckpt_every=every,
         keep_checkpoints=max(t.keep_checkpoints, plan.total_steps // every + 1)))

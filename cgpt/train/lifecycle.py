@@ -29,6 +29,11 @@ from cgpt.train import checkpoint, metrics, resume, summary
 from cgpt.train.launch import Launch, check_launch, close_all, first_missing, resume_log
 
 
+def cadence(every: int | None, total_steps: int) -> int:
+    """Steps between evaluations (or checkpoints): `every`, or when unset a tenth of the run."""
+    return every or max(1, total_steps // 10)
+
+
 class Lifecycle:
     """One run directory through one launch. `writer`: this process writes the directory's
     files (process 0 of a multi-process run; the others keep the same cadence, write none)."""
@@ -90,11 +95,11 @@ class Lifecycle:
     # ---- cadence -----------------------------------------------------------------------------
     @property
     def eval_every(self) -> int:
-        return self.res.run.train.eval_every or max(1, self.res.total_steps // 10)
+        return cadence(self.res.run.train.eval_every, self.res.total_steps)
 
     @property
     def ckpt_every(self) -> int:
-        return self.res.run.train.ckpt_every or max(1, self.res.total_steps // 10)
+        return cadence(self.res.run.train.ckpt_every, self.res.total_steps)
 
     def evaluates(self, done: int) -> bool:
         return done % self.eval_every == 0 or done == self.res.total_steps
