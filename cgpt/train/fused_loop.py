@@ -305,8 +305,8 @@ def _loop(group: list[Lifecycle], start: int, state: list, step_fn, prepared, la
             if m.data.seed not in by_seed:
                 by_seed[m.data.seed] = m.data.train_batch(step, B).reshape(r0.accum, -1, T + 1)
         batch = np.stack([by_seed[m.data.seed] for m in group])
-        if mask[0] is None:
-            mask[0] = lay.put(active, sh)
+        if mask[0] is None:  # a copy: a queued step never sees `active` change under it
+            mask[0] = lay.put(active.copy(), sh)
         state[0], state[1], out = step_fn(*state, lay.put(batch, bsh), hyper, mask[0])
         return out
 
