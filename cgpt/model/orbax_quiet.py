@@ -2,8 +2,10 @@
 
 A run that fails to write (disk full, quota, read-only) or to read a checkpoint ends with one
 error line naming the path (`cgpt.train.checkpoint`, `cgpt.model.orbax_format`); what Orbax's
-threads, TensorStore's late callbacks and asyncio would print after it carries no new facts. These hooks hold such
-output back during the call and drop only that kind of output after a failure."""
+threads, TensorStore's late callbacks and asyncio would print after it carries no new facts.
+These hooks hold such output back during the call and drop only that kind of output after a
+failure.
+"""
 from __future__ import annotations
 
 import logging

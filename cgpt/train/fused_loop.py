@@ -5,14 +5,14 @@ metrics.jsonl, checkpoints, summary.json), so `cgpt.load(member_dir)` and `cgpt 
 --resume` of one member alone work, and its logged losses equal the run trained alone (within
 1e-6 in f32, `tests/test_fused.py`). What is shared: one compile, one process, one loop.
 
-Faults stay per member. A member whose loss or gradient norm is not finite at step k keeps
-its last good state (the step masks its update), fails at step k with the advice a solo run
-prints (`failed.json`, `cgpt.train.resume.nonfinite_stop`), writes nothing more, and is masked
-from the step after next on (its scalars are read a step late, `cgpt.train.ahead`); the others
-go on. Nothing non-finite reaches the disk: every save is behind `fused.members_finite`. Relaunching a killed
-group with `resume=True` restarts every member from the newest checkpoint step they all kept
-(later ones are moved to `discarded_checkpoints/`, as `--from-step` does): batches are a pure
-function of the step, so the rewound members retrain exactly what they had.
+Faults stay per member. A member whose loss or gradient norm is not finite at step k keeps its
+last good state (the step masks its update), fails at step k with the advice a solo run prints
+(`failed.json`, `cgpt.train.resume.nonfinite_stop`), writes nothing more, and is masked from
+the step after next on (its scalars are read a step late, `cgpt.train.ahead`); the others go
+on. Nothing non-finite reaches the disk: every save is behind `fused.members_finite`.
+Relaunching a killed group with `resume=True` restarts every member from the newest checkpoint
+step they all kept (later ones are moved to `discarded_checkpoints/`, as `--from-step` does):
+batches are a pure function of the step, so the rewound members retrain exactly what they had.
 """
 from __future__ import annotations
 
