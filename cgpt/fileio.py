@@ -1,7 +1,10 @@
-"""Atomic file writes: a crash mid-write never leaves a truncated file that a later run trusts."""
+"""Atomic file writes: a crash mid-write never leaves a truncated file that a later run trusts;
+and the storage's refusals (disk full, quota, read-only) told apart from the program's bugs."""
 from __future__ import annotations
 
+import errno
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Callable
@@ -37,3 +40,29 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Path], None]) -> None
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     atomic_write(path, lambda tmp: tmp.write_text(text))
+
+
+# errno values that mean "the storage refused the write", not "the program is wrong".
+STORAGE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO, errno.EACCES,
+                  errno.EPERM, errno.EFBIG}
+_TEXT_ERRNO = {os.strerror(n): n for n in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO,
+                                           errno.EACCES, errno.EFBIG)}
+_STORAGE_TEXT = re.compile("|".join(map(re.escape, _TEXT_ERRNO)))
+
+
+def storage_oserror(exc: BaseException) -> OSError | None:
+    """The storage refusing a write, as an OSError, if that is what `exc` is: Orbax and
+    TensorStore wrap the OSError, or keep only its text, so the chain and the text are read."""
+    found, seen, e = [], set(), exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        m = _STORAGE_TEXT.search(str(e))
+        if isinstance(e, OSError) and e.errno in STORAGE_ERRNOS:
+            found.append(e)
+        elif m and not isinstance(e, (KeyboardInterrupt, SystemExit)):
+            path = re.search(r"""["'](/[^"']+)["']""", str(e))
+            found.append(OSError(_TEXT_ERRNO[m.group(0)], m.group(0),
+                                 path.group(1) if path else None))
+        e = e.__cause__ or e.__context__
+    # a failed close() after the real failure hides it: prefer an error that names its file
+    return next((f for f in found if f.filename), found[0] if found else None)

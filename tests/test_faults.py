@@ -16,6 +16,7 @@ import pytest
 
 import cgpt
 from cgpt import rundir
+from cgpt.model import orbax_format
 from cgpt.train import checkpoint
 from cgpt.cli import main as cli_main
 from cgpt.config.model import get_config
@@ -380,11 +381,11 @@ def test_load_run_falls_back_past_a_corrupt_checkpoint_and_moves_nothing(tmp_pat
     corrupt(2)
     with pytest.warns(UserWarning, match=r"checkpoints/2: checkpoint is unreadable.*falling "
                                          r"back to step 1$"):
-        got_cfg, params, tok = checkpoint.load_run(tmp_path)
+        got_cfg, params, tok = orbax_format.load_run(tmp_path)
     assert got_cfg.n_layer == cfg.n_layer and tok is None
     jax.tree.map(np.testing.assert_array_equal, params, init_params(cfg, 1))
     corrupt(1)
     with pytest.raises(cgpt.LoadError, match=r"none of the checkpoints \[2, 1\] could be "
                                              r"restored.*or load another run"):
-        checkpoint.load_run(tmp_path)
+        orbax_format.load_run(tmp_path)
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["1", "2"]

@@ -196,9 +196,9 @@ def test_loading_a_run_without_config_yaml_names_it(base, tmp_path):
 
 def test_a_checkpoint_replaced_while_it_is_read_is_retried(base, tmp_path, monkeypatch):
     """A run that saves while it is loaded deletes old checkpoints: listing them may fail."""
-    from cgpt.train import checkpoint
+    from cgpt.model import orbax_format
     d = _copy(base, tmp_path, killed=False)
-    real, calls = checkpoint._manager, []
+    real, calls = orbax_format.manager, []
 
     def racing(run_dir, keep=None, create=True):
         calls.append(1)
@@ -206,7 +206,7 @@ def test_a_checkpoint_replaced_while_it_is_read_is_retried(base, tmp_path, monke
             raise FileNotFoundError(2, "No such file or directory", str(run_dir / "ckpt" / "15"))
         return real(run_dir, keep, create)
 
-    monkeypatch.setattr(checkpoint, "_manager", racing)
+    monkeypatch.setattr(orbax_format, "manager", racing)
     assert cgpt.load(d).config.name == "tiny-17k" and len(calls) == 2
 
 

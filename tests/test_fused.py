@@ -13,6 +13,7 @@ from cgpt.config.model import get_config
 from cgpt.config.run import RunConfig, TrainConfig
 from cgpt.errors import TrainError
 from cgpt import rundir
+from cgpt.model import orbax_format
 from cgpt.train import checkpoint
 from cgpt.rundir import FAILED_FILE
 from cgpt.train.fused_loop import train_fused
@@ -38,7 +39,7 @@ def _run(corpus, cache, preset="tiny-17k", data_seed=0, steps=STEPS, **train_kw)
 
 
 def _params(out):
-    return checkpoint.load_run(out)[1]
+    return orbax_format.load_run(out)[1]
 
 
 def _assert_close_params(a, b, tol=1e-6):
@@ -147,6 +148,65 @@ def test_nonfinite_member_stops_alone(corpus, cache, tmp_path):
     # the good member went on, unchanged by its neighbour's divergence
     train(good, tmp_path / "solo", progress=False)
     _assert_same_run(outs[0], tmp_path / "solo")
+
+
+def test_a_member_found_nonfinite_a_step_late_fails_there_alone(corpus, cache, tmp_path,
+                                                                monkeypatch):
+    """Member 1's params are made NaN before step 9 (0-based 8). Its scalars are read a step
+    late, after step 10 (a checkpoint step) was queued with member 1 still in it: it fails at
+    step 9 (failed.json says so), is masked from step 11 on, logs nothing after step 8 and saves
+    no checkpoint after step 5; member 0 is bit for bit the same run as in a clean group."""
+    from cgpt.train import fused_loop
+
+    runs = [_run(corpus, cache, seed=0), _run(corpus, cache, seed=1)]
+    ref = [tmp_path / "ref0", tmp_path / "ref1"]
+    train_fused(runs, ref, progress=False)
+    masks, real = [], fused_loop._compiled
+
+    def compile_poisoned(*args):
+        step_fn, nbytes = real(*args)
+
+        def step(params, opt_state, batch, hyper, active):
+            masks.append(np.asarray(active).tolist())
+            if len(masks) == 9:
+                params = jax.tree.map(lambda x: x.at[1].set(np.nan), params)
+            return step_fn(params, opt_state, batch, hyper, active)
+        return step, nbytes
+
+    monkeypatch.setattr(fused_loop, "_compiled", compile_poisoned)
+    outs = [tmp_path / "a0", tmp_path / "a1"]
+    results = train_fused(runs, outs, progress=False)
+    monkeypatch.undo()
+    assert masks[:10] == [[True, True]] * 10 and masks[10:] == [[True, False]] * (STEPS - 10)
+    assert isinstance(results[0], dict) and isinstance(results[1], TrainError)
+    failed = json.loads((outs[1] / FAILED_FILE).read_text())
+    assert "loss is nan at step 9; training stopped before saving anything from it" in \
+        failed["error"] and "last good checkpoint (step 5" in failed["error"]
+    assert [r["step"] for r in rundir.read_metrics(outs[1] / "metrics.jsonl")] == \
+        list(range(1, 9))
+    assert sorted(p.name for p in (outs[1] / "checkpoints").iterdir()) == ["5"]
+    assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(_params(outs[1])))
+    timing = ("tokens_per_s", "mfu")
+    logged = lambda d: [{k: v for k, v in r.items() if k not in timing}  # noqa: E731
+                        for r in rundir.read_metrics(d / "metrics.jsonl")]
+    assert logged(outs[0]) == logged(ref[0])
+    same = jax.tree.map(lambda p, q: bool((np.asarray(p) == np.asarray(q)).all()),
+                        _params(outs[0]), _params(ref[0]))
+    assert all(jax.tree.leaves(same))
+    a, b = (json.loads((d / "summary.json").read_text()) for d in (outs[0], ref[0]))
+    assert [a[k] for k in ("train_loss", "val_loss", "steps")] == \
+        [b[k] for k in ("train_loss", "val_loss", "steps")]
+
+
+def test_fused_training_refuses_a_multi_process_job(corpus, cache, tmp_path, monkeypatch):
+    """One clear error, before anything is created, where the job has several processes."""
+    monkeypatch.setenv("SLURM_NTASKS", "2")
+    monkeypatch.delenv("JAX_COORDINATOR_ADDRESS", raising=False)
+    outs = [tmp_path / "x" / "a", tmp_path / "x" / "b"]
+    with pytest.raises(TrainError, match="fused training runs in one process, but this job "
+                                         "has 2 .*--no-fuse"):
+        train_fused([_run(corpus, cache), _run(corpus, cache, seed=1)], outs, progress=False)
+    assert not (tmp_path / "x").exists()
 
 
 def test_killed_group_resumes_bit_identically(corpus, cache, tmp_path, monkeypatch):

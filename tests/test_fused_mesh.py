@@ -218,12 +218,9 @@ def test_member_groups_never_communicate(corpus, cache):
 
     run = _run(corpus, cache, mode="weight_streaming", mesh="data=2,fsdp=2", **KW)
     r = fused_loop.resolve_member(run, 2**33)
-    token = fused_loop._SPREAD.set(True)
-    try:
-        compiled, _ = fused_loop._compiled(r, 2)
-        assert dict(fused_loop.layout(r, 2).mesh.shape) == {"member": 2, "data": 2, "fsdp": 2}
-    finally:
-        fused_loop._SPREAD.reset(token)
+    compiled, _ = fused_loop._compiled(r, 2, spread=True)
+    mesh = fused_loop.layout(r, 2, spread=True).mesh
+    assert dict(mesh.shape) == {"member": 2, "data": 2, "fsdp": 2}
     groups = _collective_groups(compiled.as_text())
     assert len(groups) > 10  # gathers of the weights, gradient reductions
     for g in groups:  # devices 0-3 hold member group 0, 4-7 group 1

@@ -184,12 +184,8 @@ def test_pipelined_member_groups_never_communicate(corpus, cache):
 
     run = _run(corpus, cache, mode="layer_pipelined", mesh="stage=2,data=2", **KW)
     r = fused_loop.resolve_member(run, 2**33)
-    token = fused_loop._SPREAD.set(True)
-    try:
-        compiled, _ = fused_loop._compiled(r, 2)
-        mesh = fused_loop.layout(r, 2).mesh
-    finally:
-        fused_loop._SPREAD.reset(token)
+    compiled, _ = fused_loop._compiled(r, 2, spread=True)
+    mesh = fused_loop.layout(r, 2, spread=True).mesh
     assert dict(mesh.shape) == {"member": 2, "stage": 2, "data": 2}
     group = {d.id: m for m in range(2) for d in mesh.devices[m].flat}
     hlo = compiled.as_text()

@@ -1,9 +1,7 @@
 """A fused group's checkpoint saves (#21 item 5): each member's slice comes from one program
-compiled once for every member, and the members' saves run in a background thread whose
-errors reach the training loop."""
+compiled once for every member, then saved as a run alone saves (`Lifecycle.save`)."""
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import jax
@@ -12,7 +10,6 @@ import numpy as np
 import pytest
 
 from cgpt.train import fused, fused_prep
-from cgpt.train.fused_loop import _Saves
 from cgpt.train.fused_prep import member_copy
 
 REPO = Path(__file__).resolve().parents[1]
@@ -36,36 +33,6 @@ def test_member_copy_equals_each_members_slice_from_one_program():
     bad = jax.tree.map(lambda x: x, tree)
     bad[1][1]["m"] = bad[1][1]["m"].at[1, 2].set(jnp.nan)
     assert np.asarray(fused.members_finite(bad)).tolist() == [True, False, True]
-
-
-class _Fake:
-    def __init__(self, name, log, fail=None):
-        self.name, self.log, self.fail = name, log, fail
-
-    def save(self, step, params, opt_state):
-        if self.fail is not None:
-            raise self.fail
-        self.log.append((self.name, step, params, opt_state, threading.current_thread().name))
-
-
-def test_saves_run_in_order_off_the_loop_thread_and_errors_reach_wait():
-    log = []
-    saves = _Saves()
-    saves.start([(_Fake("a", log), 4, 1, 2), (_Fake("b", log), 4, 3, 4)])
-    saves.start([(_Fake("a", log), 8, 5, 6)])  # waits for the first batch
-    saves.wait()
-    assert [x[:4] for x in log] == [("a", 4, 1, 2), ("b", 4, 3, 4), ("a", 8, 5, 6)]
-    assert all(x[4] == "cgpt-fused-saves" for x in log)
-    # a failing save stops its batch; the error is raised once, in the waiting thread
-    saves.start([(_Fake("a", log, OSError(28, "No space left on device")), 12, 0, 0),
-                 (_Fake("b", log), 12, 0, 0)])
-    with pytest.raises(OSError, match="No space left"):
-        saves.wait()
-    assert log[-1][1] == 8
-    saves.wait()  # raised once only
-    saves.start([(_Fake("c", log, KeyboardInterrupt()), 16, 0, 0)])  # BaseExceptions too
-    with pytest.raises(KeyboardInterrupt):
-        saves.start([])
 
 
 @pytest.mark.slow  # ~3 min on the 2 shared cores: three sweeps of 2 runs

@@ -100,6 +100,19 @@ def test_lower_stages_never_import_higher_ones():
     assert up == []
 
 
+def test_loading_a_run_never_reaches_into_train():
+    """`cgpt.load` reads a run through `cgpt.rundir` and the Orbax format's one reader
+    (`cgpt.model.orbax_format`), which training shares: nothing it imports is under train/."""
+    seen, todo = set(), ["cgpt.eval.lm"]
+    while todo:
+        m = todo.pop()
+        if m not in seen:
+            seen.add(m)
+            todo.extend(GRAPH[m])
+    assert "cgpt.model.orbax_format" in seen
+    assert sorted(m for m in seen if m.startswith("cgpt.train")) == []
+
+
 def test_analysis_imports_neither_jax_nor_cgpt():
     bad = [f"{m}: {i}" for m, p in MODULES.items() if m.startswith("analysis")
            for i in _imports(p) if i.split(".")[0] in ("jax", "jaxlib", "cgpt", "flax", "optax")]
@@ -152,21 +165,26 @@ def test_the_cli_catches_the_hierarchy():
 
 
 def _string_constants(path: Path) -> list[str]:
-    return [n.value for n in ast.walk(ast.parse(path.read_text()))
-            if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+    """Every whole string literal of `path` (not the pieces of an f-string)."""
+    tree = ast.parse(path.read_text())
+    pieces = {id(v) for n in ast.walk(tree) if isinstance(n, ast.JoinedStr) for v in n.values}
+    return [n.value for n in ast.walk(tree)
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in pieces]
 
 
 def test_run_directory_names_are_spelled_once():
-    """The run directory's contract is `cgpt.rundir`: no other module of train, the sweep,
-    eval or the CLI spells one of its names (they read `rundir.SUMMARY_FILE` and the like).
-    `cgpt.data` and `cgpt.model.hf` also name a data store's and a Hugging Face directory's
-    tokenizer.json: other directories' contracts."""
+    """The run directory's contract is `cgpt.rundir` and a data store's `cgpt.data.store`: no
+    other module of cgpt spells one of their names (they read `rundir.SUMMARY_FILE`,
+    `store.MANIFEST` and the like; a store and a Hugging Face directory keep their tokenizer as
+    `rundir.TOKENIZER_FILE` too)."""
     from cgpt import rundir
+    from cgpt.data import store
 
-    names = {v for k, v in vars(rundir).items() if k.endswith(("_FILE", "_DIR"))}
-    assert {"summary.json", "config.yaml", "tokenizer.json", "checkpoints"} <= names
-    spelled = {m: sorted(names & set(_string_constants(p))) for m, p in MODULES.items()
-               if m.startswith(("cgpt.train", "cgpt.sweep", "cgpt.eval", "cgpt.cli", "cgpt.plan"))}
+    names = {v: "cgpt.rundir" for k, v in vars(rundir).items() if k.endswith(("_FILE", "_DIR"))}
+    names.update({store.MANIFEST: "cgpt.data.store", store.PLAN: "cgpt.data.store"})
+    assert {"summary.json", "tokenizer.json", "checkpoints", "plan.json"} <= set(names)
+    spelled = {m: sorted(n for n in set(_string_constants(p)) if names.get(n, m) != m)
+               for m, p in MODULES.items() if m.startswith("cgpt")}
     assert {m: s for m, s in spelled.items() if s} == {}
 
 
@@ -185,7 +203,8 @@ def test_nothing_under_train_defines_a_file_name():
 
 def test_train_keeps_no_unbounded_module_cache():
     """A long-lived worker trains job after job: module-level memos are `Memo`s (bounded,
-    owned by the function that fills them), never bare dicts or lists."""
+    owned by the function that fills them), never bare dicts or lists; no ContextVar carries
+    a value around the arguments."""
     found = []
     for m, p in MODULES.items():
         if not m.startswith("cgpt.train"):
@@ -195,7 +214,8 @@ def test_train_keeps_no_unbounded_module_cache():
             if isinstance(node, (ast.Assign, ast.AnnAssign)) and (
                     isinstance(value, (ast.Dict, ast.List)) and not ast.unparse(value)[1:-1]
                     or isinstance(value, ast.Call) and not value.args and
-                    getattr(value.func, "id", "") in ("dict", "list", "set", "OrderedDict")):
+                    getattr(value.func, "id", "") in ("dict", "list", "set", "OrderedDict")
+                    or isinstance(value, ast.Call) and "ContextVar" in ast.unparse(value.func)):
                 found.append(f"{m}: {ast.unparse(node)[:60]}")
     assert found == []
 

@@ -43,7 +43,7 @@ def test_members_per_program_from_memory(monkeypatch):
 
     calls = []
 
-    def fake(r0, m):  # a program of m members: 1000 + 300 m bytes
+    def fake(r0, m, spread):  # a program of m members: 1000 + 300 m bytes
         calls.append(m)
         return None, {"total": 1000 + 300 * m}
 
@@ -68,10 +68,10 @@ def test_members_per_program_from_the_compiled_step(tmp_path):
     run = sw.load_sweep(_spec(tmp_path, "m", GRID, base={"train": {"tokens": 4000}})).runs[0]
     r = resolve(run.config, jax.devices()[:1], device_memory=2**34)
     r = r.fitted(r.micro_batch, False)
-    b1, b3 = _compiled(r, 1)[1]["total"], _compiled(r, 3)[1]["total"]
+    b1, b3 = _compiled(r, 1, False)[1]["total"], _compiled(r, 3, False)[1]["total"]
     assert members_that_fit(r, 3, 2**34) == (3, b3)
     memory = fit.memory_for(int((b1 + b3) / 2))  # room for 2 of 3
-    assert members_that_fit(r, 3, memory) == (2, _compiled(r, 2)[1]["total"])
+    assert members_that_fit(r, 3, memory) == (2, _compiled(r, 2, False)[1]["total"])
 
 
 @pytest.fixture(scope="module")

@@ -43,10 +43,11 @@ from cgpt.data import corpus
 from cgpt.fileio import atomic_write
 from cgpt.data.prepare import RECIPE, Corpus, prepare
 from cgpt.data.sources import DataError, file_sha256, list_files
-from cgpt.data.store import TokenStore, is_store, read_windows
+from cgpt.data.store import MANIFEST, TokenStore, is_store, read_windows
 from cgpt.data.store import token_dtype as _token_dtype
 from cgpt.data.tokenizer import EOT, load_tokenizer, train_tokenizer, with_eot
 from cgpt.data.tokenizer import sha256 as tokenizer_sha256
+from cgpt.rundir import TOKENIZER_FILE
 
 __all__ = ["DataConfig", "DataError", "EOT", "TokenData", "load_data", "load_tokenizer", "train_tokenizer"]
 
@@ -118,8 +119,8 @@ def _one_preparer(path: Path) -> Iterator[None]:
 
 def _resolve_tokenizer(cfg: DataConfig, run_dir: Path | None, root: Path, source: _Source):
     """(tokenizer, where it came from). A run's own tokenizer.json always wins (resume)."""
-    if run_dir is not None and (run_dir / "tokenizer.json").is_file():
-        tok, origin = load_tokenizer(run_dir / "tokenizer.json"), str(run_dir / "tokenizer.json")
+    if run_dir is not None and (run_dir / TOKENIZER_FILE).is_file():
+        tok, origin = load_tokenizer(run_dir / TOKENIZER_FILE), str(run_dir / TOKENIZER_FILE)
     elif cfg.tokenizer == "train":
         path = root / "tokenizers" / f"bpe{cfg.vocab_size}-{_digest([RECIPE, source.identity])[:20]}.json"
         if not path.is_file():
@@ -132,7 +133,7 @@ def _resolve_tokenizer(cfg: DataConfig, run_dir: Path | None, root: Path, source
 
 
 def _save_tokenizer(tok, run_dir: Path) -> Path:
-    path = Path(run_dir) / "tokenizer.json"
+    path = Path(run_dir) / TOKENIZER_FILE
     atomic_write(path, lambda tmp: tok.save(str(tmp)))
     return path
 
@@ -140,8 +141,8 @@ def _save_tokenizer(tok, run_dir: Path) -> Path:
 def _store_tokenizer(cfg: DataConfig, store: TokenStore, run_dir: Path | None):
     """A store's tokenizer, after checking that the config and the run do not ask for another."""
     tok = store.tokenizer()
-    given = [(str(run_dir / "tokenizer.json"), "the run's") if run_dir is not None
-             and (run_dir / "tokenizer.json").is_file() else None,
+    given = [(str(run_dir / TOKENIZER_FILE), "the run's") if run_dir is not None
+             and (run_dir / TOKENIZER_FILE).is_file() else None,
              (cfg.tokenizer, "DataConfig.tokenizer") if cfg.tokenizer != "train" else None]
     for path, what in filter(None, given):
         if tokenizer_sha256(with_eot(load_tokenizer(path), path)) != tokenizer_sha256(tok):
@@ -301,7 +302,7 @@ def load_data(cfg: DataConfig, run_dir: str | os.PathLike | None = None) -> Toke
     run_dir = Path(run_dir) if run_dir is not None else None
     if cfg.source != "default" and not cfg.source.startswith("hf:") and is_store(cfg.source):
         store = TokenStore(cfg.source)
-        tok, tok_origin = _store_tokenizer(cfg, store, run_dir), str(store.root / "tokenizer.json")
+        tok, tok_origin = _store_tokenizer(cfg, store, run_dir), str(store.root / TOKENIZER_FILE)
     else:
         source = _resolve_source(cfg, root)
         with _one_preparer(root / "locks" / f"{_digest([RECIPE, source.identity])[:24]}.lock"):
@@ -309,7 +310,7 @@ def load_data(cfg: DataConfig, run_dir: str | os.PathLike | None = None) -> Toke
             dtype = np.dtype(_token_dtype(tok.get_vocab_size(with_added_tokens=True))).name
             key = _digest([RECIPE, source.identity, tokenizer_sha256(tok), dtype])[:24]
             path = root / "tokens" / key
-            if (path / "manifest.json").is_file():
+            if (path / MANIFEST).is_file():
                 store = TokenStore(path)
             else:
                 extra = ({"corpus": {k: v for k, v in corpus.describe(cfg.fraction).items()
@@ -318,7 +319,7 @@ def load_data(cfg: DataConfig, run_dir: str | os.PathLike | None = None) -> Toke
                 c = source.corpus()
                 store = prepare(cfg.source, tok, path, text_column=c.text_column, split=c.split,
                                 corpus=c, extra=extra, progress=True)
-    if run_dir is not None and not (run_dir / "tokenizer.json").exists():
+    if run_dir is not None and not (run_dir / TOKENIZER_FILE).exists():
         _save_tokenizer(tok, run_dir)
     info = {k: v for k, v in store.manifest.items() if k not in ("shards", "sources", "format")}
     info.update(config=asdict(cfg), store=str(store.root), store_sha256=store.sha256, tokenizer=tok_origin)

@@ -36,8 +36,9 @@ from tqdm.auto import tqdm
 from cgpt.data import sources
 from cgpt.fileio import atomic_write, atomic_write_text
 from cgpt.data.sources import DataError, Unit
-from cgpt.data.store import FORMAT, TokenStore, shard_name, token_dtype, write_manifest
-from cgpt.data.tokenizer import EOT, sha256 as tokenizer_sha256
+from cgpt.data.store import (FORMAT, MANIFEST, PLAN, TokenStore, shard_name, token_dtype,
+                              write_manifest)
+from cgpt.data.tokenizer import EOT, TOKENIZER_FILE, sha256 as tokenizer_sha256
 
 RECIPE = "cgpt-data-v2"  # bump whenever tokenization changes the tokens
 MIN_UNIT, MAX_UNIT = 1 << 20, 1 << 28  # bytes of source per unit (shard)
@@ -244,14 +245,14 @@ def _prepare(source, tokenizer, out: Path, text_column, split, num_proc, unit_by
     dtype = np.dtype(token_dtype(vocab_size)).name
     head = {"format": FORMAT, "recipe": RECIPE, "source": source, "text_column": text_column, "split": split,
             "sources": corpus.identity, "tokenizer_sha256": tokenizer_sha256(tokenizer), "dtype": dtype}
-    plan_path = out / "plan.json"
+    plan_path = out / PLAN
     if plan_path.is_file():
         plan = _read_record(plan_path)
         if {k: plan.get(k) for k in head} != head:
             diff = sorted(k for k in head if plan.get(k) != head[k])
             raise DataError(f"{out} holds a prepare of different data ({', '.join(diff)} differ); "
                             "use another --out, or delete that directory to start over")
-        if (out / "manifest.json").is_file():
+        if (out / MANIFEST).is_file():
             return TokenStore(out)
     else:
         if out.exists() and any(p.name != LOCK_FILE for p in out.iterdir()):
@@ -259,7 +260,7 @@ def _prepare(source, tokenizer, out: Path, text_column, split, num_proc, unit_by
         if unit_bytes is None:
             unit_bytes = min(MAX_UNIT, max(MIN_UNIT, corpus.num_bytes() // (4 * num_proc)))
         plan = {**head, "unit_bytes": unit_bytes, "units": [asdict(u) for u in corpus.units(unit_bytes)]}
-        atomic_write_text(out / "tokenizer.json", tok_json)
+        atomic_write_text(out / TOKENIZER_FILE, tok_json)
         atomic_write_text(plan_path, json.dumps(plan) + "\n")
     try:
         units = [Unit(u["kind"], tuple(u["files"]), u["start"], u["stop"]) for u in plan["units"]]
@@ -414,13 +415,12 @@ def cmd_prepare(args) -> int:
 
 def _cmd_prepare(args, out: Path, corpus: Corpus, t0: float) -> int:
     import time
-
     from cgpt.data.tokenizer import load_tokenizer, train_tokenizer, with_eot
 
     if args.tokenizer != "train":
         tok = load_tokenizer(args.tokenizer)
-    elif (out / "plan.json").is_file() and (out / "tokenizer.json").is_file():
-        tok = load_tokenizer(out / "tokenizer.json")  # resuming: the tokenizer trained the first time
+    elif (out / PLAN).is_file() and (out / TOKENIZER_FILE).is_file():
+        tok = load_tokenizer(out / TOKENIZER_FILE)  # resuming: the tokenizer trained the first time
         _check_vocab(out, tok, args.vocab_size)
     else:
         tok = train_tokenizer(corpus.texts(), args.vocab_size)
@@ -441,7 +441,7 @@ def _check_vocab(out: Path, tok, requested: int) -> None:
     """A store's trained tokenizer must be the one `--vocab-size` asks for, never a silent
     no-op (a small corpus may stop BPE short: a store without the request passes if smaller)."""
     have = tok.get_vocab_size(with_added_tokens=True)
-    manifest = out / "manifest.json"
+    manifest = out / MANIFEST
     asked = _read_record(manifest).get("requested_vocab_size") if manifest.is_file() else None
     if requested in (have, asked) or (asked is None and have < requested):
         return

@@ -24,9 +24,11 @@ import numpy as np
 
 from cgpt.fileio import atomic_write_text
 from cgpt.data.sources import DataError
+from cgpt.rundir import TOKENIZER_FILE
 
 FORMAT = "cgpt-token-store-v1"
 MANIFEST = "manifest.json"
+PLAN = "plan.json"  # a store `cgpt data prepare` has begun and not finished
 
 
 def token_dtype(vocab_size: int) -> type:
@@ -36,7 +38,7 @@ def token_dtype(vocab_size: int) -> type:
 def is_store(path: str | os.PathLike) -> bool:
     """A directory with a manifest.json (a complete store), or a plan.json (an unfinished one)."""
     p = Path(path).expanduser()
-    return p.is_dir() and ((p / MANIFEST).is_file() or (p / "plan.json").is_file())
+    return p.is_dir() and ((p / MANIFEST).is_file() or (p / PLAN).is_file())
 
 
 def shard_name(index: int) -> str:
@@ -111,7 +113,7 @@ class TokenStore:
         path = self.root / MANIFEST
         if not path.is_file():
             hint = (" It holds an unfinished prepare: rerun `python -m cgpt data prepare` with the same "
-                    "arguments to finish it." if (self.root / "plan.json").is_file() else "")
+                    "arguments to finish it." if (self.root / PLAN).is_file() else "")
             raise DataError(f"{self.root} is not a prepared token store (no {MANIFEST}).{hint}")
         raw = path.read_bytes()
         try:
@@ -139,7 +141,7 @@ class TokenStore:
     def tokenizer(self):
         from cgpt.data.tokenizer import load_tokenizer, with_eot
 
-        return with_eot(load_tokenizer(self.root / "tokenizer.json"), str(self.root / "tokenizer.json"))
+        return with_eot(load_tokenizer(self.root / TOKENIZER_FILE), str(self.root / TOKENIZER_FILE))
 
     def tokens(self) -> np.ndarray | ShardedTokens:
         """The token stream: the shard's np.memmap when there is one shard, else a ShardedTokens."""

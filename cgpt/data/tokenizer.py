@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Iterable
 
 from cgpt.errors import LoadError
 from cgpt.data.sources import DataError
+from cgpt.rundir import TOKENIZER_FILE  # one name: a run's, a store's, an HF directory's
 
 if TYPE_CHECKING:
     import tokenizers
@@ -40,8 +41,8 @@ def load_tokenizer(path: str | os.PathLike) -> "tokenizers.Tokenizer":
     try:
         if path.is_file():
             return Tokenizer.from_file(str(path))
-        if (path / "tokenizer.json").is_file():
-            return Tokenizer.from_file(str(path / "tokenizer.json"))
+        if (path / TOKENIZER_FILE).is_file():
+            return Tokenizer.from_file(str(path / TOKENIZER_FILE))
         if (path / "vocab.json").is_file() and (path / "merges.txt").is_file():
             # GPT-2's own pre-tokenization: its regex split, bytes mapped to printable characters.
             tok = Tokenizer(models.BPE.from_file(str(path / "vocab.json"), str(path / "merges.txt")))
@@ -59,7 +60,7 @@ def load_checkpoint_tokenizer(d: str | os.PathLike):
     """A checkpoint's tokenizer (tokenizer.json or GPT-2 vocab.json + merges.txt) with
     <|endoftext|> marked special, or None when the directory has none."""
     d = Path(d)
-    if not ((d / "tokenizer.json").exists() or (d / "vocab.json").exists()):
+    if not ((d / TOKENIZER_FILE).exists() or (d / "vocab.json").exists()):
         return None
     try:
         tok = load_tokenizer(d)

@@ -248,9 +248,9 @@ def load(source: str | Path, dtype: str = "float32") -> LM:
             raise LoadError(f"{path}: not a checkpoint directory; pass the directory holding "
                             "config.json and the weights")
         if rundir.is_run(path):
-            from cgpt.train import checkpoint  # the Orbax format's one reader
+            from cgpt.model import orbax_format  # the Orbax format's one reader
 
-            cfg, params, tok = checkpoint.load_run(path, dtype)
+            cfg, params, tok = orbax_format.load_run(path, dtype)
             return LM(cfg, params, tok)
         cfg, params = hf.load_hf_dir(path, dtype)
         return LM(cfg, params, load_tokenizer(path))

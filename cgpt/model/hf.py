@@ -22,8 +22,8 @@ import numpy as np
 
 from cgpt.config.model import ModelConfig
 from cgpt.config.values import typed
-from cgpt.errors import LoadError  # noqa: F401 - re-exported: `from cgpt.model.hf import LoadError`
-
+from cgpt.errors import LoadError  # noqa: F401 - re-exported (`from cgpt.model.hf import ...`)
+from cgpt.rundir import TOKENIZER_FILE
 
 # HF GPT-2 names follow from cgpt's parameter tree (`model.param_specs`) by one rule: the
 # module path joined with dots, kernels and LayerNorm scales called `weight`, per-layer
@@ -413,7 +413,7 @@ def save_hf_dir(params: dict, cfg: ModelConfig, out: Path, tokenizer=None) -> Pa
         save_file(fold_mup(sd, cfg) if cfg.mup else sd, str(tmp / "model.safetensors"),
                   metadata={"format": "pt"})
         if tokenizer is not None:
-            tokenizer.save(str(tmp / "tokenizer.json"))
+            tokenizer.save(str(tmp / TOKENIZER_FILE))
         if out.exists():
             old = out.with_name(out.name + ".old")
             os.replace(out, old)
@@ -436,7 +436,7 @@ def resolve_hub_id(repo_id: str) -> Path:
         raise LoadError(f"{repo_id!r}: resolving hub ids needs huggingface_hub "
                         "(`pip install huggingface_hub`), or pass a local directory") from e
     patterns = ["config.json", "*.safetensors", "*.safetensors.index.json", "*.bin",
-                "*.bin.index.json", "tokenizer.json", "vocab.json", "merges.txt"]
+                "*.bin.index.json", TOKENIZER_FILE, "vocab.json", "merges.txt"]
     try:
         # HF_HUB_CACHE is read at call time so a caller (or test) can point at another cache.
         return Path(snapshot_download(repo_id, allow_patterns=patterns,

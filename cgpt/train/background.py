@@ -1,9 +1,9 @@
 """One call at a time in a background thread, its result or error collected by the caller.
 
 Used where host work overlaps training: the sweep worker's compile-ahead of the next job
-(`cgpt.train.warm.Ahead`), a fused job's start beside its step's compile (`fused_prep.Prepare`)
-and its checkpoint saves (`cgpt.train.fused_loop`). A
-daemon thread, so a stuck call never keeps the process alive; an exception is kept and
+(`cgpt.train.warm.Ahead`) and a fused job's start beside its step's compile
+(`fused_prep.Prepare`); never checkpoint saves, which are Orbax's asynchronous ones. A daemon
+thread, so a stuck call never keeps the process alive; an exception is kept and
 re-raised in the caller's thread by `wait()`, where the caller decides what it means.
 """
 from __future__ import annotations

@@ -18,9 +18,10 @@ from pathlib import Path
 from cgpt.config import backend
 from cgpt.errors import BranchError
 from cgpt import rundir
-from cgpt.train import checkpoint
+from cgpt.model import orbax_format
 from cgpt.fileio import atomic_write_text
 from cgpt.config.run import RunConfig, from_dict
+from cgpt.train.lifecycle import cadence
 from cgpt.train.resolve import resolve
 
 def parse_spec(spec: str) -> tuple[Path, int]:
@@ -98,7 +99,7 @@ def restore(parent: Path, step: int, abstract_params, abstract_opt_state):
     """(params, opt_state) of the parent's checkpoint at `step`."""
     import orbax.checkpoint as ocp
 
-    mngr = checkpoint._manager(parent, create=False)
+    mngr = orbax_format.manager(parent, create=False)
     try:
         steps = sorted(mngr.all_steps())
         if step not in steps:
@@ -148,7 +149,7 @@ def plan_branches(parent: RunConfig, fractions: list[float],
         raise ValueError(f"{where}: entries are fractions of each run's budget in (0, 1), got {bad}")
     t = parent.train
     plan = resolve(replace(parent, train=replace(t, schedule="wsd")))
-    every = t.ckpt_every or max(1, plan.total_steps // 10)
+    every = cadence(t.ckpt_every, plan.total_steps)  # the parent's checkpoint steps
     parent = replace(parent, train=replace(
         t, schedule="wsd", warmup_steps=plan.recipe.warmup_steps, ckpt_every=every,
         keep_checkpoints=max(t.keep_checkpoints, plan.total_steps // every + 1)))

@@ -1,10 +1,8 @@
-"""A run's Orbax checkpoints, `checkpoints/<step>/` in its run directory (`cgpt.rundir`).
-
-Orbax writes each
-checkpoint into a temporary directory and renames it when complete, so a SIGKILL leaves
-either the previous checkpoints or a finished new one, never a half-written one that is
-trusted. Parameters and optimizer state are separate items, so `cgpt.load(run_dir)` reads
-only the parameters.
+"""Training's side of a run's Orbax checkpoints (`cgpt.model.orbax_format`: the format and
+its reader): asynchronous, atomic saves, the restore of a run's newest readable checkpoint
+(those that fail set aside), and a rewind. Orbax writes each checkpoint into a temporary
+directory and renames it when complete, so a SIGKILL leaves either the previous checkpoints or
+a finished new one, never a half-written one that is trusted.
 """
 from __future__ import annotations
 
@@ -14,96 +12,27 @@ import os
 import shutil
 import sys
 import time
-import warnings
 from pathlib import Path
 
-import jax
-
 from cgpt import rundir
+from cgpt.fileio import storage_oserror
+from cgpt.model import orbax_quiet as quiet
+from cgpt.model.orbax_format import manager, restore_newest
 from cgpt.sharding import distributed
-from cgpt.train import launch, orbax_quiet as quiet
-from cgpt.config.model import ModelConfig
-from cgpt.errors import CheckpointsChanged, LoadError
 
 log = logging.getLogger(__name__)
 
 
-
-def brief(e: BaseException, limit: int = 160) -> str:
-    """An exception as one short line: TensorStore errors carry a ~60-line JSON spec."""
-    text = str(e).strip().splitlines()[0] if str(e).strip() else ""
-    for cut in (" See full TensorStore details", " TensorStore(", " {"):
-        text = text.split(cut, 1)[0]
-    text = text if len(text) <= limit else text[:limit] + "..."
-    return f"{type(e).__name__}: {text}" if text else type(e).__name__
-
-
-def _set_aside(src: Path, aside: Path) -> None:
-    """Move a checkpoint directory out of the way; in a multi-process job process 0 alone moves
-    it (the others wait at a barrier before they reload)."""
-    if not distributed.is_writer():
-        return
-    aside.parent.mkdir(exist_ok=True)
-    shutil.rmtree(aside, ignore_errors=True)
-    shutil.move(str(src), str(aside))
+def _set_aside(src: Path, aside: Path) -> Path:
+    """Move a checkpoint directory out of the way (to `aside`, returned); in a multi-process
+    job process 0 alone moves it (the others wait at a barrier before they reload)."""
+    if distributed.is_writer():
+        aside.parent.mkdir(exist_ok=True)
+        shutil.rmtree(aside, ignore_errors=True)
+        shutil.move(str(src), str(aside))
+    return aside
 
 
-def nonfinite_tensor(params) -> str | None:
-    """The name ('h/attn/w_qkv') of the first parameter holding NaN or inf, or None."""
-    import numpy as np
-
-    for path, x in jax.tree_util.tree_flatten_with_path(params)[0]:
-        if not np.isfinite(np.asarray(x, np.float32)).all():
-            return "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
-    return None
-
-
-def _manager(run_dir: Path, keep: int | None = None, create: bool = True, on_written=None):
-    """Orbax's manager; asynchronous when `on_written` (called before each commit) is given."""
-    import orbax.checkpoint as ocp
-
-    opts = ocp.CheckpointManagerOptions(
-        max_to_keep=keep, create=create, enable_async_checkpointing=on_written is not None,
-        async_options=ocp.AsyncOptions(post_finalization_callback=on_written)
-        if on_written is not None else None)
-    return ocp.CheckpointManager((run_dir / rundir.CKPT_DIR).absolute(), options=opts)
-
-
-def restore_newest(mngr, run_dir: Path, items: dict, fix: str,
-                   aside: Path | None = None) -> tuple[int, dict, list[int]] | None:
-    """(step, {item: tree}, bad steps) from the newest checkpoint that restores every item
-    ({name: abstract tree}); None when there is none. Each newer one that fails is warned
-    about and, with `aside`, moved there (process 0 moves; the caller syncs and reloads).
-    When every checkpoint fails: a LoadError naming `fix`, and nothing is changed (a run
-    whose checkpoints are all unreadable is never silently restarted). CheckpointsChanged
-    when one vanished while it was read (list them again)."""
-    import orbax.checkpoint as ocp
-
-    bad = []
-    for step in sorted(mngr.all_steps(), reverse=True):
-        try:
-            out = quiet.quiet_restore(lambda: mngr.restore(step, args=ocp.args.Composite(
-                **{k: ocp.args.StandardRestore(v) for k, v in items.items()})))
-        except Exception as e:  # orbax/tensorstore raise many types for bad files
-            if not (run_dir / rundir.CKPT_DIR / str(step)).exists():
-                raise CheckpointsChanged(step) from None
-            bad.append((step, e))
-            continue
-        for b, e in bad:
-            src = run_dir / rundir.CKPT_DIR / str(b)
-            moved = ""
-            if aside is not None:
-                _set_aside(src, aside / str(b))
-                moved = f" (moved it to {aside / str(b)})"
-            warnings.warn(f"{src}: checkpoint is unreadable ({brief(e)}); falling back to step "
-                          f"{step}{moved}", stacklevel=3)
-        return step, out, [b for b, _ in bad]
-    if bad:
-        raise LoadError(
-            f"{run_dir / rundir.CKPT_DIR}: none of the checkpoints {[b for b, _ in bad]} could "
-            f"be restored (newest error: {brief(bad[0][1])}); nothing was changed. Fix the "
-            f"cause, or {fix}")
-    return None
 class Checkpointer:
     """Save/restore {params, opt_state, step} with the last `keep` checkpoints kept.
 
@@ -123,7 +52,7 @@ class Checkpointer:
 
     def __init__(self, run_dir: Path, keep: int = 2):
         self.run_dir = Path(run_dir)
-        self.mngr = _manager(self.run_dir, keep, on_written=self._written)
+        self.mngr = manager(self.run_dir, keep, on_written=self._written)
         self._pending: tuple[int, float, float] | None = None  # (step, started, blocking s)
         self._holds = None
         self._written_at: float | None = None
@@ -200,7 +129,7 @@ class Checkpointer:
         held, unraisable, prev_hook = self._holds
         self._holds = None
         absl = logging.getLogger("absl")
-        cause = (launch.storage_oserror(error) if isinstance(error, Exception) else None)
+        cause = (storage_oserror(error) if isinstance(error, Exception) else None)
         if cause is None:
             sys.unraisablehook = prev_hook
             absl.removeFilter(held)
@@ -236,7 +165,8 @@ class Checkpointer:
         found = restore_newest(self.mngr, self.run_dir,
                                {"params": abstract_params, "opt_state": abstract_opt_state},
                                "move the checkpoints away to start over",
-                               self.run_dir / rundir.CORRUPT_DIR)
+                               lambda s: _set_aside(self.run_dir / rundir.CKPT_DIR / str(s),
+                                                    self.run_dir / rundir.CORRUPT_DIR / str(s)))
         if found is None:
             return None
         step, out, bad = found
@@ -251,42 +181,3 @@ class Checkpointer:
             self.wait()
         finally:
             self.mngr.close()
-
-
-def load_run(run_dir: Path, compute_dtype: str = "float32"):
-    """(ModelConfig, params, tokenizer) from the newest good checkpoint of a cgpt run."""
-    from cgpt.model.gpt import init_params
-    from cgpt.data.tokenizer import load_checkpoint_tokenizer
-
-    raw = rundir.read_config(run_dir)
-    try:
-        cfg = ModelConfig.from_dict(raw["model"]).replace(compute_dtype=compute_dtype)
-    except (TypeError, ValueError) as e:
-        raise LoadError(f"{run_dir / rundir.CONFIG_FILE}: key 'model': {e}") from e
-    abstract = jax.eval_shape(lambda: init_params(cfg))
-    ckpts = run_dir / rundir.CKPT_DIR
-    if not ckpts.is_dir():
-        raise LoadError(f"{ckpts} " + ("is a file, not the run's checkpoint directory"
-                                       if ckpts.exists() else "is missing")
-                        + "; restore it (or train the run with --resume)")
-    tokenizer = load_checkpoint_tokenizer(run_dir)
-    for _ in range(5):  # a run that is training may replace its checkpoints meanwhile
-        try:
-            mngr = _manager(run_dir, create=False)  # reading only: never creates or deletes
-            found = restore_newest(mngr, run_dir, {"params": abstract}, "load another run")
-            break
-        except (FileNotFoundError, CheckpointsChanged):
-            time.sleep(0.2)
-    else:
-        raise LoadError(f"{ckpts}: its checkpoints kept changing while they were read (a run "
-                        "training into it saves and deletes them); retry, or load a copy")
-    if found is None:
-        raise LoadError(f"{ckpts}: no complete checkpoint yet; train longer or "
-                        "resume the run with --resume")
-    step, out, _ = found
-    bad = nonfinite_tensor(out["params"])
-    if bad is not None:
-        raise LoadError(f"{ckpts / str(step)}: tensor {bad!r} holds NaN or inf values (the "
-                        "trainer never saves such a checkpoint, so the file is damaged); "
-                        "move that step's directory away to load the previous checkpoint")
-    return cfg, out["params"], tokenizer

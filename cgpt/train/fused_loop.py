@@ -5,17 +5,18 @@ metrics.jsonl, checkpoints, summary.json), so `cgpt.load(member_dir)` and `cgpt 
 --resume` of one member alone work, and its logged losses equal the run trained alone (within
 1e-6 in f32, `tests/test_fused.py`). What is shared: one compile, one process, one loop.
 
-Faults stay per member. A member whose loss or gradient norm is not finite is masked in the
-step (keeps its last good state), writes nothing more, and gets `failed.json` with the advice a
-solo run prints (`cgpt.train.resume.nonfinite_stop`); the others go on. Relaunching a killed
-group with `resume=True` restarts every member from the newest checkpoint step they all kept
-(later ones are moved to `discarded_checkpoints/`, as `--from-step` does): batches are a pure
-function of the step, so the rewound members retrain exactly what they had.
+Faults stay per member. A member whose loss or gradient norm is not finite at step k keeps its
+last good state (the step masks its update), fails at step k with the advice a solo run prints
+(`failed.json`, `cgpt.train.resume.nonfinite_stop`), writes nothing more, and is masked from
+the step after next on (its scalars are read a step late, `cgpt.train.ahead`); the others go
+on. Nothing non-finite reaches the disk: every save is behind `fused.members_finite`.
+Relaunching a killed group with `resume=True` restarts every member from the newest checkpoint
+step they all kept (later ones are moved to `discarded_checkpoints/`, as `--from-step` does):
+batches are a pure function of the step, so the rewound members retrain exactly what they had.
 """
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import math
 import sys
 import time
@@ -31,14 +32,13 @@ from cgpt.config.model import remat_value
 from cgpt.config.run import RunConfig
 from cgpt.errors import Preempted, TrainError
 from cgpt.sharding.members import Members
-from cgpt.train import fit, fused, fused_prep, noise, preempt, setup
-from cgpt.train.background import Background
+from cgpt.sharding import distributed
+from cgpt.train import ahead, fit, fused, fused_prep, noise, preempt, setup
 from cgpt.train.launch import close_all
 from cgpt.train.lifecycle import Lifecycle
 from cgpt.train.memo import Memo
 from cgpt.train.mfu import Throughput
 from cgpt.train.resolve import resolve
-
 
 
 def train_fused(runs: Sequence[RunConfig], outs: Sequence[str | Path], resume: bool = False,
@@ -47,19 +47,17 @@ def train_fused(runs: Sequence[RunConfig], outs: Sequence[str | Path], resume: b
     run directories `outs`; returns each member's summary, or the TrainError that stopped it.
 
     Every directory is locked while this runs; a launch that fails before the configs are
-    written leaves nothing behind. Single process; each member on its run's devices (one for
-    train.mode=single, its mesh for data_parallel/weight_streaming), the members split over
-    the devices left when `spread` (default: on accelerators, not on CPU, whose devices share
-    the same cores and where one device keeps the solo runs' exact numerics); see
-    `cgpt.sharding.members`."""
-    token = _SPREAD.set(jax.default_backend() != "cpu" if spread is None else spread)
-    try:
-        return _train_fused_locked(runs, outs, resume, progress)
-    finally:
-        _SPREAD.reset(token)
-
-
-def _train_fused_locked(runs, outs, resume, progress):
+    written leaves nothing behind. Single process (a TrainError in a multi-process job); each
+    member on its run's devices (one for train.mode=single, its mesh for
+    data_parallel/weight_streaming), the members split over the devices left when `spread`
+    (default: on accelerators, not on CPU, whose devices share the same cores and where one
+    device keeps the solo runs' exact numerics); see `cgpt.sharding.members`."""
+    procs = distributed.job_processes()  # the environment's, read before JAX starts a backend
+    if procs > 1 or jax.process_count() > 1:
+        raise TrainError(f"fused training runs in one process, but this job has "
+                         f"{max(procs, jax.process_count())} (SLURM_NTASKS or "
+                         "JAX_NUM_PROCESSES); launch it as one task, or train the runs alone "
+                         "(cgpt sweep --no-fuse)")
     outs = [Path(o) for o in outs]
     if len(runs) != len(outs):
         raise TrainError(f"fused training got {len(runs)} configs but {len(outs)} --out "
@@ -67,17 +65,21 @@ def _train_fused_locked(runs, outs, resume, progress):
     dup = sorted({str(o) for o in outs if [p.resolve() for p in outs].count(o.resolve()) > 1})
     if dup:
         raise TrainError(f"fused runs need one directory each; {', '.join(dup)} is given twice")
-    if jax.process_count() > 1:
-        raise TrainError("fused training runs in one process; launch it without SLURM tasks")
     lives = [Lifecycle(run, out, resuming=resume) for run, out in zip(runs, outs)]
     with contextlib.ExitStack() as stack:
         for life in lives:
             life.open(stack)
-        _train_fused(lives, progress)
+        _train_fused(lives, progress, default_spread() if spread is None else spread)
     return [life.result for life in lives]
 
 
-def _train_fused(lives: list[Lifecycle], progress: bool) -> None:
+def default_spread() -> bool:
+    """Members split over the devices: on accelerators; on a CPU one device keeps the solo
+    runs' numerics (its devices share the same cores)."""
+    return jax.default_backend() != "cpu"
+
+
+def _train_fused(lives: list[Lifecycle], progress: bool, spread: bool) -> None:
     # ---- set up: each member resolved, the group checked, one compiled step -----------------
     wall0 = time.perf_counter()
     group, memory = [], None
@@ -97,20 +99,20 @@ def _train_fused(lives: list[Lifecycle], progress: bool) -> None:
     # while the step compiles, the rest of the start is prepared in a background thread
     # (`fused_prep.Prepare`), used if all members fit one program
     r0 = group[0].res
-    lay = layout(r0, len(group))
+    lay = layout(r0, len(group), spread)
     evaluate = fused_prep.validation(r0, data[0], lay)
     prep = fused_prep.Prepare([m.res for m in group], lay, evaluate, group[0].resuming)
     try:
         # as many members per program as fit the device (as micro-batches are chosen); the
         # rest train next, in this process, from the same compiled step
-        per, _ = members_that_fit(r0, len(group), memory)
+        per, _ = members_that_fit(r0, len(group), memory, spread)
         if per < len(group):
             prep.drop()  # made for all members: not held while the chunks train
         for c in range(0, len(group), per):
             chunk = group[c:c + per]
             for life, d in zip(chunk, data[c:c + per]):
                 life.data = d
-            _train_chunk(chunk, memory, progress, wall0 if c == 0 else time.perf_counter(),
+            _train_chunk(chunk, spread, progress, wall0 if c == 0 else time.perf_counter(),
                          (prep, evaluate) if per == len(group) else None)
     finally:
         prep.join()
@@ -126,21 +128,17 @@ def compile_group(runs: Sequence[RunConfig]) -> list[str]:
 
     from cgpt.config import backend
 
-    token = _SPREAD.set(jax.default_backend() != "cpu")
-    try:
-        memory = setup.device_memory(runs[0].train)
-        res = [resolve_member(replace(r, model=backend.resolve(r.model)), memory)  # as
-               for r in runs]  # resume.check_config resolves a fresh run's model
-        fused.check_group(res, [f"member {k}" for k in range(len(res))])
-        members_that_fit(res[0], len(res), memory)
-        done = ["fused step"]
-        if jax.config.jax_compilation_cache_dir and res[0].mode == "single":
-            for cfg in {r.cfg for r in res}:  # the init programs `fused.init_member` runs
-                fused._init_params.lower(cfg, res[0].run.train.seed).compile()
-            done.append("init")
-        return done
-    finally:
-        _SPREAD.reset(token)
+    memory, spread = setup.device_memory(runs[0].train), default_spread()
+    res = [resolve_member(replace(r, model=backend.resolve(r.model)), memory)  # as
+           for r in runs]  # resume.check_config resolves a fresh run's model
+    fused.check_group(res, [f"member {k}" for k in range(len(res))])
+    members_that_fit(res[0], len(res), memory, spread)
+    done = ["fused step"]
+    if jax.config.jax_compilation_cache_dir and res[0].mode == "single":
+        for cfg in {r.cfg for r in res}:  # the init programs `fused.init_member` runs
+            fused._init_params.lower(cfg, res[0].run.train.seed).compile()
+        done.append("init")
+    return done
 
 
 def resolve_member(run: RunConfig, memory: int):
@@ -152,13 +150,14 @@ def resolve_member(run: RunConfig, memory: int):
     return r.fitted(r.micro_batch, remat_value(r.cfg.remat))
 
 
-def _train_chunk(group: list[Lifecycle], memory: int, progress: bool, wall0: float,
+def _train_chunk(group: list[Lifecycle], spread: bool, progress: bool, wall0: float,
                  prepared) -> None:
-    """Train `group` (members of one program) from their start to the end, then summarize."""
+    """Train `group` (members of one program, as many as fit: `members_that_fit`) from their
+    start to the end, then summarize."""
     r0 = group[0].res
     cfg, M = r0.cfg, len(group)
-    step_fn, bytes_ = _compile(r0, M, memory)
-    lay = layout(r0, M)
+    step_fn, bytes_ = _compiled(r0, M, spread)
+    lay = layout(r0, M, spread)
     print(f"{cfg.name}: {M} runs fused into one program, micro-batch {r0.micro_batch} x "
           f"{r0.accum} accumulation step(s): {fmt_bytes(bytes_['total'])} per device, "
           f"{lay.line()}", file=sys.stderr, flush=True)
@@ -174,8 +173,8 @@ def _train_chunk(group: list[Lifecycle], memory: int, progress: bool, wall0: flo
         del ready  # the members' unstacked initial states are not kept while training
         for life in group:
             life.begin(start)
-        speed, params = _loop(group, start, (params, opt_state), step_fn, evaluate, lay,
-                              hyper, progress)
+        speed, params = _loop(group, start, [params, opt_state], step_fn, (evaluate, hyper),
+                              lay, progress)
     finally:
         close_all(*(life.close for life in group))
 
@@ -191,25 +190,25 @@ def _train_chunk(group: list[Lifecycle], memory: int, progress: bool, wall0: flo
         life.finish(val_loss, speed, time.perf_counter() - wall0, placement)
 
 
-# (shape key, members) -> (compiled step, bytes): a process reuses them (members_that_fit
-# compiles a few member counts of one shape, then the group trains with one of them)
+# (shape key, members, spread) -> (compiled step, bytes): a process reuses them
+# (members_that_fit compiles a few member counts of one shape, then the group trains with one)
 _COMPILED = Memo("_compiled", 8)
 
 
-def _compiled(r0, members: int):
+def _compiled(r0, members: int, spread: bool):
     """The fused step for `members` stacked states, compiled once per process and shape."""
     key = (r0.cfg.replace(name="", init_std=0.0, out_init_std=None, mup_init_std=0.0),
            r0.recipe.b1, r0.recipe.b2, r0.recipe.adam_eps, r0.total_steps, r0.accum,
-           r0.micro_batch, r0.seq_len, members, _SPREAD.get(), r0.mode,
+           r0.micro_batch, r0.seq_len, members, spread, r0.mode,
            tuple(r0.mesh.items()), r0.run.train.micro_batches)
-    return _COMPILED.get(key, lambda: _compile_step(r0, members))
+    return _COMPILED.get(key, lambda: _compile_step(r0, members, spread))
 
 
-def _compile_step(r0, members: int):
+def _compile_step(r0, members: int, spread: bool):
     """Lower and compile the fused step for `members` stacked states of `r0`'s shape."""
     cfg = r0.cfg
     a_p, a_o = fused_prep.abstract_member(cfg, r0.recipe)
-    lay = layout(r0, members)
+    lay = layout(r0, members, spread)
     sh, bsh = lay.member_sharding(), lay.batch_sharding()
     grow = lambda x, s: jax.ShapeDtypeStruct((members, *x.shape), x.dtype,  # noqa: E731
                                              sharding=s)
@@ -231,23 +230,20 @@ def _compile_step(r0, members: int):
     return compiled, fit.step_bytes(compiled)
 
 
-_SPREAD: contextvars.ContextVar[bool] = contextvars.ContextVar("spread", default=False)
-
-
 _LAYOUTS = Memo("layout", 8)
 
 
-def layout(r0, members: int) -> Members:
+def layout(r0, members: int, spread: bool) -> Members:
     """Where `members` stacked members of `r0`'s shape live (`cgpt.sharding.members`): one
     device, the member axis over the devices (`spread`), or beside the run's mesh."""
     key = (r0.cfg, r0.mode, tuple(r0.mesh.items()), r0.batch_size, r0.micro_batch, members,
-           _SPREAD.get(), r0.run.train.micro_batches)
+           spread, r0.run.train.micro_batches)
 
     def make() -> Members:
         abstract = fused_prep.abstract_member(r0.cfg, r0.recipe)
         try:
             return Members(r0.mode, r0.mesh, r0.cfg, members, jax.local_devices(), abstract,
-                           spread=_SPREAD.get(), batch=r0.batch_size, micro=r0.micro_batch,
+                           spread=spread, batch=r0.batch_size, micro=r0.micro_batch,
                            mesh_reason=r0.mesh_reason, auto_reason=r0.auto_reason,
                            micro_batches=r0.run.train.micro_batches)
         except ValueError as e:
@@ -256,135 +252,107 @@ def layout(r0, members: int) -> Members:
     return _LAYOUTS.get(key, make)
 
 
-def members_that_fit(r0, members: int, memory: int) -> tuple[int, int]:
+def members_that_fit(r0, members: int, memory: int, spread: bool = False) -> tuple[int, int]:
     """(how many of `members` one fused program holds within `memory`, that program's bytes):
     all of them if their compiled step fits; else from the bytes of 1 and of all members
     (linear in the members: states, batches and activations are per member), checked by
-    compiling. A TrainError if not even one fits."""
+    compiling. A TrainError if not even one fits. `spread`: as `layout`'s."""
     usable = fit.usable_memory(memory)
-    b_all = _compiled(r0, members)[1]["total"]
+    b_all = _compiled(r0, members, spread)[1]["total"]
     if b_all <= usable:
         return members, b_all
-    b_one = _compiled(r0, 1)[1]["total"]
+    b_one = _compiled(r0, 1, spread)[1]["total"]
     if b_one > usable:
         raise TrainError(f"one run of {r0.cfg.name} needs {fmt_bytes(b_one)} per device but "
                          f"{fmt_bytes(usable)} are usable; train it alone (--no-fuse) so that "
                          "train can choose its micro-batch and remat, or on more devices")
     per = max(1.0, (b_all - b_one) / (members - 1))
     m = max(1, min(members - 1, int((usable - b_one) // per) + 1))
-    while m > 1 and _compiled(r0, m)[1]["total"] > usable:
+    while m > 1 and _compiled(r0, m, spread)[1]["total"] > usable:
         m -= 1
-    return m, _compiled(r0, m)[1]["total"]
+    return m, _compiled(r0, m, spread)[1]["total"]
 
 
-def _compile(r0, members: int, memory: int):
-    """The fused step compiled for `members` stacked states, and its bytes (`fit.step_bytes`);
-    a TrainError if it does not fit the device."""
-    compiled, b = _compiled(r0, members)
-    if b["total"] > fit.usable_memory(memory):
-        raise TrainError(f"{members} fused runs of {r0.cfg.name} need {fmt_bytes(b['total'])} "
-                         f"per device but {fmt_bytes(fit.usable_memory(memory))} are usable; "
-                         "fuse fewer runs per group (or set train.micro_batch smaller)")
-    return compiled, b
-
-
-class _Saves:
-    """The members' checkpoint saves of one step, issued one after another from a background
-    thread while the next steps train (each save is Orbax's: atomic, into the member's own
-    directory; the member arrays are copies, so the donated state is free to change). The
-    next batch of saves, a failure, and the loop's end wait for them first; an error raised
-    while saving is raised there, in the loop's thread."""
-
-    def __init__(self) -> None:
-        self._bg = Background("cgpt-fused-saves")
-
-    def start(self, saves: list) -> None:
-        """Issue `saves` ((Lifecycle, step, params, opt_state) each) after the previous ones."""
-
-        def run() -> None:
-            for life, step, params, opt_state in saves:
-                life.save(step, params, opt_state)
-
-        self._bg.start(run)
-
-    def wait(self) -> None:
-        self._bg.wait()
-
-
-def _loop(group: list[Lifecycle], start: int, state, step_fn, evaluate, lay: Members,
-          hyper, progress: bool):
-    """The fused steps from `start`: each member's record, guard and saves are its own
-    (`Lifecycle`); a member that fails stops alone. Returns (throughput, the final params)."""
+def _loop(group: list[Lifecycle], start: int, state: list, step_fn, prepared, lay: Members,
+          progress: bool):
+    """The fused steps from `start` (`cgpt.train.ahead.run`: read a step late, like a run
+    alone): each member's record, guard and saves are its own (`Lifecycle`); a member that
+    fails stops alone. `prepared`: (the group's evaluation, its stacked Hyper or None).
+    Returns (throughput, the final params)."""
     from tqdm.auto import tqdm
 
-    params, opt_state = state
+    evaluate, hyper = prepared
     r0 = group[0].res
     total, B, T = r0.total_steps, r0.batch_size, r0.seq_len
     sh, bsh = lay.member_sharding(), lay.batch_sharding()
     hyper = lay.put(hyper or fused.stack_hyper([m.res.recipe for m in group]), sh)
     lrs = np.asarray(hyper.lr)
     speed = Throughput.for_model(r0.cfg, T, 1)
+    reader = ahead.Reader(speed, r0.tokens_per_step, start)
     active = np.ones(len(group), bool)
-    on_device = [None]  # `active` on the device
+    mask = [None]  # `active` on the device: moved there when it changes
     bar = tqdm(total=total, initial=start, disable=not progress, unit="step", dynamic_ncols=True,
                desc=f"{r0.cfg.name} x{len(group)} fused")
     triggers = preempt.CheckpointTriggers(r0.run.train.checkpoint_minutes).install()
-    saving = _Saves()
 
     def fail(k: int, err: TrainError) -> None:
         active[k] = False
-        on_device[0] = None
+        mask[0] = None
         group[k].fail(err)
 
-    try:
-        for step in range(start, total):
-            by_seed = {}  # members of one data seed share their batches
-            for m in group:
-                if m.data.seed not in by_seed:
-                    by_seed[m.data.seed] = m.data.train_batch(step, B).reshape(r0.accum, -1, T + 1)
-            batch = np.stack([by_seed[m.data.seed] for m in group])
-            t0 = time.perf_counter()
-            if on_device[0] is None:  # the mask moves to the device when it changes
-                on_device[0] = lay.put(active, sh)
-            params, opt_state, out = step_fn(params, opt_state, lay.put(batch, bsh), hyper,
-                                             on_device[0])
-            loss, gnorm, ok = jax.device_get((out["loss"], out["grad_norm"], out["ok"]))
-            dt = time.perf_counter() - t0
-            if not ok[active].all():
-                saving.wait()  # the advice lists the member's checkpoints
-            for k, m in enumerate(group):
-                if active[k] and not ok[k]:  # before any write for this step
-                    fail(k, m.nonfinite(step, float(loss[k]), float(gnorm[k])))
-            if not active.any():
-                break
-            if step > start:  # the first step includes compilation
-                speed.add(dt, r0.tokens_per_step)
-            done = step + 1
-            evals = [k for k, m in enumerate(group) if active[k] and m.evaluates(done)]
-            vl = evaluate(params) if evals else None
-            logs = [k for k, m in enumerate(group) if active[k] and m.logged(done)]
-            est = noise.read(out) if logs else {}
-            for k in logs:
-                group[k].record(done, float(loss[k]), float(gnorm[k]), float(lrs[k, step]),
-                                speed, float(vl[k]) if k in evals else None,
-                                noise.member(est, k))
-            save_now, stop_signal = triggers.poll(step)
-            saves = [k for k, m in enumerate(group) if active[k] and m.saves(done, save_now)]
-            if saves:
-                finite = np.asarray(fused.members_finite((params, opt_state)))
-                if not finite[saves].all():
-                    saving.wait()  # its checkpoints are listed in the advice
-                for k in [k for k in saves if not finite[k]]:  # the last guard before disk
+    def dispatch(step: int, idle: bool):
+        by_seed = {}  # members of one data seed share their batches
+        for m in group:
+            if m.data.seed not in by_seed:
+                by_seed[m.data.seed] = m.data.train_batch(step, B).reshape(r0.accum, -1, T + 1)
+        batch = np.stack([by_seed[m.data.seed] for m in group])
+        if mask[0] is None:  # a copy: a queued step never sees `active` change under it
+            mask[0] = lay.put(active.copy(), sh)
+        state[0], state[1], out = step_fn(*state, lay.put(batch, bsh), hyper, mask[0])
+        return out
+
+    def finish(step: int, out: dict, dispatched: float, at_once: bool) -> bool:
+        """Read `step`'s scalars; a member non-finite there fails at `step` before any write
+        of it (masked in the step after next); log the others (evaluated when `at_once`)."""
+        loss, gnorm = reader.read(step, out, dispatched)
+        for k, m in enumerate(group):
+            if active[k] and not (np.isfinite(loss[k]) and np.isfinite(gnorm[k])):
+                fail(k, m.nonfinite(step, float(loss[k]), float(gnorm[k])))
+        if not active.any():
+            return False
+        done = step + 1
+        evals = [k for k, m in enumerate(group) if at_once and active[k] and m.evaluates(done)]
+        vl = evaluate(state[0]) if evals else None
+        logs = [k for k, m in enumerate(group) if active[k] and m.logged(done)]
+        est = noise.read(out) if logs else {}
+        for k in logs:
+            group[k].record(done, float(loss[k]), float(gnorm[k]), float(lrs[k, step]), speed,
+                            float(vl[k]) if k in evals else None, noise.member(est, k))
+        bar.set_postfix(loss=f"{np.nanmean(np.where(active, loss, np.nan)):.3f}",
+                        tok_s=f"{speed.tokens_per_s * active.sum():,.0f}", refresh=False)
+        bar.update(1)
+        return True
+
+    def at_state(done: int, save_now: bool, stop_signal: int) -> None:
+        saves = [k for k, m in enumerate(group) if active[k] and m.saves(done, save_now)]
+        if saves:
+            finite = np.asarray(fused.members_finite(tuple(state)))
+            for k in saves:
+                if not finite[k]:  # the last guard before disk
                     fail(k, group[k].unsafe_state(done))
-                saving.start([(group[k], done, *fused_prep.member_copy(
-                    (params, opt_state), k, lay.member_state)) for k in saves if finite[k]])
-                triggers.saved()
-            bar.set_postfix(loss=f"{np.nanmean(np.where(active, loss, np.nan)):.3f}",
-                            tok_s=f"{speed.tokens_per_s * active.sum():,.0f}", refresh=False)
-            bar.update(1)
-            if stop_signal and done < total:
-                saving.wait()
-                raise Preempted(stop_signal, done, ", ".join(str(m.out) for m in group))
+                else:  # Orbax's asynchronous save, as a run alone's (`Lifecycle.save`)
+                    group[k].save(done, *fused_prep.member_copy(tuple(state), k,
+                                                                lay.member_state))
+            triggers.saved()
+        if stop_signal and done < total:
+            raise Preempted(stop_signal, done, ", ".join(str(m.out) for m in group))
+
+    def needs_state(done: int, save_now: bool, stop_signal: int) -> bool:
+        return any(m.needs_state(done, save_now, stop_signal)
+                   for k, m in enumerate(group) if active[k])
+
+    try:
+        ahead.run(start, total, triggers, dispatch, finish, needs_state, at_state)
     finally:
-        close_all(saving.wait, triggers.uninstall, bar.close)
-    return speed, params
+        close_all(triggers.uninstall, bar.close)
+    return speed, state[0]

@@ -29,6 +29,11 @@ from cgpt.train import checkpoint, metrics, noise, resume, summary, wandb_log
 from cgpt.train.launch import Launch, check_launch, close_all, first_missing, resume_log
 
 
+def cadence(every: int | None, total_steps: int) -> int:
+    """Steps between evaluations (or checkpoints): `every`, or when unset a tenth of the run."""
+    return every or max(1, total_steps // 10)
+
+
 class Lifecycle:
     """One run directory through one launch. `writer`: this process writes the directory's
     files (process 0 of a multi-process run; the others keep the same cadence, write none)."""
@@ -98,11 +103,11 @@ class Lifecycle:
     # ---- cadence -----------------------------------------------------------------------------
     @property
     def eval_every(self) -> int:
-        return self.res.run.train.eval_every or max(1, self.res.total_steps // 10)
+        return cadence(self.res.run.train.eval_every, self.res.total_steps)
 
     @property
     def ckpt_every(self) -> int:
-        return self.res.run.train.ckpt_every or max(1, self.res.total_steps // 10)
+        return cadence(self.res.run.train.ckpt_every, self.res.total_steps)
 
     def evaluates(self, done: int) -> bool:
         return done % self.eval_every == 0 or done == self.res.total_steps
@@ -110,6 +115,11 @@ class Lifecycle:
     def saves(self, done: int, save_now: bool = False) -> bool:
         """A checkpoint after `done` steps: on schedule, at the end, or asked (`save_now`)."""
         return done % self.ckpt_every == 0 or done == self.res.total_steps or save_now
+
+    def needs_state(self, done: int, save_now: bool = False, stop_signal: int = 0) -> bool:
+        """Whether the state after `done` steps is used before the next step runs (evaluated,
+        saved, or the run stops there): then the step is read at once (`cgpt.train.ahead`)."""
+        return self.evaluates(done) or self.saves(done, save_now) or bool(stop_signal)
 
     def logged(self, done: int) -> bool:
         """Every log_every steps, evaluations, and the last steps (the summary's train_loss)."""

@@ -90,53 +90,52 @@ def _train(life: Lifecycle, progress: bool, from_step: int | None,
                dynamic_ncols=True, desc=f"{res.cfg.name} {res.tokens / 1e6:.3g}M tok")
     triggers = preempt.CheckpointTriggers(res.run.train.checkpoint_minutes).install()
     reader = ahead.Reader(speed, res.tokens_per_step, start)
-    lrs = ahead.LearningRates(res.recipe, life.logged, total, life.eval_every, life.ckpt_every)
+    lrs = ahead.LearningRates(res.recipe, life)
+    state = [params, opt_state]
 
-    def finish(step: int, m: dict, dispatched: float, state=None) -> None:
-        """Read `step`'s scalars (a step late unless `state`, its updated params, is passed for
-        an evaluation), stop on a non-finite one before any write, log it."""
-        loss, grad_norm = reader.read(step, m, dispatched)
+    def dispatch(step: int, idle: bool):
+        batch = life.data.train_batch(step, res.batch_size, rows=rows).reshape(
+            res.accum, -1, res.seq_len + 1)
+        if idle:  # the device is idle: the rates until the next read-at-once
+            lrs.fill(step)
+        state[0], state[1], m = step_fn(*state, strategy.shard_batch(batch, shape))
+        return m
+
+    def finish(step: int, m: dict, dispatched: float, at_once: bool) -> bool:
+        """Read `step`'s scalars, stop on a non-finite one before any write, log it (with an
+        evaluation when `at_once`: the state is this step's)."""
+        loss, grad_norm = map(float, reader.read(step, m, dispatched))
         if not (math.isfinite(loss) and math.isfinite(grad_norm)):  # before any write
             raise life.nonfinite(step, loss, grad_norm)
         done = step + 1
         if life.logged(done):
-            evaluated = state is not None and life.evaluates(done)
+            evaluated = at_once and life.evaluates(done)
             life.record(done, loss, grad_norm, lrs.pop(step), speed,
-                        evaluate(state) if evaluated else None, noise.read(m))
+                        evaluate(state[0]) if evaluated else None, noise.read(m))
         bar.set_postfix(loss=f"{loss:.3f}", val=f"{life.val_loss:.3f}",
                         tok_s=f"{speed.tokens_per_s:,.0f}", mfu=f"{speed.mfu():.1%}",
                         refresh=False)
         bar.update(1)
+        return True
 
-    queued = None  # (step, metrics, dispatch time) of the step to read after the next dispatch
+    def at_state(done: int, save_now: bool, stop_signal: int) -> None:
+        if life.saves(done, save_now):
+            if not state_finite(tuple(state)):  # the last guard before disk
+                raise life.unsafe_state(done)
+            life.save(done, *state)
+            triggers.saved()
+        if stop_signal and done < total:
+            raise Preempted(stop_signal, done, out)
+
+    def needs_state(done: int, save_now: bool, stop_signal: int) -> bool:
+        # (or the learning rates must be refilled while the device is idle)
+        return life.needs_state(done, save_now, stop_signal) or done == lrs.filled
+
     try:
-        for step in range(start, total):
-            batch = life.data.train_batch(step, res.batch_size, rows=rows).reshape(
-                res.accum, -1, res.seq_len + 1)
-            if queued is None:  # the device is idle: the rates until the next read-at-once
-                lrs.fill(step)
-            t0 = time.perf_counter()
-            params, opt_state, m = step_fn(params, opt_state, strategy.shard_batch(batch, shape))
-            if queued is not None:  # the previous step, read now that this one is queued
-                finish(*queued)
-            done = step + 1
-            save_now, stop_signal = triggers.poll(step)  # scheduler signal or wall-clock interval
-            queued = (step, m, t0)
-            if not (ahead.needs_state(done, total, life.eval_every, life.ckpt_every, save_now,
-                                      stop_signal)
-                    or done == lrs.filled):  # (or the rates must be refilled while idle)
-                continue  # nothing uses this step's state now: read it a step late
-            queued = None
-            finish(step, m, t0, params)
-            if life.saves(done, save_now):
-                if not state_finite((params, opt_state)):  # the last guard before disk
-                    raise life.unsafe_state(done)
-                life.save(done, params, opt_state)
-                triggers.saved()
-            if stop_signal and done < total:
-                raise Preempted(stop_signal, done, out)
+        ahead.run(start, total, triggers, dispatch, finish, needs_state, at_state)
     finally:  # every closer runs even when a full disk fails several; the first error wins
         close_all(triggers.uninstall, bar.close, life.close)
+    params = state[0]
 
     # ---- the summary -------------------------------------------------------------------------
     val_loss = life.val_loss

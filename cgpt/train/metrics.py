@@ -77,7 +77,7 @@ def _quiet_tb_thread() -> None:
     same storage reports it), so storage errors of that thread are dropped."""
     import threading
 
-    from cgpt.train.launch import storage_oserror
+    from cgpt.fileio import storage_oserror
 
     prev = threading.excepthook
     if getattr(prev, "_cgpt_tb", False):

@@ -1,15 +1,17 @@
 """Keeping Orbax's and TensorStore's aftermath of a failed save or restore off the terminal.
 
 A run that fails to write (disk full, quota, read-only) or to read a checkpoint ends with one
-error line naming the path (`cgpt.train.checkpoint`); what Orbax's threads, TensorStore's
-late callbacks and asyncio would print after it carries no new facts. These hooks hold such
-output back during the call and drop only that kind of output after a failure."""
+error line naming the path (`cgpt.train.checkpoint`, `cgpt.model.orbax_format`); what Orbax's
+threads, TensorStore's late callbacks and asyncio would print after it carries no new facts.
+These hooks hold such output back during the call and drop only that kind of output after a
+failure.
+"""
 from __future__ import annotations
 
 import logging
 import sys
 
-from cgpt.train import launch
+from cgpt.fileio import storage_oserror
 
 
 class HoldErrors(logging.Filter):
@@ -43,8 +45,8 @@ class _DropStorageAftermath(logging.Filter):
         exc = record.exc_info[1] if record.exc_info else None
         text = record.getMessage()
         return not ("never retrieved" in text and (
-            (exc is not None and launch.storage_oserror(exc) is not None)
-            or launch.storage_oserror(RuntimeError(text)) is not None))
+            (exc is not None and storage_oserror(exc) is not None)
+            or storage_oserror(RuntimeError(text)) is not None))
 
 
 def closed_loop(u) -> bool:
