@@ -215,10 +215,11 @@ def execute_run(job: Job) -> dict:
     if job.pin:
         extra, cpus = device_share(*job.pin)
         env.update(extra)
-    cmd = [sys.executable, "-c", _LAUNCH, str(d / rundir.LOCK_FILE) if rank == 0 else "",
+    lock = rundir.area(d).resolve(d / rundir.LOCK_FILE, "lock and write a pid into")
+    cmd = [sys.executable, "-c", _LAUNCH, str(lock) if rank == 0 else "",
            str(os.getpid()), ",".join(map(str, cpus)), "cgpt", *train_argv(job)]
     t0 = time.time()
-    with open(log, "a") as f:
+    with rundir.area(d).append(log) as f:
         where = (f" [cpus {','.join(map(str, cpus))}]" if cpus else "") + (
             f" [CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']}]"
             if job.pin and "CUDA_VISIBLE_DEVICES" in env else "") + (
@@ -266,13 +267,16 @@ def outcome(job: Job, rc: int | None, t0: float, log: Path) -> dict:
 
 
 def prepare_job(job: Job) -> None:
-    """The files a job starts with (its directory may be gone), its last failure forgotten."""
+    """The files a job starts with (its directory may be gone), its last failure forgotten;
+    first a RunDirError if an entry cgpt writes is of the wrong kind or resolves outside the
+    run directory (a symlinked train.log or .lock: `cgpt.paths`)."""
     d = Path(job.run_dir)
+    rundir.check_kinds(d)
     for name, text in job.files.items():
         if not (d / name).exists():
             atomic_write_text(d / name, text)
     if proc_rank() == 0:
-        (d / rundir.FAILED_FILE).unlink(missing_ok=True)
+        rundir.area(d).remove(d / rundir.FAILED_FILE)
 
 
 
@@ -308,7 +312,8 @@ class RunTask:
             proc = _live.get(job.run_id)
         if proc is not None:  # ask again each second: train ignores it until its loop starts
             grace = grace_s or float(job.env.get(GRACE_ENV) or requeue_grace({}))
-            with open(Path(job.run_dir) / rundir.log_name(proc_rank()), "a") as f:
+            d = Path(job.run_dir)
+            with rundir.area(d).append(d / rundir.log_name(proc_rank())) as f:
                 f.write(f"==== cgpt sweep {time.strftime('%Y-%m-%d %H:%M:%S')}: the scheduler's "
                         f"signal: checkpoint, waiting up to {grace:.0f} s, then requeue\n")
             deadline = time.time() + grace

@@ -15,12 +15,13 @@ import yaml
 
 from cgpt import rundir
 from cgpt.config import backend
-from cgpt.fileio import probe_writable
+from cgpt.fileio import atomic_write_text, probe_writable
 from cgpt.sweep.executors import Job, run_local, run_submitit
 from cgpt.sweep.groups import group_jobs, plan_groups
 from cgpt.sweep.spec import Run, Sweep, fmt_count, fmt_time, missing_required, select
-from cgpt.sweep.state import SUPERSEDED_DIR, config_change, prepare_run_dir, run_files, supersede, \
-    write_results
+from cgpt.sweep.state import RESULTS_FILE, SPEC_COPY, SUPERSEDED_DIR, SWEEP_LOCK, SWEEP_NAMES, \
+    config_change, prepare_run_dir, run_files, supersede, write_results
+from cgpt.sweep.state import area as sweep_area
 
 EXECUTORS = ("local", "slurm", "submitit-local")
 ON_CHANGE = ("error", "rerun")
@@ -95,8 +96,8 @@ class SweepLock:
     """DIR/.sweep.lock: one sweep process per output directory (released even on SIGKILL)."""
 
     def __init__(self, out: Path):
-        self.path = out / ".sweep.lock"
-        self.f = open(self.path, "a+")
+        self.path = out / SWEEP_LOCK
+        self.f = open(sweep_area(out).resolve(self.path, "truncate and write a pid into"), "a+")
         try:
             fcntl.flock(self.f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -121,6 +122,7 @@ def check_out_dir(out: Path) -> None:
     except OSError as e:
         raise ValueError(f"--out {out}: cannot use it as the sweep directory "
                          f"({e.strerror or e}); choose another --out") from None
+    sweep_area(out).check(SWEEP_NAMES)
 
 
 def _report(out: Path, n_done: int) -> None:
@@ -139,7 +141,7 @@ def _report(out: Path, n_done: int) -> None:
         print(f"(no scaling-law report: {e})")
     except Exception as e:  # a fit that fails must not hide that the runs are safe
         print(f"(scaling-law report failed: {type(e).__name__}: {e}; results are in "
-              f"{out / 'results.csv'})")
+              f"{out / RESULTS_FILE})")
 
 
 def _check_identity(sweep: Sweep, runs: list[Run], out: Path, on_change: str) -> None:
@@ -200,7 +202,7 @@ def launch(sweep: Sweep, out: Path, parallel: int | None = None, executor: str =
         states = {r.run_id: rundir.state(out / r.run_id) for r in runs}
         _check_identity(sweep, [r for r in runs if states[r.run_id] != "running"], out, on_change)
         cache = backend.compile_cache_dir() if compile_cache == "default" else compile_cache
-        (out / "sweep.yaml").write_text(yaml.safe_dump(
+        atomic_write_text(out / SPEC_COPY, yaml.safe_dump(
             {"spec": str(sweep.path), "name": sweep.name, "argv": sys.argv[1:],
              "compile_cache": str(cache) if cache else None,
              "runs": [r.run_id for r in sweep.runs]}, sort_keys=False))
@@ -281,9 +283,9 @@ def launch(sweep: Sweep, out: Path, parallel: int | None = None, executor: str =
         n_done = sum(s == "done" for s in states.values())
         failed = [k for k, s in states.items() if s == "failed"]
         print(f"sweep {sweep.name}: {n_done}/{len(runs)} done, {len(failed)} failed"
-              + (f" ({', '.join(failed)}; errors in {out / 'results.csv'}, logs in "
+              + (f" ({', '.join(failed)}; errors in {out / RESULTS_FILE}, logs in "
                  f"<run>/{rundir.LOG_FILE})" if failed else "")
-              + f"; results: {out / 'results.csv'}")
+              + f"; results: {out / RESULTS_FILE}")
         if report:
             all_done = sum(rundir.state(out / r.run_id) == "done" for r in sweep.runs)
             _report(out, all_done)

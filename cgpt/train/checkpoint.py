@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import shutil
 import sys
 import time
 import warnings
@@ -38,14 +37,12 @@ def brief(e: BaseException, limit: int = 160) -> str:
     return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
-def _set_aside(src: Path, aside: Path) -> None:
-    """Move a checkpoint directory out of the way; in a multi-process job process 0 alone moves
-    it (the others wait at a barrier before they reload)."""
-    if not distributed.is_writer():
-        return
-    aside.parent.mkdir(exist_ok=True)
-    shutil.rmtree(aside, ignore_errors=True)
-    shutil.move(str(src), str(aside))
+def _set_aside(run_dir: Path, src: Path, aside: Path) -> None:
+    """Move a checkpoint directory out of the way (under the path-safety rule: never into or
+    out of a place outside the run); in a multi-process job process 0 alone moves it (the
+    others wait at a barrier before they reload)."""
+    if distributed.is_writer():
+        rundir.area(run_dir).move(src, aside)
 
 
 def nonfinite_tensor(params) -> str | None:
@@ -93,7 +90,7 @@ def restore_newest(mngr, run_dir: Path, items: dict, fix: str,
             src = run_dir / rundir.CKPT_DIR / str(b)
             moved = ""
             if aside is not None:
-                _set_aside(src, aside / str(b))
+                _set_aside(run_dir, src, aside / str(b))
                 moved = f" (moved it to {aside / str(b)})"
             warnings.warn(f"{src}: checkpoint is unreadable ({brief(e)}); falling back to step "
                           f"{step}{moved}", stacklevel=3)
@@ -220,7 +217,7 @@ class Checkpointer:
         """Move the checkpoints newer than `step` to `discarded_checkpoints/` (a rewind)."""
         later = [s for s in self.steps() if s > step]
         for s in later:
-            _set_aside(self.run_dir / rundir.CKPT_DIR / str(s),
+            _set_aside(self.run_dir, self.run_dir / rundir.CKPT_DIR / str(s),
                        self.run_dir / rundir.DISCARDED_DIR / str(s))
         if later:
             distributed.barrier(f"discard-after-{step}")  # process 0 moved them; all reload
