@@ -88,3 +88,22 @@ class Area:
         if dest.exists() or dest.is_symlink():
             self.remove(dest)
         shutil.move(str(src), str(dest))
+
+
+def check_destination(out: str, flag: str) -> None:
+    """Refuse an output directory no run should fill (`flag`: the option that named it): a `~`
+    the shell did not expand (it would make a folder named `~` here), the filesystem root,
+    or the home directory itself. A ValueError naming what was typed and the fix."""
+    text = str(out)
+    if text.startswith("~"):
+        user, _, rest = text[1:].partition("/")
+        fix = ("$HOME" + (f"/{rest}" if rest else "")) if not user else "the full path"
+        raise ValueError(f"{flag} {text!r}: the shell did not expand ~; write {fix} (a quoted "
+                         "~ stays a name)")
+    real = Path(os.path.realpath(text))
+    what = ("the filesystem root" if real == Path(real.anchor) else
+            "your home directory itself" if real == Path(os.path.realpath(Path.home()))
+            else None)
+    if what:
+        raise ValueError(f"{flag} {text!r}: {what}; cgpt would write config.yaml, checkpoints/ "
+                         "and more there: choose a directory of its own (e.g. runs/<name>)")

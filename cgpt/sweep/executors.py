@@ -261,8 +261,12 @@ def outcome(job: Job, rc: int | None, t0: float, log: Path) -> dict:
     elif rc == 0 and not own:
         err = f"exited 0 without writing {rundir.SUMMARY_FILE}; {err}"
     if proc_rank() == 0:
-        atomic_write_text(d / rundir.FAILED_FILE, json.dumps(
-            {**res, "status": "failed", "error": err, "log": str(log)}, indent=2))
+        try:
+            atomic_write_text(d / rundir.FAILED_FILE, json.dumps(
+                {**res, "status": "failed", "error": err, "log": str(log)}, indent=2))
+        except OSError as e:  # a full disk: the sweep still reports the run failed (results.csv)
+            err = (f"{err}; could not record the failure in {d / rundir.FAILED_FILE} "
+                   f"({e.strerror or e}): free space on the disk of {d} and rerun the sweep")
     return {**res, "status": "failed", "error": err}
 
 

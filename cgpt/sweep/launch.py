@@ -16,6 +16,7 @@ import yaml
 from cgpt import rundir
 from cgpt.config import backend
 from cgpt.fileio import atomic_write_text, probe_writable
+from cgpt.paths import check_destination
 from cgpt.sweep.executors import Job, run_local, run_submitit
 from cgpt.sweep.groups import group_jobs, plan_groups
 from cgpt.sweep.spec import Run, Sweep, fmt_count, fmt_time, missing_required, select
@@ -116,7 +117,9 @@ class SweepLock:
 
 
 def check_out_dir(out: Path) -> None:
-    """--out must be a directory this process can write (a clear one-line error otherwise)."""
+    """--out must be a directory this process can write (a clear one-line error otherwise)
+    and not one no sweep should fill (`cgpt.paths.check_destination`)."""
+    check_destination(str(out), "--out")
     try:
         probe_writable(out)
     except OSError as e:
@@ -239,6 +242,13 @@ def launch(sweep: Sweep, out: Path, parallel: int | None = None, executor: str =
         bar = tqdm(total=len(runs), initial=n_done, unit="run", desc=f"sweep {sweep.name}",
                    dynamic_ncols=True)
 
+        def record() -> None:  # results.csv; a full disk must not stop the sweep
+            try:
+                write_results(sweep.runs, out, failures)
+            except OSError as e:
+                bar.write(f"cgpt sweep: could not write {out / RESULTS_FILE} "
+                          f"({e.strerror or e}); free space on its disk")
+
         def finished(res: dict) -> None:
             if "members" in res:  # a fused group: one result per run
                 for m in res["members"]:
@@ -253,7 +263,7 @@ def launch(sweep: Sweep, out: Path, parallel: int | None = None, executor: str =
                 bar.write(f"done   {res['run_id']}: val_loss {s.get('val_loss', float('nan')):.4f}"
                           f"  {res.get('seconds', 0):.0f}s")
                 bar.update(1)
-            write_results(sweep.runs, out)
+            record()
             bar.set_postfix(failed=len(failures), refresh=True)
 
         from cgpt.sweep.worker import GroupTask
@@ -270,7 +280,7 @@ def launch(sweep: Sweep, out: Path, parallel: int | None = None, executor: str =
                              finished, poll_s, where=str(sweep.path), task=GroupTask())
         except KeyboardInterrupt:
             bar.close()
-            write_results(sweep.runs, out)
+            record()
             left = sum(rundir.state(out / r.run_id) != "done" for r in runs)
             print(f"\ncgpt sweep: interrupted; finished runs are kept and {left} left; rerun "
                   "the same command to resume"
@@ -278,10 +288,11 @@ def launch(sweep: Sweep, out: Path, parallel: int | None = None, executor: str =
                      else ""), file=sys.stderr)
             return 130
         bar.close()
-        write_results(sweep.runs, out)
+        record()
         states = {r.run_id: rundir.state(out / r.run_id) for r in runs}
         n_done = sum(s == "done" for s in states.values())
-        failed = [k for k, s in states.items() if s == "failed"]
+        failed = [k for k, s in states.items()
+                  if s == "failed" or (s != "done" and k in failures)]
         print(f"sweep {sweep.name}: {n_done}/{len(runs)} done, {len(failed)} failed"
               + (f" ({', '.join(failed)}; errors in {out / RESULTS_FILE}, logs in "
                  f"<run>/{rundir.LOG_FILE})" if failed else "")

@@ -35,8 +35,10 @@ def area(out: Path) -> paths.Area:
     return paths.Area(Path(out), (), "sweep directory")
 
 
-def result_row(run: Run, out: Path) -> dict:
-    """One results.csv row, from the run directory (summary.json / failed.json) and the plan."""
+def result_row(run: Run, out: Path, failures: dict[str, str] | None = None) -> dict:
+    """One results.csv row, from the run directory (summary.json / failed.json) and the plan;
+    `failures` (run id -> error): this launch's failures, for a run whose failed.json could
+    not be written (a full disk), never shown as pending."""
     run_dir = out / run.run_id
     row = {c: "" for c in COLUMNS}
     row.update(run_id=run.run_id, model=run.model, seed=run.seed, run_dir=str(run_dir),
@@ -54,13 +56,17 @@ def result_row(run: Run, out: Path) -> dict:
     if failed is not None:
         row.update(status="failed", error=failed.get("error", "failed (no message)"))
         return row
+    if run.run_id in (failures or {}):
+        row.update(status="failed", error=failures[run.run_id])
+        return row
     row["status"] = "pending"
     return row
 
 
-def write_results(runs: list[Run], out: Path) -> Path:
-    """Rewrite DIR/results.csv atomically: exactly `runs` (this spec's), from their run dirs."""
-    rows = [result_row(r, out) for r in runs]
+def write_results(runs: list[Run], out: Path, failures: dict[str, str] | None = None) -> Path:
+    """Rewrite DIR/results.csv atomically: exactly `runs` (this spec's), from their run dirs
+    (and this launch's `failures`, `result_row`)."""
+    rows = [result_row(r, out, failures) for r in runs]
     path = out / RESULTS_FILE
 
     def write(tmp: Path) -> None:
