@@ -5,6 +5,7 @@ symlink keeps working. Each test reproduces its fault first: before the rule, `-
 wrote its pid into the `.lock` link's target, `--from-step` and the corrupt-checkpoint
 fallback rmtree'd step-named folders through `discarded_checkpoints`/`corrupt_checkpoints`,
 `--on-change rerun` through `.superseded`, and the sweep appended to a linked `train.log`."""
+import csv
 import shutil
 from pathlib import Path
 
@@ -198,7 +199,6 @@ def _spec(tmp: Path, seeds) -> Path:
 @pytest.mark.parametrize("name", [rundir.LOG_FILE, rundir.LOCK_FILE])
 def test_a_sweep_never_appends_through_a_linked_run_file(tmp_path, capsys, name):
     from cgpt import sweep as sw
-    from cgpt.sweep.state import result_row
 
     s = sw.load_sweep(_spec(tmp_path, [0]))
     out, victim = tmp_path / "out", tmp_path / "victim.txt"
@@ -208,7 +208,8 @@ def test_a_sweep_never_appends_through_a_linked_run_file(tmp_path, capsys, name)
     (out / rid / name).symlink_to(victim)
     assert sw.launch(s, out, report=False, compile_cache=None) == 1
     assert victim.read_text() == "someone's log\n"  # the sweep's header and train's output
-    row = result_row(s.runs[0], out)
+    with open(out / "results.csv", newline="") as f:
+        row = next(csv.DictReader(f))
     assert row["status"] == "failed" and "outside the run directory" in row["error"], row
     assert str(out / rid / name) in row["error"]
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from cgpt import rundir
+from cgpt.errors import RunDirError
 from cgpt.fileio import atomic_write_text
 
 # AutoExecutor's cluster-independent parameters; every other `slurm:` key gets a slurm_ prefix.
@@ -136,11 +137,15 @@ def train_argv(job: Job) -> list[str]:
 
 
 def _error_from_log(log: Path, lines: int = 3) -> str:
-    """The failure's message: the `error:` line train prints, else the log's last lines."""
+    """The failure's message: the `error:` line train prints, else the log's last lines (never
+    read through a link that leaves the run directory: `cgpt.paths`)."""
     try:
-        text = log.read_text(errors="replace").splitlines()
+        text = rundir.area(log.parent).resolve(log, "read").read_text(errors="replace")
+    except RunDirError as e:
+        return str(e)
     except OSError:
         return f"no log at {log}"
+    text = text.splitlines()
     text = [t.rstrip() for t in text if t.strip() and not t.startswith("\r")]
     errs = [t for t in text if t.startswith("cgpt train: error:") or t.startswith("cgpt sweep:")]
     if errs:

@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 from cgpt import rundir
+from cgpt.errors import RunDirError
 from cgpt.sweep.executors import _LAUNCH, Job, RunTask, _live, _live_lock, _stopping, \
     _wait_for_parent, await_requeue, device_share, execute_run, outcome, prepare_job, \
     train_argv, slurm_tag, wait_live
@@ -232,10 +233,14 @@ def run_job(job: Job, redirect: bool, note: str = "") -> list[dict]:
     log, t0, locks = Path(job.run_dir) / rundir.LOG_FILE, time.time(), []
     try:
         for m in members:
-            if redirect:
-                prepare_job(m)
-            fd = rundir.area(m.run_dir).open_fd(Path(m.run_dir) / rundir.LOCK_FILE,
-                                                os.O_RDWR | os.O_CREAT, "lock")
+            try:  # a run directory the path rule refuses (`cgpt.paths`): this job fails
+                if redirect:
+                    prepare_job(m)
+                fd = rundir.area(m.run_dir).open_fd(Path(m.run_dir) / rundir.LOCK_FILE,
+                                                    os.O_RDWR | os.O_CREAT, "lock")
+            except RunDirError as e:
+                return [{"run_id": x.run_id, "status": "failed", "returncode": None,
+                         "error": str(e)} for x in members]
             locks.append(fd)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
