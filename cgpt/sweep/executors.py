@@ -22,8 +22,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from cgpt import rundir
-from cgpt.errors import RunDirError
 from cgpt.fileio import atomic_write_text
+from cgpt.sweep.state import log_error
 
 # AutoExecutor's cluster-independent parameters; every other `slurm:` key gets a slurm_ prefix.
 SUBMITIT_GENERIC = ("timeout_min", "mem_gb", "gpus_per_node", "cpus_per_task", "nodes",
@@ -136,23 +136,6 @@ def train_argv(job: Job) -> list[str]:
     return argv + (["--resume"] if job.resume else [])
 
 
-def _error_from_log(log: Path, lines: int = 3) -> str:
-    """The failure's message: the `error:` line train prints, else the log's last lines (never
-    read through a link that leaves the run directory: `cgpt.paths`)."""
-    try:
-        text = rundir.area(log.parent).resolve(log, "read").read_text(errors="replace")
-    except RunDirError as e:
-        return str(e)
-    except OSError:
-        return f"no log at {log}"
-    text = text.splitlines()
-    text = [t.rstrip() for t in text if t.strip() and not t.startswith("\r")]
-    errs = [t for t in text if t.startswith("cgpt train: error:") or t.startswith("cgpt sweep:")]
-    if errs:
-        return errs[-1][-600:]
-    return " | ".join(text[-lines:])[-600:] or "no output"
-
-
 def _wait_for_parent(job: Job, poll_s: float = 2.0) -> bool:
     """A branch starts once its parent's checkpoint exists; False if the parent failed."""
     parent, _, step = job.branch_from.rpartition("@")
@@ -260,7 +243,7 @@ def outcome(job: Job, rc: int | None, t0: float, log: Path) -> dict:
         own = json.loads((d / rundir.FAILED_FILE).read_text()).get("error")
     except (OSError, ValueError, AttributeError):
         own = None
-    err = own or _error_from_log(log)
+    err = own or log_error(log)
     if rc is not None and rc < 0:
         err = f"killed by signal {signal.Signals(-rc).name}; {err}"
     elif rc == 0 and not own:

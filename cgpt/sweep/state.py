@@ -17,6 +17,7 @@ import yaml
 
 from analysis.schema import COLUMNS  # the results contract `analysis.load_results` reads
 from cgpt import paths, rundir
+from cgpt.errors import RunDirError
 from cgpt.config.model import ModelConfig
 from cgpt.fileio import atomic_write, atomic_write_text
 from cgpt.config.run import identity, safe_load
@@ -61,6 +62,23 @@ def result_row(run: Run, out: Path, failures: dict[str, str] | None = None) -> d
         return row
     row["status"] = "pending"
     return row
+
+
+def log_error(log: Path, lines: int = 3) -> str:
+    """The failure's message: the `error:` line train prints, else the log's last lines (never
+    read through a link that leaves the run directory: `cgpt.paths`)."""
+    try:
+        text = rundir.area(log.parent).resolve(log, "read").read_text(errors="replace")
+    except RunDirError as e:
+        return str(e)
+    except OSError:
+        return f"no log at {log}"
+    text = text.splitlines()
+    text = [t.rstrip() for t in text if t.strip() and not t.startswith("\r")]
+    errs = [t for t in text if t.startswith("cgpt train: error:") or t.startswith("cgpt sweep:")]
+    if errs:
+        return errs[-1][-600:]
+    return " | ".join(text[-lines:])[-600:] or "no output"
 
 
 def write_results(runs: list[Run], out: Path, failures: dict[str, str] | None = None) -> Path:
