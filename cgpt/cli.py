@@ -83,12 +83,18 @@ def _emulate_cpu_devices(mesh_spec: str | None) -> None:
 
 
 def cmd_train(args) -> int:
+    from cgpt.paths import check_destination
     from cgpt.sharding import distributed
     from cgpt.train.loop import train
 
+    if args.out is not None:
+        check_destination(args.out, "--out")
     run = build_run(args)
     _emulate_cpu_devices(run.train.mesh)
     distributed.initialize(args.peer_timeout)  # a multi-process job (JAX_* or SLURM env)
+    distributed.agree("config", {**run.to_dict(), "flags": {
+        k: getattr(args, k) for k in ("resume", "from_step", "allow_train_changes",
+                                      "branch_from")}})  # every process: one run
     out = Path(args.out or f"runs/{run.model.name}")
     branch_from = None
     if args.branch_from:
@@ -127,6 +133,7 @@ def cmd_generate(args) -> int:
     import math
 
     import cgpt
+    from cgpt.config import backend
 
     checks = (("--max-new-tokens", args.max_new_tokens, args.max_new_tokens >= 1, ">= 1"),
               ("--top-k", args.top_k, args.top_k is None or args.top_k >= 1, ">= 1"),
@@ -136,7 +143,7 @@ def cmd_generate(args) -> int:
     for flag, v, ok, want in checks:  # before the model loads, named as typed
         if not ok:
             raise ValueError(f"{flag} {v}: must be {want}")
-
+    backend.start_platform()
     lm = cgpt.load(args.source, dtype=args.dtype)
     if args.max_new_tokens >= lm.config.n_ctx:
         raise ValueError(f"--max-new-tokens {args.max_new_tokens}: the prompt and the new tokens "
@@ -152,6 +159,9 @@ def cmd_eval(args) -> int:
                          ("--bootstrap-iters", args.bootstrap_iters, 0)):
         if v is not None and (v < low or (flag == "--limit" and v == 0)):
             raise ValueError(f"{flag} {v}: must be {'> 0' if flag == '--limit' else '>= 0'}")
+    from cgpt.config import backend
+
+    backend.start_platform()
     if args.tasks:  # lm-evaluation-harness tasks: cgpt/eval/harness.py
         try:
             from cgpt.eval.harness import run_tasks

@@ -23,14 +23,25 @@ def probe_writable(directory: str | os.PathLike) -> None:
 def atomic_write(path: str | os.PathLike, write: Callable[[Path], None]) -> None:
     """Call write(tmp) on a temp file next to `path`, then rename it into place.
 
-    A crash mid-write leaves only a *.tmp file that nothing ever reads.
+    A crash mid-write leaves only a *.tmp file that nothing ever reads. A failed write is an
+    OSError naming `path` (a full cache disk is blamed on the cache, not the run).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
     os.close(fd)
     try:
-        write(Path(tmp))
+        try:
+            write(Path(tmp))
+        except OSError as e:  # named by the file it was for, not left unnamed
+            e.filename = e.filename or str(path)
+            raise
+        except Exception as e:  # a Rust or C++ writer (tokenizers) keeps only "os error N"
+            errno = re.search(r"os error (\d+)", str(e))
+            if errno is None:
+                raise
+            n = int(errno.group(1))
+            raise OSError(n, os.strerror(n), str(path)) from e
         os.chmod(tmp, 0o644)  # mkstemp makes it owner-only; caches and runs may be shared
         os.replace(tmp, path)
     finally:

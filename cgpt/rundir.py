@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from cgpt import paths
 from cgpt.errors import LoadError, RunDirError
 
 CONFIG_FILE = "config.yaml"
@@ -59,6 +60,12 @@ KINDS = {**dict.fromkeys((CONFIG_FILE, IDENTITY_FILE, RUN_FILE, LOG_FILE, TOKENI
                           LOCK_FILE, WANDB_FILE), "file"),
          **dict.fromkeys((CKPT_DIR, EVENTS_DIR, DISCARDED_DIR, CORRUPT_DIR, WANDB_DIR), "dir")}
 STATES = ("done", "running", "failed", "interrupted", "new")
+STORAGE = (CKPT_DIR,)  # the one entry users may put on another disk (a symlink)
+
+
+def area(run_dir: str | os.PathLike) -> paths.Area:
+    """The run directory under the path-safety rule (`cgpt.paths`)."""
+    return paths.Area(Path(run_dir), STORAGE, "run directory")
 
 
 def log_name(rank: int) -> str:
@@ -98,7 +105,8 @@ class RunLock:
 
     def acquire(self) -> "RunLock":
         while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = area(self.path.parent).open_fd(self.path, os.O_RDWR | os.O_CREAT,
+                                                "truncate and write a pid into")
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -169,7 +177,8 @@ def recognise(out: str | os.PathLike) -> list[str]:
 
 def check_kinds(out: Path) -> None:
     """Every name cgpt keeps in a run directory is of the kind it writes (a file where a file
-    goes, a directory where one goes); otherwise one error naming the path and the fix."""
+    goes, a directory where one goes) and none resolves outside it but `STORAGE`
+    (`cgpt.paths`); otherwise one error naming the path and the fix."""
     for name, kind in KINDS.items():
         p = Path(out) / name
         if p.exists() or p.is_symlink():
@@ -182,6 +191,7 @@ def check_kinds(out: Path) -> None:
                     f"{p} is a {'directory' if is_dir else 'file'}, but cgpt keeps a "
                     f"{'directory' if kind == 'dir' else 'file'} there; move it away (or choose "
                     "another --out)")
+    area(out).check(KINDS)
 
 
 def is_run(path: str | os.PathLike) -> bool:

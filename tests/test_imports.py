@@ -13,7 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 MAX_LINES = 450
 # stages of cgpt, lowest first: a module may import its own stage and the ones below
-LAYERS = [("cgpt.errors", "cgpt.fileio", "cgpt.rundir"), ("cgpt.config",),
+LAYERS = [("cgpt.errors", "cgpt.fileio", "cgpt.paths", "cgpt.rundir"), ("cgpt.config",),
           ("cgpt.data", "cgpt.model"), ("cgpt.sharding",), ("cgpt.train",),
           ("cgpt.plan", "cgpt.eval"), ("cgpt.sweep",), ("cgpt.cli", "cgpt.__main__", "cgpt")]
 
@@ -124,8 +124,9 @@ def test_modules_stay_readable():
     assert long == {}
 
 
-@pytest.mark.parametrize("module", ["cgpt.rundir", "cgpt.train.resolve", "cgpt.config.recipe",
-                                    "cgpt.sharding.auto", "cgpt.sweep.spec"])
+@pytest.mark.parametrize("module", ["cgpt.rundir", "cgpt.paths", "cgpt.train.resolve",
+                                    "cgpt.config.recipe", "cgpt.sharding.auto",
+                                    "cgpt.sweep.spec"])
 def test_deciding_a_run_imports_no_jax(module):
     code = f"import sys, {module}; assert 'jax' not in sys.modules, 'jax imported'"
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,

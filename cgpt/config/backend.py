@@ -94,6 +94,23 @@ def platform_of(device) -> str:
     return p if p in _DEFAULTS else "cpu"
 
 
+def start_platform(environ=os.environ) -> None:
+    """Start JAX's backend (before a command loads anything): JAX_PLATFORMS naming a platform
+    this machine lacks is one ValueError saying what to set, not JAX's bare AssertionError."""
+    import jax
+
+    try:
+        jax.devices()
+    except (RuntimeError, AssertionError) as e:
+        platforms = environ.get("JAX_PLATFORMS", "").strip()
+        if not platforms:
+            raise  # not the user's setting: JAX's own error
+        raise ValueError(f"JAX_PLATFORMS={platforms}: JAX cannot start that platform on this "
+                         f"machine ({' '.join(str(e).split()) or 'no such device found'}); "
+                         "unset JAX_PLATFORMS to let JAX choose, or name one it has "
+                         "(e.g. cpu)") from None
+
+
 def current_platform() -> str:
     """The platform JAX compiles for (`platform_of` its first device)."""
     import jax

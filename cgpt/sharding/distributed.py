@@ -17,6 +17,7 @@ without its heartbeat (at once if process 0, the coordinator, dies) the others s
 from __future__ import annotations
 
 import errno
+import json
 import os
 import socket
 import sys
@@ -27,6 +28,7 @@ import jax
 import numpy as np
 
 from cgpt.errors import DistributedError
+from cgpt.config import backend
 from cgpt.sharding import allocation
 
 T = TypeVar("T")
@@ -122,15 +124,12 @@ def initialize(peer_timeout: int | None = None) -> bool:
     check_env(os.environ)
     try:
         return _initialize(timeout)
-    except (RuntimeError, AssertionError) as e:
-        platforms = os.environ.get("JAX_PLATFORMS", "").strip()
-        if not platforms or _backends_up():
+    except (RuntimeError, AssertionError):
+        if _backends_up():
             raise  # not the platform: JAX's own error
         # JAX asserts (no message) when JAX_PLATFORMS=cuda finds no GPU, raises for others
-        raise ValueError(f"JAX_PLATFORMS={platforms}: JAX cannot start that platform on this "
-                         f"machine ({' '.join(str(e).split()) or 'no such device found'}); "
-                         "unset JAX_PLATFORMS to let JAX choose, or name one it has "
-                         "(e.g. cpu)") from None
+        backend.start_platform()
+        raise
 
 
 def _check_port_free(address: str) -> None:
@@ -230,6 +229,46 @@ def _gather_hosts() -> list[str]:
     client.wait_at_barrier("cgpt/hosts", BARRIER_TIMEOUT_S * 1000)
     got = {int(k.rsplit("/", 1)[-1]): v for k, v in client.key_value_dir_get("cgpt/host/")}
     return [got[i] for i in range(jax.process_count())]
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
+
+
+def disagreement(records: list[dict]) -> str | None:
+    """What the processes' `records` (by process index) disagree on, as one line naming the
+    keys and the first differing values; None when all equal process 0's."""
+    flat = [_flat(r) for r in records]
+    diff = sorted({k for f in flat[1:] for k in set(f) | set(flat[0])
+                   if f.get(k) != flat[0].get(k)})
+    if not diff:
+        return None
+    shown = []
+    for k in diff[:4]:
+        i = next(i for i, f in enumerate(flat) if f.get(k) != flat[0].get(k))
+        shown.append(f"{k}: process 0 has {flat[0].get(k)!r}, process {i} has {flat[i].get(k)!r}")
+    return f"{', '.join(diff)} differ ({'; '.join(shown)})"
+
+
+def agree(name: str, record: dict) -> None:
+    """Every process publishes `record` (its resolved config and flags) at start-up: if they
+    differ, all stop here with one DistributedError naming the keys (else they hang or abort
+    in a collective later). No-op in a single-process run."""
+    if (where := joined()) is None:
+        return
+    (index, count), client = where, _client()
+    client.key_value_set(f"cgpt/agree/{name}/{index}", json.dumps(record, sort_keys=True,
+                                                                  default=str))
+    client.wait_at_barrier(f"cgpt/agree/{name}", max(3 * _peer_timeout, 60) * 1000)
+    got = {int(k.rsplit("/", 1)[-1]): v
+           for k, v in client.key_value_dir_get(f"cgpt/agree/{name}/")}
+    why = disagreement([json.loads(got[i]) for i in range(count)])
+    if why is not None:
+        raise DistributedError(f"the processes of this job disagree on their {name}: {why}; "
+                               "give every process the same command, config and environment")
 
 
 def process_hosts() -> tuple[str, ...]:

@@ -7,6 +7,7 @@ import re
 import sys
 from pathlib import Path
 
+from cgpt.errors import CgptError
 from cgpt.sweep.fitcheck import fit_results, print_fit
 from cgpt.sweep.groups import fit_groups, plan_groups, print_groups
 from cgpt.sweep.launch import EXECUTORS, ON_CHANGE, launch, print_table
@@ -138,6 +139,6 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(sys.argv[1:] if argv is None else argv)
     try:
         return cmd_sweep(args)
-    except ValueError as e:
+    except (ValueError, CgptError) as e:
         print(f"cgpt sweep: error: {e}", file=sys.stderr)
         return 2

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from cgpt import rundir
 from cgpt.fileio import atomic_write_text
+from cgpt.sweep.state import log_error
 
 # AutoExecutor's cluster-independent parameters; every other `slurm:` key gets a slurm_ prefix.
 SUBMITIT_GENERIC = ("timeout_min", "mem_gb", "gpus_per_node", "cpus_per_task", "nodes",
@@ -135,19 +136,6 @@ def train_argv(job: Job) -> list[str]:
     return argv + (["--resume"] if job.resume else [])
 
 
-def _error_from_log(log: Path, lines: int = 3) -> str:
-    """The failure's message: the `error:` line train prints, else the log's last lines."""
-    try:
-        text = log.read_text(errors="replace").splitlines()
-    except OSError:
-        return f"no log at {log}"
-    text = [t.rstrip() for t in text if t.strip() and not t.startswith("\r")]
-    errs = [t for t in text if t.startswith("cgpt train: error:") or t.startswith("cgpt sweep:")]
-    if errs:
-        return errs[-1][-600:]
-    return " | ".join(text[-lines:])[-600:] or "no output"
-
-
 def _wait_for_parent(job: Job, poll_s: float = 2.0) -> bool:
     """A branch starts once its parent's checkpoint exists; False if the parent failed."""
     parent, _, step = job.branch_from.rpartition("@")
@@ -215,10 +203,11 @@ def execute_run(job: Job) -> dict:
     if job.pin:
         extra, cpus = device_share(*job.pin)
         env.update(extra)
-    cmd = [sys.executable, "-c", _LAUNCH, str(d / rundir.LOCK_FILE) if rank == 0 else "",
+    lock = rundir.area(d).resolve(d / rundir.LOCK_FILE, "lock and write a pid into")
+    cmd = [sys.executable, "-c", _LAUNCH, str(lock) if rank == 0 else "",
            str(os.getpid()), ",".join(map(str, cpus)), "cgpt", *train_argv(job)]
     t0 = time.time()
-    with open(log, "a") as f:
+    with rundir.area(d).append(log) as f:
         where = (f" [cpus {','.join(map(str, cpus))}]" if cpus else "") + (
             f" [CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']}]"
             if job.pin and "CUDA_VISIBLE_DEVICES" in env else "") + (
@@ -254,25 +243,32 @@ def outcome(job: Job, rc: int | None, t0: float, log: Path) -> dict:
         own = json.loads((d / rundir.FAILED_FILE).read_text()).get("error")
     except (OSError, ValueError, AttributeError):
         own = None
-    err = own or _error_from_log(log)
+    err = own or log_error(log)
     if rc is not None and rc < 0:
         err = f"killed by signal {signal.Signals(-rc).name}; {err}"
     elif rc == 0 and not own:
         err = f"exited 0 without writing {rundir.SUMMARY_FILE}; {err}"
     if proc_rank() == 0:
-        atomic_write_text(d / rundir.FAILED_FILE, json.dumps(
-            {**res, "status": "failed", "error": err, "log": str(log)}, indent=2))
+        try:
+            atomic_write_text(d / rundir.FAILED_FILE, json.dumps(
+                {**res, "status": "failed", "error": err, "log": str(log)}, indent=2))
+        except OSError as e:  # a full disk: the sweep still reports the run failed (results.csv)
+            err = (f"{err}; could not record the failure in {d / rundir.FAILED_FILE} "
+                   f"({e.strerror or e}): free space on the disk of {d} and rerun the sweep")
     return {**res, "status": "failed", "error": err}
 
 
 def prepare_job(job: Job) -> None:
-    """The files a job starts with (its directory may be gone), its last failure forgotten."""
+    """The files a job starts with (its directory may be gone), its last failure forgotten;
+    first a RunDirError if an entry cgpt writes is of the wrong kind or resolves outside the
+    run directory (a symlinked train.log or .lock: `cgpt.paths`)."""
     d = Path(job.run_dir)
+    rundir.check_kinds(d)
     for name, text in job.files.items():
         if not (d / name).exists():
             atomic_write_text(d / name, text)
     if proc_rank() == 0:
-        (d / rundir.FAILED_FILE).unlink(missing_ok=True)
+        rundir.area(d).remove(d / rundir.FAILED_FILE)
 
 
 
@@ -308,7 +304,8 @@ class RunTask:
             proc = _live.get(job.run_id)
         if proc is not None:  # ask again each second: train ignores it until its loop starts
             grace = grace_s or float(job.env.get(GRACE_ENV) or requeue_grace({}))
-            with open(Path(job.run_dir) / rundir.log_name(proc_rank()), "a") as f:
+            d = Path(job.run_dir)
+            with rundir.area(d).append(d / rundir.log_name(proc_rank())) as f:
                 f.write(f"==== cgpt sweep {time.strftime('%Y-%m-%d %H:%M:%S')}: the scheduler's "
                         f"signal: checkpoint, waiting up to {grace:.0f} s, then requeue\n")
             deadline = time.time() + grace

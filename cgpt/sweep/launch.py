@@ -15,12 +15,14 @@ import yaml
 
 from cgpt import rundir
 from cgpt.config import backend
-from cgpt.fileio import probe_writable
+from cgpt.fileio import atomic_write_text, probe_writable
+from cgpt.paths import check_destination
 from cgpt.sweep.executors import Job, run_local, run_submitit
 from cgpt.sweep.groups import group_jobs, plan_groups
 from cgpt.sweep.spec import Run, Sweep, fmt_count, fmt_time, missing_required, select
-from cgpt.sweep.state import SUPERSEDED_DIR, config_change, prepare_run_dir, run_files, supersede, \
-    write_results
+from cgpt.sweep.state import RESULTS_FILE, SPEC_COPY, SUPERSEDED_DIR, SWEEP_LOCK, SWEEP_NAMES, \
+    config_change, prepare_run_dir, run_files, supersede, write_results
+from cgpt.sweep.state import area as sweep_area
 from cgpt.train import wandb_log
 
 EXECUTORS = ("local", "slurm", "submitit-local")
@@ -96,8 +98,8 @@ class SweepLock:
     """DIR/.sweep.lock: one sweep process per output directory (released even on SIGKILL)."""
 
     def __init__(self, out: Path):
-        self.path = out / ".sweep.lock"
-        self.f = open(self.path, "a+")
+        self.path = out / SWEEP_LOCK
+        self.f = open(sweep_area(out).resolve(self.path, "truncate and write a pid into"), "a+")
         try:
             fcntl.flock(self.f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -116,12 +118,15 @@ class SweepLock:
 
 
 def check_out_dir(out: Path) -> None:
-    """--out must be a directory this process can write (a clear one-line error otherwise)."""
+    """--out must be a directory this process can write (a clear one-line error otherwise)
+    and not one no sweep should fill (`cgpt.paths.check_destination`)."""
+    check_destination(str(out), "--out")
     try:
         probe_writable(out)
     except OSError as e:
         raise ValueError(f"--out {out}: cannot use it as the sweep directory "
                          f"({e.strerror or e}); choose another --out") from None
+    sweep_area(out).check(SWEEP_NAMES)
 
 
 def _report(out: Path, n_done: int) -> None:
@@ -140,7 +145,7 @@ def _report(out: Path, n_done: int) -> None:
         print(f"(no scaling-law report: {e})")
     except Exception as e:  # a fit that fails must not hide that the runs are safe
         print(f"(scaling-law report failed: {type(e).__name__}: {e}; results are in "
-              f"{out / 'results.csv'})")
+              f"{out / RESULTS_FILE})")
 
 
 def _check_identity(sweep: Sweep, runs: list[Run], out: Path, on_change: str) -> None:
@@ -203,7 +208,7 @@ def launch(sweep: Sweep, out: Path, parallel: int | None = None, executor: str =
         states = {r.run_id: rundir.state(out / r.run_id) for r in runs}
         _check_identity(sweep, [r for r in runs if states[r.run_id] != "running"], out, on_change)
         cache = backend.compile_cache_dir() if compile_cache == "default" else compile_cache
-        (out / "sweep.yaml").write_text(yaml.safe_dump(
+        atomic_write_text(out / SPEC_COPY, yaml.safe_dump(
             {"spec": str(sweep.path), "name": sweep.name, "argv": sys.argv[1:],
              "compile_cache": str(cache) if cache else None,
              "runs": [r.run_id for r in sweep.runs]}, sort_keys=False))
@@ -241,6 +246,13 @@ def launch(sweep: Sweep, out: Path, parallel: int | None = None, executor: str =
         bar = tqdm(total=len(runs), initial=n_done, unit="run", desc=f"sweep {sweep.name}",
                    dynamic_ncols=True)
 
+        def record() -> None:  # results.csv; a full disk must not stop the sweep
+            try:
+                write_results(sweep.runs, out, failures)
+            except OSError as e:
+                bar.write(f"cgpt sweep: could not write {out / RESULTS_FILE} "
+                          f"({e.strerror or e}); free space on its disk")
+
         def finished(res: dict) -> None:
             if "members" in res:  # a fused group: one result per run
                 for m in res["members"]:
@@ -255,7 +267,7 @@ def launch(sweep: Sweep, out: Path, parallel: int | None = None, executor: str =
                 bar.write(f"done   {res['run_id']}: val_loss {s.get('val_loss', float('nan')):.4f}"
                           f"  {res.get('seconds', 0):.0f}s")
                 bar.update(1)
-            write_results(sweep.runs, out)
+            record()
             bar.set_postfix(failed=len(failures), refresh=True)
 
         from cgpt.sweep.worker import GroupTask
@@ -272,7 +284,7 @@ def launch(sweep: Sweep, out: Path, parallel: int | None = None, executor: str =
                              finished, poll_s, where=str(sweep.path), task=GroupTask())
         except KeyboardInterrupt:
             bar.close()
-            write_results(sweep.runs, out)
+            record()
             left = sum(rundir.state(out / r.run_id) != "done" for r in runs)
             print(f"\ncgpt sweep: interrupted; finished runs are kept and {left} left; rerun "
                   "the same command to resume"
@@ -280,14 +292,15 @@ def launch(sweep: Sweep, out: Path, parallel: int | None = None, executor: str =
                      else ""), file=sys.stderr)
             return 130
         bar.close()
-        write_results(sweep.runs, out)
+        record()
         states = {r.run_id: rundir.state(out / r.run_id) for r in runs}
         n_done = sum(s == "done" for s in states.values())
-        failed = [k for k, s in states.items() if s == "failed"]
+        failed = [k for k, s in states.items()
+                  if s == "failed" or (s != "done" and k in failures)]
         print(f"sweep {sweep.name}: {n_done}/{len(runs)} done, {len(failed)} failed"
-              + (f" ({', '.join(failed)}; errors in {out / 'results.csv'}, logs in "
+              + (f" ({', '.join(failed)}; errors in {out / RESULTS_FILE}, logs in "
                  f"<run>/{rundir.LOG_FILE})" if failed else "")
-              + f"; results: {out / 'results.csv'}")
+              + f"; results: {out / RESULTS_FILE}")
         if report:
             all_done = sum(rundir.state(out / r.run_id) == "done" for r in sweep.runs)
             _report(out, all_done)

@@ -11,13 +11,13 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
-import shutil
 from pathlib import Path
 
 import yaml
 
 from analysis.schema import COLUMNS  # the results contract `analysis.load_results` reads
-from cgpt import rundir
+from cgpt import paths, rundir
+from cgpt.errors import RunDirError
 from cgpt.config.model import ModelConfig
 from cgpt.fileio import atomic_write, atomic_write_text
 from cgpt.config.run import identity, safe_load
@@ -26,10 +26,20 @@ from cgpt.sweep.spec import Run, config_hash
 SUMMARY_COLUMNS = ("n_params", "n_params_nonembed", "tokens", "flops_6nd", "flops", "train_loss",
                    "val_loss", "wall_time_s", "tokens_per_s", "mfu", "epochs", "mup")
 SUPERSEDED_DIR = ".superseded"
+RESULTS_FILE, SPEC_COPY, SWEEP_LOCK = "results.csv", "sweep.yaml", ".sweep.lock"
+SWEEP_NAMES = (RESULTS_FILE, SPEC_COPY, SWEEP_LOCK, SUPERSEDED_DIR)  # what cgpt keeps in DIR
 
 
-def result_row(run: Run, out: Path) -> dict:
-    """One results.csv row, from the run directory (summary.json / failed.json) and the plan."""
+def area(out: Path) -> paths.Area:
+    """The sweep directory under the path-safety rule (`cgpt.paths`): its run directories and
+    its own files are changed only where they resolve inside it."""
+    return paths.Area(Path(out), (), "sweep directory")
+
+
+def result_row(run: Run, out: Path, failures: dict[str, str] | None = None) -> dict:
+    """One results.csv row, from the run directory (summary.json / failed.json) and the plan;
+    `failures` (run id -> error): this launch's failures, for a run whose failed.json could
+    not be written (a full disk), never shown as pending."""
     run_dir = out / run.run_id
     row = {c: "" for c in COLUMNS}
     row.update(run_id=run.run_id, model=run.model, seed=run.seed, run_dir=str(run_dir),
@@ -47,14 +57,35 @@ def result_row(run: Run, out: Path) -> dict:
     if failed is not None:
         row.update(status="failed", error=failed.get("error", "failed (no message)"))
         return row
+    if run.run_id in (failures or {}):
+        row.update(status="failed", error=failures[run.run_id])
+        return row
     row["status"] = "pending"
     return row
 
 
-def write_results(runs: list[Run], out: Path) -> Path:
-    """Rewrite DIR/results.csv atomically: exactly `runs` (this spec's), from their run dirs."""
-    rows = [result_row(r, out) for r in runs]
-    path = out / "results.csv"
+def log_error(log: Path, lines: int = 3) -> str:
+    """The failure's message: the `error:` line train prints, else the log's last lines (never
+    read through a link that leaves the run directory: `cgpt.paths`)."""
+    try:
+        text = rundir.area(log.parent).resolve(log, "read").read_text(errors="replace")
+    except RunDirError as e:
+        return str(e)
+    except OSError:
+        return f"no log at {log}"
+    text = text.splitlines()
+    text = [t.rstrip() for t in text if t.strip() and not t.startswith("\r")]
+    errs = [t for t in text if t.startswith("cgpt train: error:") or t.startswith("cgpt sweep:")]
+    if errs:
+        return errs[-1][-600:]
+    return " | ".join(text[-lines:])[-600:] or "no output"
+
+
+def write_results(runs: list[Run], out: Path, failures: dict[str, str] | None = None) -> Path:
+    """Rewrite DIR/results.csv atomically: exactly `runs` (this spec's), from their run dirs
+    (and this launch's `failures`, `result_row`)."""
+    rows = [result_row(r, out, failures) for r in runs]
+    path = out / RESULTS_FILE
 
     def write(tmp: Path) -> None:
         with open(tmp, "w", newline="") as f:
@@ -108,10 +139,7 @@ def supersede(run: Run, out: Path) -> Path:
         old = None
     old = old if isinstance(old, dict) else {"damaged": (d / rundir.CONFIG_FILE).stat().st_size}
     dest = out / SUPERSEDED_DIR / f"{run.run_id}.{config_hash(old)}"
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    if dest.exists():
-        shutil.rmtree(dest)
-    shutil.move(str(d), str(dest))
+    area(out).move(d, dest)
     return dest
 
 
@@ -130,7 +158,7 @@ def prepare_run_dir(run: Run, out: Path) -> Path:
         atomic_write_text(d / name, text)
     summary = d / rundir.SUMMARY_FILE
     if summary.exists() and rundir.try_json(summary) is None:
-        summary.replace(d / "summary.json.damaged")
+        rundir.area(d).move(summary, d / "summary.json.damaged")
         print(f"{run.run_id}: {summary} does not parse; moved it to summary.json.damaged and "
               "resuming the run to write it again")
     return d

@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 from cgpt import rundir
+from cgpt.errors import RunDirError
 from cgpt.sweep.executors import _LAUNCH, Job, RunTask, _live, _live_lock, _stopping, \
     _wait_for_parent, await_requeue, device_share, execute_run, outcome, prepare_job, \
     train_argv, slurm_tag, wait_live
@@ -82,9 +83,9 @@ def execute_group(job: Job) -> dict:
     where = (f" [cpus {','.join(map(str, cpus))}]" if cpus else "") + "".join(
         f" [{k}={v}]" for k, v in extra.items()) + slurm_tag()
     for m in members[1:]:
-        with open(Path(m.run_dir) / rundir.LOG_FILE, "a") as f:
+        with rundir.area(m.run_dir).append(Path(m.run_dir) / rundir.LOG_FILE) as f:
             f.write(_header(m, members[0], len(members), where))
-    with open(log, "a") as f:
+    with rundir.area(job.run_dir).append(log) as f:
         f.write(_header(members[0], members[0], len(members), where))
         f.flush()
         if _stopping.is_set():
@@ -209,7 +210,8 @@ def _output_to(log: Path):
     sys.stdout.flush()
     sys.stderr.flush()
     saved = os.dup(1), os.dup(2)
-    fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = rundir.area(log.parent).open_fd(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT,
+                                         "append to")
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
@@ -231,9 +233,14 @@ def run_job(job: Job, redirect: bool, note: str = "") -> list[dict]:
     log, t0, locks = Path(job.run_dir) / rundir.LOG_FILE, time.time(), []
     try:
         for m in members:
-            if redirect:
-                prepare_job(m)
-            fd = os.open(Path(m.run_dir) / rundir.LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+            try:  # a run directory the path rule refuses (`cgpt.paths`): this job fails
+                if redirect:
+                    prepare_job(m)
+                fd = rundir.area(m.run_dir).open_fd(Path(m.run_dir) / rundir.LOCK_FILE,
+                                                    os.O_RDWR | os.O_CREAT, "lock")
+            except RunDirError as e:
+                return [{"run_id": x.run_id, "status": "failed", "returncode": None,
+                         "error": str(e)} for x in members]
             locks.append(fd)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -243,7 +250,7 @@ def run_job(job: Job, redirect: bool, note: str = "") -> list[dict]:
                          "is training this run"} for x in members]
         if redirect:
             for m in members:
-                with open(Path(m.run_dir) / rundir.LOG_FILE, "a") as f:
+                with rundir.area(m.run_dir).append(Path(m.run_dir) / rundir.LOG_FILE) as f:
                     f.write(_header(m, members[0], len(members),
                                     f" [in the sweep's worker process, pid {os.getpid()}]")
                             + note)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -23,13 +22,12 @@ from cgpt.sharding import distributed
 log = logging.getLogger(__name__)
 
 
-def _set_aside(src: Path, aside: Path) -> Path:
-    """Move a checkpoint directory out of the way (to `aside`, returned); in a multi-process
-    job process 0 alone moves it (the others wait at a barrier before they reload)."""
+def _set_aside(run_dir: Path, src: Path, aside: Path) -> Path:
+    """Move a checkpoint directory out of the way (to `aside`, returned) under the path-safety
+    rule (never into or out of a place outside the run); in a multi-process job process 0
+    alone moves it (the others wait at a barrier before they reload)."""
     if distributed.is_writer():
-        aside.parent.mkdir(exist_ok=True)
-        shutil.rmtree(aside, ignore_errors=True)
-        shutil.move(str(src), str(aside))
+        rundir.area(run_dir).move(src, aside)
     return aside
 
 
@@ -149,7 +147,7 @@ class Checkpointer:
         """Move the checkpoints newer than `step` to `discarded_checkpoints/` (a rewind)."""
         later = [s for s in self.steps() if s > step]
         for s in later:
-            _set_aside(self.run_dir / rundir.CKPT_DIR / str(s),
+            _set_aside(self.run_dir, self.run_dir / rundir.CKPT_DIR / str(s),
                        self.run_dir / rundir.DISCARDED_DIR / str(s))
         if later:
             distributed.barrier(f"discard-after-{step}")  # process 0 moved them; all reload
@@ -165,7 +163,7 @@ class Checkpointer:
         found = restore_newest(self.mngr, self.run_dir,
                                {"params": abstract_params, "opt_state": abstract_opt_state},
                                "move the checkpoints away to start over",
-                               lambda s: _set_aside(self.run_dir / rundir.CKPT_DIR / str(s),
+                               lambda s: _set_aside(self.run_dir, self.run_dir / rundir.CKPT_DIR / str(s),
                                                     self.run_dir / rundir.CORRUPT_DIR / str(s)))
         if found is None:
             return None

@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+from cgpt import rundir
 from cgpt.config.run import RunConfig
 from cgpt.errors import Preempted, TrainError
 from cgpt.sharding import distributed
@@ -58,6 +59,11 @@ def _train(life: Lifecycle, progress: bool, from_step: int | None,
         raise TrainError("--from-step continues a run: use it with --resume")
     life.check()
     distributed.barrier("config-read")  # every process has read config.yaml before it is written
+    if life.finished is not None and from_step is not None:  # never a silent no-op
+        raise TrainError(
+            f"--from-step {from_step}: {out} is finished ({rundir.SUMMARY_FILE}); a rewind "
+            f"would replace its result. To retrain from step {from_step}, move "
+            f"{out / rundir.SUMMARY_FILE} away and rerun the same command")
     if life.finished is not None:  # finished already: nothing to redo
         return life.finished
     # the micro-batch x accumulation and remat whose compiled step fits (cgpt.train.fit): that
