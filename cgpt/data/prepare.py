@@ -319,6 +319,10 @@ def _tokenize(todo, total, tok_json, corpus, out, num_proc, progress) -> None:
             raise
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
+            q.close()
+            q.join_thread()
+            del pool, q  # their semaphores are released now: an error ends in `os._exit`,
+            # which skips the collection that would, and the resource tracker warns of a leak
     finally:
         bar.close()
 
