@@ -208,7 +208,8 @@ def run_tasks(args) -> int:
     limit = args.limit if args.limit is None or args.limit < 1 else int(args.limit)
     res = simple_evaluate(model=model, tasks=tasks, num_fewshot=args.num_fewshot,
                           limit=limit, task_manager=manager, log_samples=False,
-                          bootstrap_iters=args.bootstrap_iters)
+                          bootstrap_iters=100000 if args.bootstrap_iters is None
+                          else args.bootstrap_iters)
     out = Path(args.output) if args.output else default_output(args.source)
     out.parent.mkdir(parents=True, exist_ok=True)
     keep = {k: res[k] for k in ("results", "versions", "n-shot", "configs", "higher_is_better",
