@@ -1,0 +1,97 @@
+"""Faults found by the third fault campaign (qa/cases/: cli, generate, evalcli, plan, coordcheck,
+branch, suggest, notebookdata, resume), each reproduced here first. Fast: the commands below
+fail before any model is built."""
+import gzip
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cgpt.cli import main as cli_main
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _cgpt(*argv: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu"}
+    return subprocess.run([sys.executable, "-m", "cgpt", *argv], capture_output=True, text=True,
+                          env=env, cwd=cwd, timeout=300)
+
+
+def _one_line(err: str) -> str:
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+def _docs(n: int) -> list[str]:
+    rng = random.Random(0)
+    words = "the of and a to in is was for on that with as by at from it an were are".split()
+    return [" ".join(rng.choice(words) for _ in range(rng.randint(5, 60))) for _ in range(n)]
+
+
+def test_a_prepare_error_with_worker_processes_is_one_line_without_a_leak_warning(tmp_path):
+    """A damaged file met by a worker of `--num-proc 2` used to end in the error line plus
+    multiprocessing's `resource_tracker: ... leaked semaphore objects` (the process ends in
+    os._exit, which skipped the collection that releases the pool's and queue's semaphores)."""
+    from cgpt.data.tokenizer import train_tokenizer, with_eot
+
+    src = tmp_path / "src"
+    (src / "sub").mkdir(parents=True)
+    body = "".join(json.dumps({"text": t}) + "\n" for t in _docs(200)).encode()
+    (src / "good.jsonl").write_bytes(body)
+    (src / "sub" / "bad.jsonl.gz").write_bytes(gzip.compress(body)[:100])
+    tok = tmp_path / "tok.json"
+    with_eot(train_tokenizer([_docs(100)], 300), "test").save(str(tok))
+    for variant in ("a", "b"):  # twice: the warning came in every run, not by chance
+        r = _cgpt("data", "prepare", str(src), "--tokenizer", str(tok), "--out",
+                  str(tmp_path / f"store_{variant}"), "--num-proc", "2", "--no-progress",
+                  cwd=tmp_path)
+        assert r.returncode == 2, r.stderr
+        line = _one_line(r.stderr)
+        assert line.startswith("cgpt data: error:") and "bad.jsonl.gz" in line
+        assert "leaked" not in r.stderr
+
+
+@pytest.mark.parametrize("argv", [["list"], ["train", "--help"]])
+def test_output_into_a_closed_pipe_ends_quietly(tmp_path, argv):
+    """`cgpt list | head -c 10` printed `cgpt list: error: Broken pipe; fix or remove it`."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    p = subprocess.Popen([sys.executable, "-m", "cgpt", *argv], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, env=env, cwd=tmp_path)
+    p.stdout.read(10)
+    p.stdout.close()
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=120) == 0 and not err.strip(), err
+
+
+@pytest.mark.parametrize("flags, named", [
+    (["--num-fewshot", "3"], "--num-fewshot"), (["--limit", "5"], "--limit"),
+    (["--output", "r.json"], "--output"), (["--include-path", "."], "--include-path"),
+    (["--bootstrap-iters", "10", "--limit", "0.5"], "--limit, --bootstrap-iters")])
+def test_lm_eval_flags_without_tasks_are_an_error_not_ignored(capsys, flags, named):
+    """`cgpt eval SRC --num-fewshot 3` (no --tasks) used to report a validation loss as if the
+    flag had acted; now it is refused before the model loads (SRC need not exist)."""
+    assert cli_main(["eval", "/nonexistent/src", "--data", "x", *flags]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert line.startswith(f"cgpt eval: error: {named}:") and "--tasks" in line
+
+
+@pytest.mark.parametrize("flags, named", [
+    (["--widths", "32,64"], "--widths"), (["--widths", "32,32,32"], "--widths"),
+    (["--widths", "0,32,64"], "--widths"), (["--heads", "0"], "--heads"),
+    (["--heads", "7"], "--heads 7"), (["--batch", "0"], "--batch"),
+    (["--seq-len", "0"], "--seq-len"), (["--seeds", "0"], "--seeds"), (["--lr", "nan"], "--lr"),
+    (["--lr=-1"], "--lr"), (["--max-slope", "inf"], "--max-slope"), (["--steps=-1"], "--steps"),
+    (["--out", "."], "--out"), (["--out", "cc.xyz"], "--out"),
+    (["--out", "/proc/version/cc.png"], "/proc/version is a file")])
+def test_coord_check_flags_are_checked_before_any_training(capsys, flags, named):
+    """`--heads 0` was read as the preset's heads and trained for minutes; `--widths 32,32,32`
+    failed inside the fit; `--out .` or an unknown suffix failed after all the training."""
+    assert cli_main(["coord-check", "--steps", "1", "--seeds", "1", *flags]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert line.startswith("cgpt coord-check: error:") and named in line, line
