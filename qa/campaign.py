@@ -159,10 +159,10 @@ def run_case(ctx: Ctx, c: Case) -> tuple[str, str]:
         check = spec["stdout_check"](results[-1])
     if check:
         return "LOST", check
-    text = spec.get("expect_text")
-    if text and all(r.returncode for r in results) and text not in results[-1].stderr:
-        return "MISLEADING", f"message does not name {text!r}"
-    return classify(c.expect, results, sent)
+    outcome, text = classify(c.expect, results, sent), spec.get("expect_text")
+    if outcome[0] == "error" and text and text not in results[-1].stderr:  # a clean refusal
+        return "MISLEADING", f"message does not name {text!r}"  # (a traceback stays one)
+    return outcome
 
 
 def _signalled(ctx: Ctx, spec: dict, timeout: float) -> subprocess.CompletedProcess:

@@ -95,3 +95,17 @@ def test_coord_check_flags_are_checked_before_any_training(capsys, flags, named)
     assert cli_main(["coord-check", "--steps", "1", "--seeds", "1", *flags]) == 2
     line = _one_line(capsys.readouterr().err)
     assert line.startswith("cgpt coord-check: error:") and named in line, line
+
+
+@pytest.mark.parametrize("budgets", [[], ["a", "a", "a"]])
+def test_isoflop_fit_without_two_budgets_names_the_budget_column(budgets):
+    """An empty DataFrame (a notebook's filter that kept no run) was a KeyError 'C'."""
+    import pandas as pd
+
+    from analysis import fit_isoflop
+
+    n = len(budgets)
+    df = pd.DataFrame({"N": [1e6, 2e6, 4e6][:n], "D": [4e7, 2e7, 1e7][:n], "C": [2.4e14] * n,
+                       "loss": [3.1, 3.0, 3.05][:n], "budget": budgets})
+    with pytest.raises(ValueError, match=f"has {len(set(budgets))} isoFLOP budget.*'budget'"):
+        fit_isoflop(df)

@@ -24,13 +24,12 @@ CALLS = {  # name -> (call, what the message must name)
     "fit_y_negative": (f"fit_power_law({X}, [3.2, 3.0, -2.8, 2.65, 2.5], n_boot=5)", "y"),
     "fit_y_zero": (f"fit_power_law({X}, [0, 0, 0, 0, 0], n_boot=5)", "y"),
     "fit_x_2d": (f"fit_power_law([{X}, {X}], {Y}, n_boot=5)", "x"),
-    "fit_n_boot_zero": (f"fit_power_law({X}, {Y}, n_boot=0)", "n_boot"),
     "chinchilla_empty": ("fit_chinchilla([], [], [], n_boot=5)", "N"),
     "chinchilla_lengths": (f"fit_chinchilla({N9}, {D9}, [3.0, 2.9], n_boot=5)", "L"),
     "chinchilla_loss_nan": (f"fit_chinchilla({N9}, {D9}, [float('nan')] * 9, n_boot=5)", "L"),
     "chinchilla_d_zero": (f"fit_chinchilla({N9}, [0] * 9, [3.0] * 9, n_boot=5)", "D"),
-    "chinchilla_one_model": ("fit_chinchilla([1e6] * 3, [2e7, 8e7, 32e7], [3.1, 3.0, 2.9], "
-                             "n_boot=5)", "N"),
+    "chinchilla_one_model": ("fit_chinchilla([1e6] * 6, [2e7, 4e7, 8e7, 16e7, 32e7, 64e7], "
+                             "[3.1, 3.0, 2.9, 2.85, 2.8, 2.78], n_boot=5)", "N"),
     "isoflop_empty_frame": ("fit_isoflop(pd.DataFrame({'N': [], 'D': [], 'C': [], 'loss': [], "
                             "'budget': []}))", "budget"),
     "isoflop_one_budget_two_runs": ("fit_isoflop(pd.DataFrame({'N': [1e6, 4e6], 'D': [4e7, 1e7],"
@@ -87,3 +86,6 @@ def _done(n):
 for _name, (_call, _text) in CALLS.items():
     add(_name, "error", "notebookdata", lambda ctx, c=_call, t=_text: {
         "python": library(c, "analysis", PRELUDE), "expect_text": t, "timeout": 600})
+add("fit_n_boot_zero_is_a_point_fit", "ok", "notebookdata", lambda ctx: {  # no band: allowed
+    "python": library(f"print(fit_power_law({X}, {Y}, n_boot=0))", "analysis", PRELUDE),
+    "timeout": 600})
