@@ -118,3 +118,12 @@ def test_a_mesh_past_what_the_cpu_can_emulate_is_refused_before_allocating(capsy
     assert cli_main(["plan", "--model", "tiny-17k", "--mode", "data_parallel", *flags]) == 2
     line = _one_line(capsys.readouterr().err)
     assert line.startswith("cgpt plan: error: --mesh/--devices:") and "4096" in line, line
+
+
+@pytest.mark.parametrize("flags", [["--mesh", "data=4", "--devices", "2"],
+                                   ["--nodes", "2", "--gpus-per-node", "4", "--devices", "16"]])
+def test_plan_devices_that_disagree_with_the_mesh_are_refused(capsys, flags):
+    """`plan --mesh data=4 --devices 2` planned 4 devices and ignored --devices silently."""
+    assert cli_main(["plan", "--model", "tiny-17k", "--mode", "data_parallel", *flags]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert line.startswith("cgpt plan: error: --devices") and "disagrees" in line, line
