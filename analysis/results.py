@@ -9,6 +9,7 @@ Defaults are total params and counted FLOPs, the convention behind the Cerebras-
 """
 from __future__ import annotations
 
+import csv as _csv
 from pathlib import Path
 
 import numpy as np
@@ -39,6 +40,12 @@ def load_results(path: str | Path, finished_only: bool = False) -> pd.DataFrame:
     except (UnicodeDecodeError, pd.errors.ParserError) as e:
         raise ValueError(f"{csv}: not a CSV table ({type(e).__name__}: {str(e)[:80]}); pass a "
                          "sweep's results.csv (rerun `cgpt sweep SPEC` to rebuild it)") from None
+    with open(csv, newline="", errors="replace") as f:  # pandas renames a repeat to 'x.1'
+        header = next(_csv.reader(f), [])
+    twice = sorted({c for c in header if header.count(c) > 1})
+    if twice:
+        raise ValueError(f"{csv}: column(s) {twice} appear more than once in the header; "
+                         "keep one of each (which one is meant cannot be guessed)")
     missing = [c for c in REQUIRED if c not in df.columns]
     if missing:
         raise ValueError(f"{csv}: missing required column(s) {missing}; "

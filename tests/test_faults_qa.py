@@ -127,3 +127,34 @@ def test_plan_devices_that_disagree_with_the_mesh_are_refused(capsys, flags):
     assert cli_main(["plan", "--model", "tiny-17k", "--mode", "data_parallel", *flags]) == 2
     line = _one_line(capsys.readouterr().err)
     assert line.startswith("cgpt plan: error: --devices") and "disagrees" in line, line
+
+
+@pytest.mark.parametrize("lr, match", [
+    ([-1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2], r"lr must be finite and > 0, got \[-0.001\]"),
+    ([1e-3, 2e-3, float("inf"), 8e-3, 1.6e-2], r"lr must be finite and > 0, got \[inf\]"),
+    ([1e-3] * 5, r"got 1 distinct of 5")])
+def test_lr_optimum_refuses_bad_lrs_instead_of_dropping_them(lr, match):
+    """A negative LR (a typo) was dropped silently and the optimum reported from the rest; five
+    equal LRs were reported as 'got 5'. A diverged run (NaN loss) is still left out."""
+    from analysis.transfer import lr_optimum
+
+    with pytest.raises(ValueError, match=match):
+        lr_optimum(lr, [3.0, 2.95, 2.9, 3.0, 3.2])
+    best = lr_optimum([1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2, 3.2e-2],
+                      [3.0, 2.95, 2.9, 3.0, 3.2, float("nan")])
+    assert 2e-3 < best.lr < 8e-3
+
+
+@pytest.mark.parametrize("extra", ["val_loss", "status"])
+def test_load_results_refuses_a_column_named_twice(tmp_path, extra):
+    """pandas read a second `val_loss` column as `val_loss.1` and the fits used the first."""
+    from analysis import load_results
+    from analysis.schema import COLUMNS
+
+    row = {"run_id": "r", "model": "m", "seed": 0, "status": "done", "n_params": 1e6,
+           "tokens": 2e7, "flops": 1.3e14, "val_loss": 3.0, "mup": False}
+    p = tmp_path / "results.csv"
+    p.write_text(",".join([*COLUMNS, extra]) + "\n"
+                 + ",".join(str(row.get(c, 1)) for c in [*COLUMNS, extra]) + "\n")
+    with pytest.raises(ValueError, match=rf"\['{extra}'\] appear more than once"):
+        load_results(p)
