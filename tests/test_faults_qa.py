@@ -158,3 +158,12 @@ def test_load_results_refuses_a_column_named_twice(tmp_path, extra):
                  + ",".join(str(row.get(c, 1)) for c in [*COLUMNS, extra]) + "\n")
     with pytest.raises(ValueError, match=rf"\['{extra}'\] appear more than once"):
         load_results(p)
+
+
+@pytest.mark.parametrize("flag", ["--batch", "--micro-batch", "--devices", "--seq-len"])
+def test_plan_counts_past_int32_are_refused_before_planning(capsys, flag):
+    """`plan --batch 1e30` searched the batch's divisors for over 10 minutes (train's values
+    are bounded by the value parser; plan built its TrainConfig around it)."""
+    assert cli_main(["plan", "--model", "tiny-17k", "--no-compile", flag, str(10 ** 30)]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert line.startswith(f"cgpt plan: error: {flag} {10 ** 30}: must be at most"), line

@@ -218,6 +218,13 @@ def cmd_plan(args) -> int:
         raise ValueError("--model required, e.g. --model 1.3B (see `cgpt list`)")
     if args.seq_len is not None and args.seq_len < 1:  # 0 would read as "the default" below
         raise ValueError(f"--seq-len {args.seq_len} must be >= 1 (or leave it out: n_ctx)")
+    from cgpt.config.values import MAX_INT
+
+    for key in ("batch", "micro_batch", "micro_batches", "seq_len", "devices", "nodes",
+                "gpus_per_node"):  # as train's values: a divisor search of 1e30 never ends
+        v = getattr(args, key)
+        if v is not None and v > MAX_INT:
+            raise ValueError(f"--{key.replace('_', '-')} {v}: must be at most {MAX_INT:,}")
     n = _needed_devices(args)
     memory = parse_bytes(args.device_memory)
     remat = _remat(args)
