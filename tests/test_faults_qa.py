@@ -167,3 +167,15 @@ def test_plan_counts_past_int32_are_refused_before_planning(capsys, flag):
     assert cli_main(["plan", "--model", "tiny-17k", "--no-compile", flag, str(10 ** 30)]) == 2
     line = _one_line(capsys.readouterr().err)
     assert line.startswith(f"cgpt plan: error: {flag} {10 ** 30}: must be at most"), line
+
+
+@pytest.mark.parametrize("where", ["dir", "under_file"])
+def test_eval_output_that_cannot_be_written_is_refused_before_the_tasks_run(capsys, tmp_path,
+                                                                           where):
+    """`eval --tasks ... --output DIR` ran every task (minutes) and then failed writing."""
+    pytest.importorskip("lm_eval")
+    (tmp_path / "f").write_text("x\n")
+    out = tmp_path if where == "dir" else tmp_path / "f" / "r.json"
+    assert cli_main(["eval", "/nonexistent/src", "--tasks", "x", "--output", str(out)]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert line.startswith(f"cgpt eval: error: --output {out}"), line
