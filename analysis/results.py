@@ -59,6 +59,12 @@ def load_results(path: str | Path, finished_only: bool = False) -> pd.DataFrame:
             df[col] = pd.to_numeric(df[col])
         except (ValueError, TypeError) as e:
             raise ValueError(f"{csv}: column '{col}' must be numeric ({e})") from None
+    for col in ("train_loss", "val_loss"):  # a cross-entropy: never negative
+        bad = df[col] < 0 if col in df.columns else []
+        if len(bad) and bad.any():
+            raise ValueError(f"{csv}: column '{col}' is negative for run(s) "
+                             f"{df.loc[bad, 'run_id'].tolist()[:5]}; a loss is >= 0: fix or "
+                             "remove those rows")
     df["mup"] = df["mup"].map(_as_bool)
     df.attrs["source"] = str(csv)
     return finished(df) if finished_only else df
