@@ -151,8 +151,9 @@ def cmd_generate(args) -> int:
 def cmd_eval(args) -> int:
     for flag, v, low in (("--limit", args.limit, 0), ("--num-fewshot", args.num_fewshot, 0),
                          ("--bootstrap-iters", args.bootstrap_iters, 0)):
-        if v is not None and (v < low or (flag == "--limit" and v == 0)):
-            raise ValueError(f"{flag} {v}: must be {'> 0' if flag == '--limit' else '>= 0'}")
+        if v is not None and (v < low or (flag == "--limit" and not 0 < v < float("inf"))):
+            raise ValueError(f"{flag} {v}: must be "
+                             f"{'a finite number > 0' if flag == '--limit' else '>= 0'}")
     given = [f for f, v in (("--num-fewshot", args.num_fewshot), ("--limit", args.limit),
                             ("--include-path", args.include_path), ("--output", args.output),
                             ("--bootstrap-iters", args.bootstrap_iters)) if v is not None]

@@ -195,3 +195,12 @@ def test_load_results_names_a_negative_loss_and_its_run(tmp_path, col):
     p.write_text(",".join(COLUMNS) + "\n" + ",".join(str(row.get(c, 1)) for c in COLUMNS) + "\n")
     with pytest.raises(ValueError, match=rf"results.csv: column '{col}' is negative.*'r7'"):
         load_results(p)
+
+
+@pytest.mark.parametrize("limit", ["nan", "inf"])
+def test_eval_limit_must_be_finite(capsys, limit):
+    """`eval --tasks T --limit nan` passed every check (nan < 0 and nan == 0 are false) and ran
+    past 15 minutes inside lm-eval."""
+    assert cli_main(["eval", "/nonexistent/src", "--tasks", "x", "--limit", limit]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert line.startswith(f"cgpt eval: error: --limit {limit}: must be a finite number"), line

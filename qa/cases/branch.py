@@ -37,7 +37,8 @@ def _same(parent, out):
         lost = same()
         if lost:
             return f"the parent changed: {lost}"
-        if out.exists() and any(p.name in ("config.yaml", "checkpoints") for p in out.iterdir()):
+        if out != parent and out.exists() and any(p.name in ("config.yaml", "checkpoints")
+                                                  for p in out.iterdir()):
             return f"the refused branch left a run in {out}"
         return None
     return check
