@@ -59,12 +59,13 @@ def load_results(path: str | Path, finished_only: bool = False) -> pd.DataFrame:
             df[col] = pd.to_numeric(df[col])
         except (ValueError, TypeError) as e:
             raise ValueError(f"{csv}: column '{col}' must be numeric ({e})") from None
-    for col in ("train_loss", "val_loss"):  # a cross-entropy: never negative
-        bad = df[col] < 0 if col in df.columns else []
+    done = df["status"] == "done"
+    for col in ("train_loss", "val_loss", "n_params", "tokens"):  # never negative; a finished
+        bad = (df[col] < 0) | (done & (df[col] <= 0)) if col in df.columns else []  # run: > 0
         if len(bad) and bad.any():
-            raise ValueError(f"{csv}: column '{col}' is negative for run(s) "
-                             f"{df.loc[bad, 'run_id'].tolist()[:5]}; a loss is >= 0: fix or "
-                             "remove those rows")
+            raise ValueError(f"{csv}: column '{col}' is negative (or 0 for a finished run) "
+                             f"for run(s) {df.loc[bad, 'run_id'].tolist()[:5]}; fix or remove "
+                             "those rows")
     df["mup"] = df["mup"].map(_as_bool)
     df.attrs["source"] = str(csv)
     return finished(df) if finished_only else df

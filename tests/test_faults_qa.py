@@ -181,8 +181,9 @@ def test_eval_output_that_cannot_be_written_is_refused_before_the_tasks_run(caps
     assert line.startswith(f"cgpt eval: error: --output {out}"), line
 
 
-@pytest.mark.parametrize("col", ["val_loss", "train_loss"])
-def test_load_results_names_a_negative_loss_and_its_run(tmp_path, col):
+@pytest.mark.parametrize("col, value", [("val_loss", -1.5), ("train_loss", -1.5),
+                                        ("tokens", 0), ("n_params", -5)])
+def test_load_results_names_a_negative_value_and_its_run(tmp_path, col, value):
     """`sweep --suggest` on a results.csv with a negative val_loss said only 'L must be finite
     and > 0' (the fit's name for it), not the file, column or run."""
     from analysis import load_results
@@ -190,7 +191,7 @@ def test_load_results_names_a_negative_loss_and_its_run(tmp_path, col):
 
     row = {"run_id": "r7", "model": "m", "seed": 0, "status": "done", "n_params": 1e6,
            "tokens": 2e7, "flops": 1.3e14, "val_loss": 3.0, "train_loss": 3.1, "mup": False}
-    row[col] = -1.5
+    row[col] = value
     p = tmp_path / "results.csv"
     p.write_text(",".join(COLUMNS) + "\n" + ",".join(str(row.get(c, 1)) for c in COLUMNS) + "\n")
     with pytest.raises(ValueError, match=rf"results.csv: column '{col}' is negative.*'r7'"):
