@@ -205,3 +205,14 @@ def test_eval_limit_must_be_finite(capsys, limit):
     assert cli_main(["eval", "/nonexistent/src", "--tasks", "x", "--limit", limit]) == 2
     line = _one_line(capsys.readouterr().err)
     assert line.startswith(f"cgpt eval: error: --limit {limit}: must be a finite number"), line
+
+
+@pytest.mark.parametrize("flags, named", [(["--write"], "--write"),
+                                          (["--target-flops", "1e20"], "--target-flops"),
+                                          (["--budget-flops", "1e20", "--fit-min-flops", "1e9"],
+                                           "--budget-flops, --fit-min-flops")])
+def test_suggest_flags_without_suggest_are_an_error(capsys, flags, named):
+    """`sweep SPEC --dry-run --write` (no --suggest) ignored --write and exited 0."""
+    assert cli_main(["sweep", "/nonexistent/spec.yaml", "--dry-run", *flags]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert line.startswith(f"cgpt sweep: error: {named}: only with --suggest"), line
