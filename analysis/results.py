@@ -60,7 +60,7 @@ def load_results(path: str | Path, finished_only: bool = False) -> pd.DataFrame:
         except (ValueError, TypeError) as e:
             raise ValueError(f"{csv}: column '{col}' must be numeric ({e})") from None
     done = df["status"] == "done"
-    for col in ("train_loss", "val_loss", "n_params", "tokens"):  # never negative; a finished
+    for col in ("val_loss",):  # what the fits read: a cross-entropy, never negative; a finished
         bad = (df[col] < 0) | (done & (df[col] <= 0)) if col in df.columns else []  # run: > 0
         if len(bad) and bad.any():
             raise ValueError(f"{csv}: column '{col}' is negative (or 0 for a finished run) "
