@@ -77,6 +77,9 @@ def fit_isoflop(data: pd.DataFrame, *, N: str = "N", D: str = "D", C: str = "C",
                              f"N=, D=, C=, loss=, budget= (have {list(data.columns)})")
     df = data[[budget, N, D, C, loss]].rename(
         columns={budget: "budget", N: "N", D: "D", C: "C", loss: "loss"})
+    if df["budget"].nunique() < 2:  # before the per-budget checks: an empty frame has no rows
+        raise ValueError(f"data has {df['budget'].nunique()} isoFLOP budget(s) in column "
+                         f"{budget!r}; the compute-optimal fit needs at least 2")
     for col in ("N", "D", "C", "loss"):
         v = df[col].to_numpy(float)
         if not np.all(np.isfinite(v)) or np.any(v <= 0):

@@ -9,6 +9,7 @@ Defaults are total params and counted FLOPs, the convention behind the Cerebras-
 """
 from __future__ import annotations
 
+import csv as _csv
 from pathlib import Path
 
 import numpy as np
@@ -39,6 +40,12 @@ def load_results(path: str | Path, finished_only: bool = False) -> pd.DataFrame:
     except (UnicodeDecodeError, pd.errors.ParserError) as e:
         raise ValueError(f"{csv}: not a CSV table ({type(e).__name__}: {str(e)[:80]}); pass a "
                          "sweep's results.csv (rerun `cgpt sweep SPEC` to rebuild it)") from None
+    with open(csv, newline="", errors="replace") as f:  # pandas renames a repeat to 'x.1'
+        header = next(_csv.reader(f), [])
+    twice = sorted({c for c in header if header.count(c) > 1})
+    if twice:
+        raise ValueError(f"{csv}: column(s) {twice} appear more than once in the header; "
+                         "keep one of each (which one is meant cannot be guessed)")
     missing = [c for c in REQUIRED if c not in df.columns]
     if missing:
         raise ValueError(f"{csv}: missing required column(s) {missing}; "
@@ -52,6 +59,13 @@ def load_results(path: str | Path, finished_only: bool = False) -> pd.DataFrame:
             df[col] = pd.to_numeric(df[col])
         except (ValueError, TypeError) as e:
             raise ValueError(f"{csv}: column '{col}' must be numeric ({e})") from None
+    done = df["status"] == "done"
+    for col in ("val_loss",):  # what the fits read: a cross-entropy, never negative; a finished
+        bad = (df[col] < 0) | (done & (df[col] <= 0)) if col in df.columns else []  # run: > 0
+        if len(bad) and bad.any():
+            raise ValueError(f"{csv}: column '{col}' is negative (or 0 for a finished run) "
+                             f"for run(s) {df.loc[bad, 'run_id'].tolist()[:5]}; fix or remove "
+                             "those rows")
     df["mup"] = df["mup"].map(_as_bool)
     df.attrs["source"] = str(csv)
     return finished(df) if finished_only else df

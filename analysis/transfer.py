@@ -79,10 +79,16 @@ def lr_optimum(lr, loss, window: int = 2, rel_noise: float = SEED_REL_STD,
                          "parabola is fit through, a whole number >= 1 (default 2)")
     n_boot = check_count(n_boot, "n_boot", minimum=1)
     lr, loss = np.asarray(lr, float), np.asarray(loss, float)
-    keep = np.isfinite(loss) & (lr > 0)
+    if lr.shape != loss.shape or lr.ndim != 1:
+        raise ValueError(f"lr and loss must be 1-d and of one length, got {lr.shape} and "
+                         f"{loss.shape}")
+    if not np.all(np.isfinite(lr) & (lr > 0)):  # a typo, not a diverged run: never dropped
+        raise ValueError(f"lr must be finite and > 0, got {lr[~(np.isfinite(lr) & (lr > 0))]}")
+    keep = np.isfinite(loss)  # a diverged run (NaN/inf loss) is left out of the parabola
     lr, loss = lr[keep], loss[keep]
     if len(np.unique(lr)) < 3:
-        raise ValueError(f"lr_optimum needs finite losses at >= 3 distinct LRs, got {len(lr)}")
+        raise ValueError(f"lr_optimum needs finite losses at >= 3 distinct LRs, got "
+                         f"{len(np.unique(lr))} distinct of {len(lr)}")
     order = np.argsort(lr)
     lr, loss = lr[order], loss[order]
     x = np.log(lr)

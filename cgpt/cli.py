@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import signal
 import sys
@@ -157,8 +158,15 @@ def cmd_generate(args) -> int:
 def cmd_eval(args) -> int:
     for flag, v, low in (("--limit", args.limit, 0), ("--num-fewshot", args.num_fewshot, 0),
                          ("--bootstrap-iters", args.bootstrap_iters, 0)):
-        if v is not None and (v < low or (flag == "--limit" and v == 0)):
-            raise ValueError(f"{flag} {v}: must be {'> 0' if flag == '--limit' else '>= 0'}")
+        if v is not None and (v < low or (flag == "--limit" and not 0 < v < float("inf"))):
+            raise ValueError(f"{flag} {v}: must be "
+                             f"{'a finite number > 0' if flag == '--limit' else '>= 0'}")
+    given = [f for f, v in (("--num-fewshot", args.num_fewshot), ("--limit", args.limit),
+                            ("--include-path", args.include_path), ("--output", args.output),
+                            ("--bootstrap-iters", args.bootstrap_iters)) if v is not None]
+    if given and not args.tasks:  # never silently ignored: the user expects them to act
+        raise ValueError(f"{', '.join(given)}: only with --tasks (lm-eval tasks); without it "
+                         "eval reports the validation loss on --data")
     from cgpt.config import backend
 
     backend.start_platform()
@@ -247,8 +255,8 @@ def _main(argv: list[str]) -> int:
     e.add_argument("--limit", type=float, help="--tasks: documents per task (or a fraction < 1)")
     e.add_argument("--include-path", help="--tasks: a folder of extra task YAMLs (local data)")
     e.add_argument("--output", help="--tasks: results JSON path")
-    e.add_argument("--bootstrap-iters", type=int, default=100000,
-                   help="--tasks: bootstrap resamples for the stderr (0: none)")
+    e.add_argument("--bootstrap-iters", type=int,
+                   help="--tasks: bootstrap resamples for the stderr (default 100000; 0: none)")
     from cgpt import sweep
     from cgpt.eval import coordcheck
     from cgpt.plan import command as plan
@@ -298,6 +306,9 @@ def _run_command(args, handlers) -> int:
     except KeyboardInterrupt:
         print(stop_line(signal.SIGINT, args.command), file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `cgpt list | head`: the reader stopped; nothing is wrong
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush
+        return 0
     except OSError as e:  # a file or directory that cannot be used: name it, no traceback
         what = f"{e.filename}: " if e.filename else ""
         print(f"cgpt {args.command}: error: {what}{e.strerror or e}; fix or remove it and "

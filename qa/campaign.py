@@ -17,6 +17,10 @@ commands in subprocesses (some signalled, some started together) and is classifi
     PYTHONPATH=$PWD python -m qa.campaign [--only PATTERN[,PATTERN]] [--jobs 2] [--code DIR]
                                           [--json FILE] [--list] [--keep]
 
+The summary also counts verdicts: OK (ok, error), WEAK (MISLEADING: refused, but the line
+does not name what the user typed), TRACEBACK, SETUP, and FAIL (everything else: bad input
+taken, a valid request refused, results lost, a process left running, a hang).
+
 Slow (each command starts JAX; the ones that train take seconds to minutes): not a test. The
 exit status is 0 when every selected case is ok or error.
 """
@@ -40,8 +44,16 @@ from qa.context import Ctx, tagged_pids
 from qa.registry import Case, all_cases
 
 WANTED = ("ok", "error")
-_LAST = re.compile(r"^cgpt [\w ]+: (error: |interrupted|stopped by )")
-_ERROR = re.compile(r"^cgpt [\w ]+: error: ", re.M)
+_VERDICTS = {"ok": "OK", "error": "OK", "MISLEADING": "WEAK", "TRACEBACK": "TRACEBACK",
+             "SETUP": "SETUP"}  # any other outcome is a FAIL
+
+
+def verdict(outcome: str) -> str:
+    """OK / WEAK / FAIL / TRACEBACK / SETUP: the issue tracker's classes of an outcome."""
+    return _VERDICTS.get(outcome, "FAIL")
+
+_LAST = re.compile(r"^cgpt( [\w -]+)?: (error: |interrupted|stopped by )")  # `cgpt: error:` is
+_ERROR = re.compile(r"^cgpt( [\w -]+)?: error: ", re.M)  # argparse's, before a subcommand
 _NOISE = ("Traceback", "Event loop is closed", "Exception ignored", "never retrieved")
 
 
@@ -147,10 +159,10 @@ def run_case(ctx: Ctx, c: Case) -> tuple[str, str]:
         check = spec["stdout_check"](results[-1])
     if check:
         return "LOST", check
-    text = spec.get("expect_text")
-    if text and all(r.returncode for r in results) and text not in results[-1].stderr:
-        return "MISLEADING", f"message does not name {text!r}"
-    return classify(c.expect, results, sent)
+    outcome, text = classify(c.expect, results, sent), spec.get("expect_text")
+    if outcome[0] == "error" and text and text not in results[-1].stderr:  # a clean refusal
+        return "MISLEADING", f"message does not name {text!r}"  # (a traceback stays one)
+    return outcome
 
 
 def _signalled(ctx: Ctx, spec: dict, timeout: float) -> subprocess.CompletedProcess:
@@ -201,7 +213,7 @@ def _guarded(ctx: Ctx, c: Case, tag: str) -> tuple[str, str]:
     except subprocess.TimeoutExpired as e:  # a loaded machine, or a real hang: reported
         outcome = "HANG", f"no end within {e.timeout:.0f} s"
     if _outlived(ctx) and outcome[0] in WANTED:
-        return "ORPHAN", f"{len(left)} process(es) outlived the case"
+        return "ORPHAN", "a process outlived the case (killed)"
     return outcome
 
 
@@ -253,7 +265,8 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(root, ignore_errors=True)
     counts = _count(r["outcome"] for r in rows)
     wanted = sum(r["outcome"] in WANTED for r in rows)
-    print(json.dumps({"cases": len(rows), "as_wanted": wanted, **counts}))
+    print(json.dumps({"cases": len(rows), "as_wanted": wanted, **counts,
+                      "verdicts": _count(verdict(r["outcome"]) for r in rows)}))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     return 0 if wanted == len(rows) else 1

@@ -196,3 +196,14 @@ def strict_stdout(res: subprocess.CompletedProcess) -> str | None:
     except ValueError as e:
         return f"stdout is not strict JSON: {e}"
     return None
+
+
+def library(call: str, label: str, prelude: str = "") -> str:
+    """`python -c` code running the library call `call` (after `prelude`): an exception a caller
+    can catch by its kind (ValueError, TypeError, OSError, cgpt's CgptError) is printed as one
+    `cgpt LABEL: error: ...` line with exit status 2; anything else is the traceback it is."""
+    body = "\n".join("    " + x for x in call.strip().splitlines())
+    return (f"import sys\n{prelude}\nfrom cgpt.errors import CgptError\ntry:\n{body}\n"
+            "except (ValueError, TypeError, OSError, CgptError) as e:\n"
+            f"    print(f'cgpt {label}: error: {{e}}'.splitlines()[0], file=sys.stderr)\n"
+            "    sys.exit(2)\n")

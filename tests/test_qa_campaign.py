@@ -50,9 +50,22 @@ def test_a_name_registered_twice_or_a_bad_expectation_is_refused(monkeypatch):
     ("either", [_res(-11, "")], "TRACEBACK"),
     ("either", [_res(130, "cgpt train: interrupted; rerun with --resume\n")], "error"),
     ("either", [_res(0), _res(2, "cgpt train: error: in use by pid 7\n")], "error"),
+    ("error", [_res(2, "usage: cgpt ...\ncgpt: error: argument command: invalid choice\n")],
+     "error"),  # argparse's line before a subcommand is chosen
+    ("error", [_res(2, "cgpt coord-check: error: --widths 64: ...\n")], "error"),
+    ("error", [_res(2, "cgpt data prepare: error: the following arguments are required\n")],
+     "error"),
 ])
 def test_classify(expect, results, outcome):
     assert campaign.classify(expect, results)[0] == outcome
+
+
+@pytest.mark.parametrize("outcome, verdict", [
+    ("ok", "OK"), ("error", "OK"), ("MISLEADING", "WEAK"), ("TRACEBACK", "TRACEBACK"),
+    ("SETUP", "SETUP"), ("ACCEPTED", "FAIL"), ("REFUSED", "FAIL"), ("LOST", "FAIL"),
+    ("ORPHAN", "FAIL"), ("HANG", "FAIL")])
+def test_verdicts(outcome, verdict):
+    assert campaign.verdict(outcome) == verdict
 
 
 def test_sigterm_before_the_handlers_is_a_clean_stop():

@@ -277,10 +277,9 @@ def _prepare(source, tokenizer, out: Path, text_column, split, num_proc, unit_by
 
 
 def _tokenize(todo, total, tok_json, corpus, out, num_proc, progress) -> None:
-    kept = total - len(todo)
+    done = kept = total - len(todo)
     bar = tqdm(unit="tok", unit_scale=True, disable=not progress, dynamic_ncols=True, mininterval=1,
                desc=f"tokenizing: {kept}/{total} shards")
-    done = kept
 
     def finished() -> None:
         nonlocal done
@@ -320,6 +319,7 @@ def _tokenize(todo, total, tok_json, corpus, out, num_proc, progress) -> None:
             raise
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
+            del pool, q  # release their semaphores now: an error ends in os._exit (no gc)
     finally:
         bar.close()
 

@@ -172,7 +172,9 @@ def family(preset: str, widths: list[int], mup: bool, heads: int | None = None) 
     for w in widths:
         n_head = heads or base.n_head
         if w % n_head:
-            raise ValueError(f"--widths: {w} is not a multiple of the {n_head} heads")
+            raise ValueError(f"--widths: {w} is not a multiple of the {n_head} heads ("
+                             + (f"--heads {heads}" if heads else f"{preset}'s; set --heads")
+                             + ")")
         out[w] = base.replace(name=f"{base.name}-w{w}", d_model=w, n_head=n_head, mup=mup)
     return out
 
@@ -233,17 +235,53 @@ def register(subparsers) -> argparse.ArgumentParser:
     return p
 
 
-def cmd_coord_check(args) -> int:
-    """Exit status 0 when μP passes and SP fails (the expected picture), 1 otherwise."""
+def _check_args(args) -> list[int]:
+    """The widths, after every flag is checked: a typo is one line naming the flag before
+    minutes of training, not a failure inside them (or after them, writing the figure)."""
     try:
         widths = [int(w) for w in args.widths.split(",")]
     except ValueError:
         raise ValueError(f"--widths {args.widths!r}: use comma-separated integers, e.g. "
                          "32,64,128,256") from None
-    if args.steps < 1:
-        raise ValueError(f"--steps {args.steps} must be >= 1")
+    if len(set(widths)) < 3 or min(widths) < 1:
+        raise ValueError(f"--widths {args.widths}: need at least 3 distinct widths >= 1 to fit "
+                         "a slope, e.g. 32,64,128,256")
+    for flag, v in (("--steps", args.steps), ("--batch", args.batch), ("--seq-len", args.seq_len),
+                    ("--seeds", args.seeds), ("--heads", 1 if args.heads is None else args.heads)):
+        if v < 1:
+            raise ValueError(f"{flag} {v}: must be >= 1")
+    for flag, v in (("--lr", args.lr), ("--max-slope", args.max_slope)):
+        if not math.isfinite(v) or (flag == "--lr" and v <= 0):
+            raise ValueError(f"{flag} {v}: must be a finite number" + (" > 0" if flag == "--lr"
+                                                                       else ""))
     if args.seq_len > get_config(args.preset).n_ctx:
         raise ValueError(f"--seq-len {args.seq_len} exceeds {args.preset}'s context")
+    _check_figure_path(Path(args.out))
+    return widths
+
+
+def _check_figure_path(out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    kinds = plt.gcf().canvas.get_supported_filetypes()
+    plt.close("all")
+    if out.is_dir():
+        raise ValueError(f"--out {out} is a directory; name the figure file, e.g. "
+                         f"{out / 'coord_check.png'}")
+    if out.suffix[1:].lower() not in kinds:
+        raise ValueError(f"--out {out}: a figure file ending in one of "
+                         f"{', '.join('.' + k for k in sorted(kinds))}, e.g. coord_check.png")
+    parent = next((p for p in out.parents if p.exists()), None)
+    if parent is not None and not parent.is_dir():
+        raise ValueError(f"--out {out}: {parent} is a file, so the figure cannot be written there")
+
+
+def cmd_coord_check(args) -> int:
+    """Exit status 0 when μP passes and SP fails (the expected picture), 1 otherwise."""
+    widths = _check_args(args)
     checks = []
     for name, mup in (("μP", True), ("SP", False)):
         cfgs = family(args.preset, widths, mup, args.heads)

@@ -194,6 +194,8 @@ def run_tasks(args) -> int:
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     if not tasks:
         raise ValueError(f"--tasks {args.tasks!r}: name at least one lm-eval task")
+    out = Path(args.output) if args.output else default_output(args.source)
+    _check_output(out)  # before the tasks run (minutes), not after
     model = CgptLM(pretrained=args.source, dtype=args.dtype, batch_size=args.batch_size)
     manager = _checked_manager(TaskManager)(include_path=args.include_path) \
         if args.include_path else _checked_manager(TaskManager)()
@@ -208,8 +210,8 @@ def run_tasks(args) -> int:
     limit = args.limit if args.limit is None or args.limit < 1 else int(args.limit)
     res = simple_evaluate(model=model, tasks=tasks, num_fewshot=args.num_fewshot,
                           limit=limit, task_manager=manager, log_samples=False,
-                          bootstrap_iters=args.bootstrap_iters)
-    out = Path(args.output) if args.output else default_output(args.source)
+                          bootstrap_iters=100000 if args.bootstrap_iters is None
+                          else args.bootstrap_iters)
     out.parent.mkdir(parents=True, exist_ok=True)
     keep = {k: res[k] for k in ("results", "versions", "n-shot", "configs", "higher_is_better",
                                 "n-samples") if k in res}
@@ -218,6 +220,17 @@ def run_tasks(args) -> int:
     print(make_table(res))
     print(f"results: {out}")
     return 0
+
+
+def _check_output(out: Path) -> None:
+    """The results file can be written: not a directory, and under no file."""
+    if out.is_dir():
+        raise ValueError(f"--output {out} is a directory; name the results file, e.g. "
+                         f"{out / 'results.json'}")
+    parent = next((p for p in out.parents if p.exists()), None)
+    if parent is not None and not parent.is_dir():
+        raise ValueError(f"--output {out}: {parent} is a file, so the results cannot be "
+                         "written there")
 
 
 def _unparsable_yamls(root: Path) -> list[str]:

@@ -56,7 +56,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="data_parallel | weight_streaming | layer_pipelined | auto (default "
                         "auto, as in train: the placement train --mode auto picks)")
     p.add_argument("--mesh", default="", help="device mesh, e.g. data=16 or stage=8,data=2")
-    p.add_argument("--devices", type=int, default=8,
+    p.add_argument("--devices", type=int,
                    help="emulated devices when --mesh is empty (default 8)")
     p.add_argument("--device-memory", default="80GB", help="memory per device (default 80GB); "
                    f"a step fits in it less {100 * HEADROOM:.0f}%% headroom (outside the "
@@ -104,6 +104,14 @@ def register(subparsers) -> argparse.ArgumentParser:
 
 
 def _needed_devices(args) -> int:
+    n = _devices_of(args)
+    if args.devices is not None and args.devices != n:  # never silently overridden
+        raise ValueError(f"--devices {args.devices} disagrees with the {n} devices of --mesh "
+                         "(or --nodes x --gpus-per-node); give one of them")
+    return n
+
+
+def _devices_of(args) -> int:
     from cgpt.sharding import mesh_size
 
     spec = (args.mesh or "").strip()
@@ -121,9 +129,9 @@ def _needed_devices(args) -> int:
     if args.nodes > 1:
         raise ValueError(f"--nodes {args.nodes} needs --gpus-per-node G (devices = nodes x G)")
     if not spec:
-        if args.devices < 1:
+        if args.devices is not None and args.devices < 1:
             raise ValueError(f"--devices {args.devices} must be >= 1")
-        return args.devices
+        return 8 if args.devices is None else args.devices
     return mesh_size(spec)
 
 
@@ -210,6 +218,13 @@ def cmd_plan(args) -> int:
         raise ValueError("--model required, e.g. --model 1.3B (see `cgpt list`)")
     if args.seq_len is not None and args.seq_len < 1:  # 0 would read as "the default" below
         raise ValueError(f"--seq-len {args.seq_len} must be >= 1 (or leave it out: n_ctx)")
+    from cgpt.config.values import MAX_INT
+
+    for key in ("batch", "micro_batch", "micro_batches", "seq_len", "devices", "nodes",
+                "gpus_per_node"):  # as train's values: a divisor search of 1e30 never ends
+        v = getattr(args, key)
+        if v is not None and v > MAX_INT:
+            raise ValueError(f"--{key.replace('_', '-')} {v}: must be at most {MAX_INT:,}")
     n = _needed_devices(args)
     memory = parse_bytes(args.device_memory)
     remat = _remat(args)

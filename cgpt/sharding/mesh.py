@@ -31,11 +31,18 @@ def maybe_initialize_distributed() -> bool:
     return distributed.initialize()
 
 
+MAX_EMULATED_DEVICES = 4096  # each costs host memory: `--mesh data=100000000` took 12 GB, rising
+
+
 def emulate_cpu_devices(n: int) -> None:
     """Ask JAX's CPU backend for n (emulated) devices. Only possible before any JAX
     computation starts; accelerator backends ignore it."""
     from jax._src import xla_bridge
 
+    if n > MAX_EMULATED_DEVICES:
+        raise ValueError(f"--mesh/--devices: {n:,} devices is more than the "
+                         f"{MAX_EMULATED_DEVICES} this host can emulate on its CPU; use a "
+                         "smaller mesh (or `cgpt plan --no-compile` for the analytic plan)")
     if not xla_bridge.backends_are_initialized():
         jax.config.update("jax_num_cpu_devices", max(n, 1))
 

@@ -92,6 +92,11 @@ def split_spec_and_sets(args: argparse.Namespace) -> tuple[str, list[str]]:
 def cmd_sweep(args: argparse.Namespace) -> int:
     if args.parallel is not None and args.parallel < 1:  # 0 read as "the default" below
         raise ValueError(f"--parallel {args.parallel}: must be >= 1 (runs at a time)")
+    given = [f for f, v in (("--write", args.write or None), ("--target-flops", args.target_flops),
+                            ("--budget-flops", args.budget_flops),
+                            ("--fit-min-flops", args.fit_min_flops)) if v is not None]
+    if given and args.suggest is None:  # never silently ignored
+        raise ValueError(f"{', '.join(given)}: only with --suggest K")
     spec, sets = split_spec_and_sets(args)
     sweep = load_sweep(spec, sets)
     out = Path(args.out or f"runs/sweeps/{sweep.name}")

@@ -1,0 +1,217 @@
+"""Faults found by the third fault campaign (qa/cases/: cli, generate, evalcli, plan, coordcheck,
+branch, suggest, notebookdata, resume), each reproduced here first. Fast: the commands below
+fail before any model is built."""
+import gzip
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cgpt.cli import main as cli_main
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _cgpt(*argv: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu"}
+    return subprocess.run([sys.executable, "-m", "cgpt", *argv], capture_output=True, text=True,
+                          env=env, cwd=cwd, timeout=300)
+
+
+def _one_line(err: str) -> str:
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+def _docs(n: int) -> list[str]:
+    rng = random.Random(0)
+    words = "the of and a to in is was for on that with as by at from it an were are".split()
+    return [" ".join(rng.choice(words) for _ in range(rng.randint(5, 60))) for _ in range(n)]
+
+
+def test_a_prepare_error_with_worker_processes_is_one_line_without_a_leak_warning(tmp_path):
+    """A damaged file met by a worker of `--num-proc 2` used to end in the error line plus
+    multiprocessing's `resource_tracker: ... leaked semaphore objects` (the process ends in
+    os._exit, which skipped the collection that releases the pool's and queue's semaphores)."""
+    from cgpt.data.tokenizer import train_tokenizer, with_eot
+
+    src = tmp_path / "src"
+    (src / "sub").mkdir(parents=True)
+    body = "".join(json.dumps({"text": t}) + "\n" for t in _docs(200)).encode()
+    (src / "good.jsonl").write_bytes(body)
+    (src / "sub" / "bad.jsonl.gz").write_bytes(gzip.compress(body)[:100])
+    tok = tmp_path / "tok.json"
+    with_eot(train_tokenizer([_docs(100)], 300), "test").save(str(tok))
+    for variant in ("a", "b"):  # twice: the warning came in every run, not by chance
+        r = _cgpt("data", "prepare", str(src), "--tokenizer", str(tok), "--out",
+                  str(tmp_path / f"store_{variant}"), "--num-proc", "2", "--no-progress",
+                  cwd=tmp_path)
+        assert r.returncode == 2, r.stderr
+        line = _one_line(r.stderr)
+        assert line.startswith("cgpt data: error:") and "bad.jsonl.gz" in line
+        assert "leaked" not in r.stderr
+
+
+@pytest.mark.parametrize("argv", [["list"], ["train", "--help"]])
+def test_output_into_a_closed_pipe_ends_quietly(tmp_path, argv):
+    """`cgpt list | head -c 10` printed `cgpt list: error: Broken pipe; fix or remove it`."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    p = subprocess.Popen([sys.executable, "-m", "cgpt", *argv], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, env=env, cwd=tmp_path)
+    p.stdout.read(10)
+    p.stdout.close()
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=120) == 0 and not err.strip(), err
+
+
+@pytest.mark.parametrize("flags, named", [
+    (["--num-fewshot", "3"], "--num-fewshot"), (["--limit", "5"], "--limit"),
+    (["--output", "r.json"], "--output"), (["--include-path", "."], "--include-path"),
+    (["--bootstrap-iters", "10", "--limit", "0.5"], "--limit, --bootstrap-iters")])
+def test_lm_eval_flags_without_tasks_are_an_error_not_ignored(capsys, flags, named):
+    """`cgpt eval SRC --num-fewshot 3` (no --tasks) used to report a validation loss as if the
+    flag had acted; now it is refused before the model loads (SRC need not exist)."""
+    assert cli_main(["eval", "/nonexistent/src", "--data", "x", *flags]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert line.startswith(f"cgpt eval: error: {named}:") and "--tasks" in line
+
+
+@pytest.mark.parametrize("flags, named", [
+    (["--widths", "32,64"], "--widths"), (["--widths", "32,32,32"], "--widths"),
+    (["--widths", "0,32,64"], "--widths"), (["--heads", "0"], "--heads"),
+    (["--heads", "7"], "--heads 7"), (["--batch", "0"], "--batch"),
+    (["--seq-len", "0"], "--seq-len"), (["--seeds", "0"], "--seeds"), (["--lr", "nan"], "--lr"),
+    (["--lr=-1"], "--lr"), (["--max-slope", "inf"], "--max-slope"), (["--steps=-1"], "--steps"),
+    (["--out", "."], "--out"), (["--out", "cc.xyz"], "--out"),
+    (["--out", "/proc/version/cc.png"], "/proc/version is a file")])
+def test_coord_check_flags_are_checked_before_any_training(capsys, flags, named):
+    """`--heads 0` was read as the preset's heads and trained for minutes; `--widths 32,32,32`
+    failed inside the fit; `--out .` or an unknown suffix failed after all the training."""
+    assert cli_main(["coord-check", "--steps", "1", "--seeds", "1", *flags]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert line.startswith("cgpt coord-check: error:") and named in line, line
+
+
+@pytest.mark.parametrize("budgets", [[], ["a", "a", "a"]])
+def test_isoflop_fit_without_two_budgets_names_the_budget_column(budgets):
+    """An empty DataFrame (a notebook's filter that kept no run) was a KeyError 'C'."""
+    import pandas as pd
+
+    from analysis import fit_isoflop
+
+    n = len(budgets)
+    df = pd.DataFrame({"N": [1e6, 2e6, 4e6][:n], "D": [4e7, 2e7, 1e7][:n], "C": [2.4e14] * n,
+                       "loss": [3.1, 3.0, 3.05][:n], "budget": budgets})
+    with pytest.raises(ValueError, match=f"has {len(set(budgets))} isoFLOP budget.*'budget'"):
+        fit_isoflop(df)
+
+
+@pytest.mark.parametrize("flags", [["--mesh", "data=100000000"], ["--devices", "5000000"]])
+def test_a_mesh_past_what_the_cpu_can_emulate_is_refused_before_allocating(capsys, flags):
+    """`cgpt plan --mesh data=100000000` asked JAX for 1e8 emulated CPU devices: 12 GB of
+    host memory and rising after 9 minutes, no output (train --mesh likewise)."""
+    assert cli_main(["plan", "--model", "tiny-17k", "--mode", "data_parallel", *flags]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert line.startswith("cgpt plan: error: --mesh/--devices:") and "4096" in line, line
+
+
+@pytest.mark.parametrize("flags", [["--mesh", "data=4", "--devices", "2"],
+                                   ["--nodes", "2", "--gpus-per-node", "4", "--devices", "16"]])
+def test_plan_devices_that_disagree_with_the_mesh_are_refused(capsys, flags):
+    """`plan --mesh data=4 --devices 2` planned 4 devices and ignored --devices silently."""
+    assert cli_main(["plan", "--model", "tiny-17k", "--mode", "data_parallel", *flags]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert line.startswith("cgpt plan: error: --devices") and "disagrees" in line, line
+
+
+@pytest.mark.parametrize("lr, match", [
+    ([-1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2], r"lr must be finite and > 0, got \[-0.001\]"),
+    ([1e-3, 2e-3, float("inf"), 8e-3, 1.6e-2], r"lr must be finite and > 0, got \[inf\]"),
+    ([1e-3] * 5, r"got 1 distinct of 5")])
+def test_lr_optimum_refuses_bad_lrs_instead_of_dropping_them(lr, match):
+    """A negative LR (a typo) was dropped silently and the optimum reported from the rest; five
+    equal LRs were reported as 'got 5'. A diverged run (NaN loss) is still left out."""
+    from analysis.transfer import lr_optimum
+
+    with pytest.raises(ValueError, match=match):
+        lr_optimum(lr, [3.0, 2.95, 2.9, 3.0, 3.2])
+    best = lr_optimum([1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2, 3.2e-2],
+                      [3.0, 2.95, 2.9, 3.0, 3.2, float("nan")])
+    assert 2e-3 < best.lr < 8e-3
+
+
+@pytest.mark.parametrize("extra", ["val_loss", "status"])
+def test_load_results_refuses_a_column_named_twice(tmp_path, extra):
+    """pandas read a second `val_loss` column as `val_loss.1` and the fits used the first."""
+    from analysis import load_results
+    from analysis.schema import COLUMNS
+
+    row = {"run_id": "r", "model": "m", "seed": 0, "status": "done", "n_params": 1e6,
+           "tokens": 2e7, "flops": 1.3e14, "val_loss": 3.0, "mup": False}
+    p = tmp_path / "results.csv"
+    p.write_text(",".join([*COLUMNS, extra]) + "\n"
+                 + ",".join(str(row.get(c, 1)) for c in [*COLUMNS, extra]) + "\n")
+    with pytest.raises(ValueError, match=rf"\['{extra}'\] appear more than once"):
+        load_results(p)
+
+
+@pytest.mark.parametrize("flag", ["--batch", "--micro-batch", "--devices", "--seq-len"])
+def test_plan_counts_past_int32_are_refused_before_planning(capsys, flag):
+    """`plan --batch 1e30` searched the batch's divisors for over 10 minutes (train's values
+    are bounded by the value parser; plan built its TrainConfig around it)."""
+    assert cli_main(["plan", "--model", "tiny-17k", "--no-compile", flag, str(10 ** 30)]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert line.startswith(f"cgpt plan: error: {flag} {10 ** 30}: must be at most"), line
+
+
+@pytest.mark.parametrize("where", ["dir", "under_file"])
+def test_eval_output_that_cannot_be_written_is_refused_before_the_tasks_run(capsys, tmp_path,
+                                                                           where):
+    """`eval --tasks ... --output DIR` ran every task (minutes) and then failed writing."""
+    pytest.importorskip("lm_eval")
+    (tmp_path / "f").write_text("x\n")
+    out = tmp_path if where == "dir" else tmp_path / "f" / "r.json"
+    assert cli_main(["eval", "/nonexistent/src", "--tasks", "x", "--output", str(out)]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert line.startswith(f"cgpt eval: error: --output {out}"), line
+
+
+@pytest.mark.parametrize("col, value", [("val_loss", -1.5), ("val_loss", 0)])
+def test_load_results_names_a_negative_value_and_its_run(tmp_path, col, value):
+    """`sweep --suggest` on a results.csv with a negative val_loss said only 'L must be finite
+    and > 0' (the fit's name for it), not the file, column or run."""
+    from analysis import load_results
+    from analysis.schema import COLUMNS
+
+    row = {"run_id": "r7", "model": "m", "seed": 0, "status": "done", "n_params": 1e6,
+           "tokens": 2e7, "flops": 1.3e14, "val_loss": 3.0, "train_loss": 3.1, "mup": False}
+    row[col] = value
+    p = tmp_path / "results.csv"
+    p.write_text(",".join(COLUMNS) + "\n" + ",".join(str(row.get(c, 1)) for c in COLUMNS) + "\n")
+    with pytest.raises(ValueError, match=rf"results.csv: column '{col}' is negative.*'r7'"):
+        load_results(p)
+
+
+@pytest.mark.parametrize("limit", ["nan", "inf"])
+def test_eval_limit_must_be_finite(capsys, limit):
+    """`eval --tasks T --limit nan` passed every check (nan < 0 and nan == 0 are false) and ran
+    past 15 minutes inside lm-eval."""
+    assert cli_main(["eval", "/nonexistent/src", "--tasks", "x", "--limit", limit]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert line.startswith(f"cgpt eval: error: --limit {limit}: must be a finite number"), line
+
+
+@pytest.mark.parametrize("flags, named", [(["--write"], "--write"),
+                                          (["--target-flops", "1e20"], "--target-flops"),
+                                          (["--budget-flops", "1e20", "--fit-min-flops", "1e9"],
+                                           "--budget-flops, --fit-min-flops")])
+def test_suggest_flags_without_suggest_are_an_error(capsys, flags, named):
+    """`sweep SPEC --dry-run --write` (no --suggest) ignored --write and exited 0."""
+    assert cli_main(["sweep", "/nonexistent/spec.yaml", "--dry-run", *flags]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert line.startswith(f"cgpt sweep: error: {named}: only with --suggest"), line
