@@ -166,6 +166,11 @@ class RunConfig:
 SECTIONS = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig}
 
 
+def cadence(every: int | None, total_steps: int) -> int:
+    """Steps between evaluations (or checkpoints): `every`, or when unset a tenth of the run."""
+    return every or max(1, total_steps // 10)
+
+
 def keys(cls, role: str) -> tuple[str, ...]:
     """The fields of the config class `cls` that have `role` (one of `ROLES`)."""
     if role not in ROLES:

@@ -15,6 +15,7 @@ import yaml
 
 from cgpt import rundir
 from cgpt.config import backend
+from cgpt.config.run import cadence
 from cgpt.fileio import atomic_write_text, probe_writable
 from cgpt.paths import check_destination
 from cgpt.sweep.executors import Job, run_local, run_submitit
@@ -44,7 +45,7 @@ def checkpoints_per_limit(run: Run, est_s: float, limit_s: float) -> float:
     """How many checkpoints a run writes within one SLURM time limit (or its whole run):
     every `ckpt_every` steps (default total/10) and every `checkpoint_minutes`."""
     t = run.config.train
-    every = [est_s * (t.ckpt_every or max(1, run.steps // 10)) / run.steps]
+    every = [est_s * cadence(t.ckpt_every, run.steps) / run.steps]
     if t.checkpoint_minutes:
         every.append(t.checkpoint_minutes * 60)
     return min(limit_s or est_s, est_s) / min(every)

@@ -20,8 +20,7 @@ from cgpt.errors import BranchError
 from cgpt import rundir
 from cgpt.model import orbax_format
 from cgpt.fileio import atomic_write_text
-from cgpt.config.run import RunConfig, from_dict
-from cgpt.train.lifecycle import cadence
+from cgpt.config.run import RunConfig, cadence, from_dict
 from cgpt.train.resolve import resolve
 
 def parse_spec(spec: str) -> tuple[Path, int]:

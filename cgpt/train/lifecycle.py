@@ -22,16 +22,11 @@ import sys
 from pathlib import Path
 
 from cgpt import rundir
-from cgpt.config.run import RunConfig
+from cgpt.config.run import RunConfig, cadence
 from cgpt.errors import TrainError
 from cgpt.fileio import atomic_write_text, probe_writable
 from cgpt.train import checkpoint, metrics, noise, resume, summary, wandb_log
 from cgpt.train.launch import Launch, check_launch, close_all, first_missing, resume_log
-
-
-def cadence(every: int | None, total_steps: int) -> int:
-    """Steps between evaluations (or checkpoints): `every`, or when unset a tenth of the run."""
-    return every or max(1, total_steps // 10)
 
 
 class Lifecycle:
