@@ -247,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
                if re.search(r"\bb\s+= |extrapolat|runs, ", ln)]
     print("\n".join(f"        | {ln}" for ln in science), flush=True)
     print(f"        command 1 fresh: {install + fresh_wall:.1f} s "
-          f"({(install + fresh_wall) / 60:.0f} min {(install + fresh_wall) % 60:.0f} s)", flush=True)
+          f"({int((install + fresh_wall) // 60)} min {(install + fresh_wall) % 60:.0f} s)", flush=True)
     warm_wall, warm = sweep(clone, env, "demo2", log)
     print(row("warm", warm_wall, warm, None), flush=True)
     print(f"        command 1 warm (rerun into a new --out): {warm_wall:.1f} s "
