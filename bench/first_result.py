@@ -246,8 +246,9 @@ def main(argv: list[str] | None = None) -> int:
     science = [ln for ln in log.read_text().splitlines()[-60:]
                if re.search(r"\bb\s+= |extrapolat|runs, ", ln)]
     print("\n".join(f"        | {ln}" for ln in science), flush=True)
-    print(f"        command 1 fresh: {install + fresh_wall:.1f} s "
-          f"({int((install + fresh_wall) // 60)} min {(install + fresh_wall) % 60:.0f} s)", flush=True)
+    total = install + fresh_wall
+    print(f"        command 1 fresh: {total:.1f} s ({int(total // 60)} min {total % 60:.0f} s)",
+          flush=True)
     warm_wall, warm = sweep(clone, env, "demo2", log)
     print(row("warm", warm_wall, warm, None), flush=True)
     print(f"        command 1 warm (rerun into a new --out): {warm_wall:.1f} s "
