@@ -44,9 +44,8 @@ def _lm(theta, lN, lD, lL, W, iters: int = 100, prior=None):
         if np.all(lam > 1e6):                                # every row stalled: converged
             break
         r = lL - lh
-        WJ = W[..., None] * J                                # batched BLAS, not einsum: the
-        JtJ = WJ.transpose(0, 2, 1) @ J + np.diag(prec)      # bench's time is in these lines
-        g = (WJ.transpose(0, 2, 1) @ r[..., None])[..., 0] + prec * (mu - theta)
+        JtJ = np.einsum("rn,rni,rnj->rij", W, J, J) + np.diag(prec)
+        g = np.einsum("rn,rni,rn->ri", W, J, r) + prec * (mu - theta)
         A = JtJ + lam[:, None, None] * (eye * np.diagonal(JtJ, axis1=1, axis2=2)[:, None, :]
                                         + 1e-9 * eye)
         step = np.linalg.solve(A, g[..., None])[..., 0]

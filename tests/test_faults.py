@@ -116,8 +116,8 @@ def test_nonfinite_state_is_never_checkpointed(corpus, cache, tmp_path, monkeypa
     import cgpt.train.step as tr  # the fit compiles the step it makes
     real = tr.make_step
 
-    def poisoned(cfg, optimizer, loss=tr.model.loss_fn):
-        step = real(cfg, optimizer, loss)
+    def poisoned(cfg, optimizer, loss=tr.model.loss_fn, gns=False):
+        step = real(cfg, optimizer, loss, gns)
 
         def f(params, opt_state, batch):  # Adam's moments go NaN; this step's loss is fine
             p, o, m = step(params, opt_state, batch)
