@@ -217,18 +217,24 @@ def host_name(environ=None) -> str:
     return (env.get(HOST_ENV) or "").strip() or socket.gethostname()
 
 
+def _exchange(key: str, value: str, timeout_s: float, index: int, count: int) -> list[str]:
+    """Every process's `value`, by process index, through the coordination service's key-value
+    store: each process publishes its own under `key`, all meet at a barrier, each reads the
+    directory once (three calls per process, however many there are)."""
+    client = _client()
+    client.key_value_set(f"{key}/{index}", value)
+    client.wait_at_barrier(key, int(timeout_s * 1000))
+    got = {int(k.rsplit("/", 1)[-1]): v for k, v in client.key_value_dir_get(f"{key}/")}
+    return [got[i] for i in range(count)]
+
+
 def _gather_hosts() -> list[str]:
-    """Every process's `host_name()`, by process index, through the coordination service's
-    key-value store (each process publishes its own, all meet at a barrier, each reads the
-    directory once: three calls per process, however many there are): read at start-up, so
-    the mesh groups processes by where they run, not by how they are numbered."""
+    """Every process's `host_name()`, by process index: read at start-up, so the mesh groups
+    processes by where they run, not by how they are numbered."""
     if jax.process_count() == 1:
         return [host_name()]
-    client = _client()
-    client.key_value_set(f"cgpt/host/{jax.process_index()}", host_name())
-    client.wait_at_barrier("cgpt/hosts", BARRIER_TIMEOUT_S * 1000)
-    got = {int(k.rsplit("/", 1)[-1]): v for k, v in client.key_value_dir_get("cgpt/host/")}
-    return [got[i] for i in range(jax.process_count())]
+    return _exchange("cgpt/host", host_name(), BARRIER_TIMEOUT_S, jax.process_index(),
+                     jax.process_count())
 
 
 def _flat(d: dict, prefix: str = "") -> dict:
@@ -259,13 +265,9 @@ def agree(name: str, record: dict) -> None:
     in a collective later). No-op in a single-process run."""
     if (where := joined()) is None:
         return
-    (index, count), client = where, _client()
-    client.key_value_set(f"cgpt/agree/{name}/{index}", json.dumps(record, sort_keys=True,
-                                                                  default=str))
-    client.wait_at_barrier(f"cgpt/agree/{name}", max(3 * _peer_timeout, 60) * 1000)
-    got = {int(k.rsplit("/", 1)[-1]): v
-           for k, v in client.key_value_dir_get(f"cgpt/agree/{name}/")}
-    why = disagreement([json.loads(got[i]) for i in range(count)])
+    got = _exchange(f"cgpt/agree/{name}", json.dumps(record, sort_keys=True, default=str),
+                    max(3 * _peer_timeout, 60), *where)
+    why = disagreement([json.loads(v) for v in got])
     if why is not None:
         raise DistributedError(f"the processes of this job disagree on their {name}: {why}; "
                                "give every process the same command, config and environment")
