@@ -17,10 +17,10 @@ compute near the optimum before the rest goes per FLOP. bench/design.py measures
 of simulated studies (3 laws, 0.5% and 2% noise, 4 start designs, targets 30x and 1000x,
 one-shot and rounds) against an isoFLOP grid on the true optimum with twice its compute: at or
 below the grid's median error in 37 of 48 cells (6 seeds a cell), 91.7% coverage; no lost cell
-beyond the seeds' scatter. It warns where the losses gather: a target under SHORT_REACH x the
-largest run it may add (7 of the 11 lost cells), and fewer than MIN_NOISE_RUNS runs fitted (no
-noise estimate; 2 more). Unwarned: 2 one-shot losses from 10 start runs at 1000x, within the
-scatter. docs/analysis.md has the table.
+beyond the seeds' scatter. It warns where the losses gather, and every lost cell is warned: a
+target under SHORT_REACH x the largest run it may add (7 of the 11 lost cells), fewer than
+MIN_NOISE_RUNS runs fitted (no noise estimate; 2 more), and a budget over MAX_LEAP x the compute
+of the runs fitted (one-shot plans from small starts; the last 2). docs/analysis.md has the table.
 The least-squares fit and its intervals live in analysis.lsfit (re-exported here).
 """
 from __future__ import annotations
@@ -52,8 +52,14 @@ TOP_SHARE = 0.3
 # Below this target / max_run_flops the robust plan warns: in bench/design.py's family (6 seeds
 # a cell) 7 of its 11 lost cells are at 30x (the true-optimum grid within 0.2-1.7% there) ...
 SHORT_REACH = 100.0
-# ... and when fewer runs are fitted than give a residual noise estimate (n - 5 >= 2).
+# ... when fewer runs are fitted than give a residual noise estimate (n - 5 >= 2) ...
 MIN_NOISE_RUNS = 7
+# ... and when one plan spends over this many times the compute of the runs it is fitted to
+# (the leap). In the family (6 seeds a cell) one-shot plans from the small starts (leap 180-440x)
+# lost 9 of 24 cells, from the medium starts (18-44x) 2 of 24, both at 30x; at 1000x the first
+# of 3 rounds from 10 small runs (60x) and one-shot plans from medium starts lost none. 100 lies
+# between 60 and 180 (their geometric mean): it marks the 2 losses the others left unwarned.
+MAX_LEAP = 100.0
 
 
 def _real(v) -> bool:
@@ -102,7 +108,8 @@ def suggest_runs(results: pd.DataFrame, target_flops: float, budget_flops: float
         35-241 steps made the residual sd 5x larger and biased every later forecast upwards).
     Warns (UserWarning; method="robust") where bench/design.py's family saw it lose to a grid:
     target_flops < SHORT_REACH (100) x the largest run it may add (max_run_flops, else the
-    budget), and fewer than MIN_NOISE_RUNS (7) runs fitted (no noise estimate: plan in rounds).
+    budget), fewer than MIN_NOISE_RUNS (7) runs fitted (no noise estimate: plan in rounds), and
+    budget_flops > MAX_LEAP (100) x the total compute of the runs fitted (plan in rounds).
     Returns one row per run, in the order picked (the most useful per FLOP first): n_params,
     tokens, flops and sd_log_loss, the predicted sd of log loss_opt(target) once the runs up
     to that row are added.
@@ -143,7 +150,8 @@ def suggest_runs(results: pd.DataFrame, target_flops: float, budget_flops: float
         if not (_real(top_share) and 0 <= top_share <= 1):
             raise ValueError(f"top_share={top_share!r}: the budget's share for the largest "
                              "runs, a number in [0, 1]")
-        _warn_where_it_loses(float(target_flops / cap), N.size)
+        _warn_where_it_loses(float(target_flops / cap), N.size,
+                             float(budget_flops / (6 * N * D).sum()))
         return _robust(N, D, L, sigma, float(target_flops), float(budget_flops), cap,
                        min(lo, cap), sizes, max_runs, max_tokens, objective, float(top_share),
                        n_levels)
@@ -165,9 +173,10 @@ def suggest_runs(results: pd.DataFrame, target_flops: float, budget_flops: float
     return _table(picked, float(np.sqrt(g_loss @ S @ g_loss)), theta, sigma)
 
 
-def _warn_where_it_loses(reach: float, n_runs: int) -> None:
+def _warn_where_it_loses(reach: float, n_runs: int, leap: float) -> None:
     """Warn where bench/design.py's family shows the robust plan losing to a true-optimum grid
-    with twice its compute (docs/analysis.md): a short reach, or a fit with no noise estimate."""
+    with twice its compute (docs/analysis.md): a short reach, a fit with no noise estimate, or
+    one plan spending far more than the fit's runs (a single leap where rounds held)."""
     if reach < SHORT_REACH:
         warnings.warn(f"target_flops is {reach:.3g}x the largest run (under {SHORT_REACH:g}x): "
                       "at such short reaches an isoFLOP grid at the largest compute is as good "
@@ -177,6 +186,12 @@ def _warn_where_it_loses(reach: float, n_runs: int) -> None:
                       "from the residuals, and the fit's optimum rests on the exponent prior; "
                       "plan in rounds (a few runs, refit, plan again), where one-shot plans lost "
                       "to a grid (docs/analysis.md)", stacklevel=3)
+    if leap > MAX_LEAP:
+        warnings.warn(f"budget_flops is {leap:.3g}x the compute of the runs fitted (over "
+                      f"{MAX_LEAP:g}x): one plan puts it all where a fit to much smaller runs "
+                      "puts the optimum; plan in rounds (a third of the budget, refit, plan "
+                      "again), where such one-shot plans lost to a grid (docs/analysis.md)",
+                      stacklevel=3)
 
 
 def _table(picked, sd0, theta, sigma) -> pd.DataFrame:

@@ -27,6 +27,7 @@ depend on the others run.
     python bench/design.py                     # the whole family, 2 seeds a cell
     python bench/design.py --seeds 6           # steadier medians (3x the time)
     python bench/design.py --quick             # 4 corner cells x 2 seeds (a CI-size check)
+    python bench/design.py --only start=small-10 --only target=1000   # a slice of the family
     python bench/design.py --planner nb05,after  # two planners on the same studies
 """
 from __future__ import annotations
@@ -60,6 +61,7 @@ ROUNDS = 3
 PLANNERS = {"nb05": dict(method="bootstrap", objective="loss", n_boot=400, seed=0),
             "after": {}}
 USES = (("one-shot", 1), ("rounds", ROUNDS))
+KEYS = ["law", "start", "noise", "target"]
 
 
 def start_runs(name):
@@ -75,12 +77,30 @@ def grid_runs(law):
     return out
 
 
-def cells(quick: bool):
-    every = list(itertools.product(LAWS, STARTS, NOISES, TARGETS))
+def cells(quick: bool, only=()) -> list[tuple[int, tuple]]:
+    """(index in the whole family, cell) for the cells to run. The index seeds a cell's studies,
+    so a cell gives the same numbers whichever subset of the family runs it."""
+    every = list(enumerate(itertools.product(LAWS, STARTS, NOISES, TARGETS)))
     if quick:     # the corners: fewest, smallest start runs and most noise; the largest start
-        return [c for c in every if (c[1], c[2]) in (("small-4", 0.02), ("medium-10", 0.005))
-                and c[0] != "Hoffmann" and c[3] == 1000]
+        every = [(i, c) for i, c in every if c[0] != "Hoffmann" and c[3] == 1000
+                 and (c[1], c[2]) in (("small-4", 0.02), ("medium-10", 0.005))]
+    for key, values in only:
+        every = [(i, c) for i, c in every if str(c[KEYS.index(key)]) in values]
     return every
+
+
+def parse_only(text: str) -> tuple[str, set[str]]:
+    """--only KEY=V1,V2 -> (KEY, {V1, V2}); an error naming the flag and the choices."""
+    key, _, values = text.partition("=")
+    choices = {"law": LAWS, "start": STARTS, "noise": NOISES, "target": TARGETS}
+    if key not in choices or not values:
+        raise argparse.ArgumentTypeError(f"{text!r}: use KEY=VALUE[,VALUE...] with KEY one of "
+                                         f"{', '.join(choices)}, e.g. start=small-10")
+    got, known = set(values.split(",")), {str(v) for v in choices[key]}
+    if got - known:
+        raise argparse.ArgumentTypeError(f"{text!r}: unknown {key} {sorted(got - known)}; "
+                                         f"use {', '.join(sorted(known))}")
+    return key, got
 
 
 def one_study(args):
@@ -132,9 +152,6 @@ def one_study(args):
     return out
 
 
-KEYS = ["law", "start", "noise", "target"]
-
-
 def table(df: pd.DataFrame, planner: str) -> pd.DataFrame:
     """One row per cell for one planner: median |error| (%) of the grid and each use, the
     planner's compute share and coverage (%), worse (its plans less accurate than the grid in
@@ -165,6 +182,9 @@ def main(argv=None) -> int:
     ap.add_argument("--first-seed", type=int, default=0,
                     help="seeds first-seed .. first-seed + seeds - 1 (more seeds in a later run)")
     ap.add_argument("--quick", action="store_true", help="4 corner cells only")
+    ap.add_argument("--only", type=parse_only, action="append", default=[],
+                    metavar="KEY=V[,V...]", help="only the cells with these values (repeat to "
+                    "combine), e.g. --only start=small-10 --only target=1000")
     ap.add_argument("--planner", default="after",
                     help=f"one or more of {', '.join(PLANNERS)}, comma-separated")
     ap.add_argument("--n-boot", type=int, default=100, help="the interval's bootstrap refits")
@@ -175,7 +195,7 @@ def main(argv=None) -> int:
     bad = [p for p in planners if p not in PLANNERS]
     if bad:
         ap.error(f"--planner {a.planner}: unknown {bad}; use one or more of {', '.join(PLANNERS)}")
-    jobs = [(i, c, s, planners, a.n_boot) for i, c in enumerate(cells(a.quick))
+    jobs = [(i, c, s, planners, a.n_boot) for i, c in cells(a.quick, a.only)
             for s in range(a.first_seed, a.first_seed + a.seeds)]
     t0 = time.time()
     rows = []

@@ -10,8 +10,8 @@ import pytest
 
 from analysis import CHINCHILLA_UNROUNDED, EPOCH, fit_chinchilla
 from analysis.chinchilla import ChinchillaLaw
-from analysis.design import (MIN_NOISE_RUNS, SHORT_REACH, SPREAD, TOKENS_PER_PARAM, fit_ls,
-                             frontier, predict_loss_opt, profile_loss_opt, suggest_runs)
+from analysis.design import (MAX_LEAP, MIN_NOISE_RUNS, SHORT_REACH, SPREAD, TOKENS_PER_PARAM,
+                             fit_ls, frontier, predict_loss_opt, profile_loss_opt, suggest_runs)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -189,13 +189,16 @@ def test_robust_plans_from_four_runs_and_keeps_a_share_near_the_top():
 
 START10 = [(np.sqrt(c / 6 / r), np.sqrt(c / 6 * r)) for c in (1e15, 3e15)
            for r in (4, 10, 25, 60, 150)]
+MEDIUM10 = [(np.sqrt(c / 6 / r), np.sqrt(c / 6 * r)) for c in (1e16, 3e16)
+            for r in (4, 10, 25, 60, 150)]
 
 
 def test_robust_warns_where_it_lost_to_the_grid():
     """The robust plan warns in the conditions where bench/design.py's family saw it lose to a
     true-optimum grid (a reach under SHORT_REACH, fewer fitted runs than MIN_NOISE_RUNS), and
-    not where it held (10 start runs, 1000x)."""
-    ten, four = runs(EPOCH, START10, 0.01, 9), runs(EPOCH, START4, 0.01, 9)
+    not where it held (10 medium start runs, 1000x). Medium starts: no leap (below)."""
+    medium4 = [(np.sqrt(c / 6 / r), np.sqrt(c / 6 * r)) for c in (1e16, 3e16) for r in (8, 64)]
+    ten, four = runs(EPOCH, MEDIUM10, 0.01, 9), runs(EPOCH, medium4, 0.01, 9)
     with warnings.catch_warnings():
         warnings.simplefilter("error")                       # any warning fails the good case
         far = suggest_runs(ten, 1e21, 3.5e18, max_run_flops=1e18)
@@ -212,6 +215,31 @@ def test_robust_warns_where_it_lost_to_the_grid():
         warnings.simplefilter("ignore")
         pd.testing.assert_frame_equal(near, suggest_runs(ten, 3e19, 3.5e18, max_run_flops=1e18))
     assert len(far) and far["flops"].sum() <= 3.5e18 * (1 + 1e-9)
+
+
+def test_robust_warns_on_a_one_shot_leap():
+    """A budget over MAX_LEAP x the fitted runs' compute warns (the family's one-shot plans from
+    10 small start runs at 1000x: 3.5e18 on 2e16, a leap of 175x, where they lost to the grid);
+    the first of 3 rounds from the same runs (58x) and a one-shot plan from 10 medium runs (18x)
+    do not. The leap counts only the runs fitted (fit_min_flops)."""
+    small, medium = runs(EPOCH, START10, 0.01, 9), runs(EPOCH, MEDIUM10, 0.01, 9)
+    assert MAX_LEAP == 100
+    with pytest.warns(UserWarning, match=r"budget_flops is 175x the compute of the runs fitted "
+                      r"\(over 100x\).*plan in rounds") as got:
+        leap = suggest_runs(small, 1e21, 3.5e18, max_run_flops=1e18)
+    assert len(got) == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                       # any warning fails these
+        suggest_runs(small, 1e21, 3.5e18 / 3, max_run_flops=1e18)
+        suggest_runs(medium, 1e21, 3.5e18, max_run_flops=1e18)
+        both = pd.concat([small, medium], ignore_index=True)   # 2.2e17 FLOPs: 95x
+        suggest_runs(both, 1e21, 2.1e19, max_run_flops=1e18)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        silent = suggest_runs(small, 1e21, 3.5e18, max_run_flops=1e18)
+    pd.testing.assert_frame_equal(leap, silent)              # the warning changes no run
+    with pytest.warns(UserWarning, match=r"105x the compute of the runs fitted"):
+        suggest_runs(both, 1e21, 2.1e19, max_run_flops=1e18, fit_min_flops=5e15)
 
 
 def test_robust_caps_tokens_per_parameter():

@@ -3,6 +3,7 @@ the spec's `runs:` list it writes."""
 import shutil
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import yaml
 
@@ -73,6 +74,25 @@ def test_suggest_is_the_robust_planner(tmp_path, capsys):
     assert command.main([str(ROOT / "sweeps" / "approaches.yaml"), "--out", str(fixture),
                          "--suggest", "1", "--fit-min-flops", "2e12"]) == 2
     assert "--fit-min-flops 2e+12 leaves 0 of 15 finished runs to fit" in capsys.readouterr().err
+
+
+def test_suggest_warns_on_a_one_shot_leap(tmp_path, capsys):
+    """A budget over MAX_LEAP (100) x the compute of the runs fitted prints the leap warning (a
+    corpus 1000x larger than the fixture's, so runs of 3e14 FLOPs fit in one pass); at 0.57x
+    (the sweep's own scale) it does not."""
+    out = tmp_path / "approaches"
+    shutil.copytree(ROOT / "tests" / "fixtures" / "analysis" / "approaches", out)
+    res = pd.read_csv(out / "results.csv")
+    res.assign(epochs=res["epochs"] / 1000).to_csv(out / "results.csv", index=False)
+    spec = str(ROOT / "sweeps" / "approaches.yaml")
+    leap = ("warning: budget_flops is 143x the compute of the runs fitted (over 100x): one plan "
+            "puts it all")
+    for budget, warned in (("1e15", True), ("4e12", False)):
+        assert command.main([spec, "--out", str(out), "--suggest", "2", "--target-flops", "1e18",
+                             "--budget-flops", budget]) == 0
+        text = capsys.readouterr().out
+        assert "next 2 run(s)" in text
+        assert (leap in text) is warned and (("warning:" in text) is warned)
 
 
 def test_runs_entries_are_checked(tmp_path):

@@ -11,8 +11,8 @@ finished grid runs and trains only the new ones.
 The planner is `suggest_runs`' default (`PLANNER`, method="robust": measured on the family of
 simulated studies in bench/design.py, docs/analysis.md), and no run longer than the corpus (its
 training tokens, read from results.csv as tokens / epochs): L(N, D) counts fresh tokens. Its
-warnings (a short reach, too few runs for a noise estimate: where it lost to a grid there) are
-printed after the table.
+warnings (a short reach, too few runs for a noise estimate, a budget over 100x the fitted runs'
+compute: where it lost to a grid there) are printed after the table.
 Notebook 05's real rounds were planned with method="bootstrap" (their plan.json).
 """
 from __future__ import annotations
