@@ -55,10 +55,10 @@ SHORT_REACH = 100.0
 # ... when fewer runs are fitted than give a residual noise estimate (n - 5 >= 2) ...
 MIN_NOISE_RUNS = 7
 # ... and when one plan spends over this many times the compute of the runs it is fitted to
-# (the leap). In the family (6 seeds a cell) one-shot plans from the small starts (leap 180-440x)
-# lost 9 of 24 cells, from the medium starts (18-44x) 2 of 24, both at 30x; at 1000x the first
-# of 3 rounds from 10 small runs (60x) and one-shot plans from medium starts lost none. 100 lies
-# between 60 and 180 (their geometric mean): it marks the 2 losses the others left unwarned.
+# (the leap): in the family at 1000x (6 seeds a cell) the uses with a leap over 100 (one-shot
+# from small starts, the first round from 4 small runs) lost 5 of 18 cells, those under it none
+# of 30; 100 lies between the nearest two, 59x (the first of 3 rounds from 10 small runs) and
+# 177x (one-shot from them).
 MAX_LEAP = 100.0
 
 
