@@ -20,7 +20,8 @@ below the grid's median error in 37 of 48 cells (6 seeds a cell), 91.7% coverage
 beyond the seeds' scatter. It warns where the losses gather, and every lost cell is warned: a
 target under SHORT_REACH x the largest run it may add (7 of the 11 lost cells), fewer than
 MIN_NOISE_RUNS runs fitted (no noise estimate; 2 more), and a budget over MAX_LEAP x the compute
-of the runs fitted (one-shot plans from small starts; the last 2). docs/analysis.md has the table.
+of the runs fitted (one-shot plans from small starts; the last 2, below the grid at 36 seeds).
+docs/analysis.md has the table.
 The least-squares fit and its intervals live in analysis.lsfit (re-exported here).
 """
 from __future__ import annotations
