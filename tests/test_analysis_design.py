@@ -307,10 +307,27 @@ def test_profile_interval_of_the_compute_optimal_loss():
         profile_loss_opt(df["n_params"], df["tokens"], df["val_loss"], -1)
 
 
-def test_bench_design_smoke():
-    out = subprocess.run([sys.executable, str(ROOT / "bench" / "design.py"), "--quick",
-                          "--seeds", "1", "--n-boot", "20", "--procs", "1"],
+def test_bench_design_smoke(tmp_path):
+    """--quick runs; --only runs a slice of the family with the same studies (a cell is seeded
+    by its index in the whole family), and names the flag and the choices on a bad value."""
+    bench = [sys.executable, str(ROOT / "bench" / "design.py"), "--seeds", "1", "--n-boot", "20",
+             "--procs", "1"]
+    out = subprocess.run(bench + ["--quick", "--csv", str(tmp_path / "q.csv")],
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr
-    for word in ("grid", "one-shot", "rounds", "share", "cover", "cells ok:", "small-4"):
+    for word in ("grid", "one-shot", "rounds", "share", "cover", "cells ok:", "small-4",
+                 "warn one-shot", "lost unwarned"):
         assert word in out.stdout
+    one = subprocess.run(bench + ["--only", "law=Epoch", "--only", "start=small-4", "--only",
+                                  "noise=0.02,0.5", "--only", "target=1000", "--csv",
+                                  str(tmp_path / "o.csv")], capture_output=True, text=True,
+                         timeout=600)
+    assert one.returncode == 2 and "--only: 'noise=0.02,0.5': unknown noise ['0.5']" in one.stderr
+    one = subprocess.run(bench + ["--only", "law=Epoch", "--only", "start=small-4", "--only",
+                                  "noise=0.02", "--only", "target=1000", "--csv",
+                                  str(tmp_path / "o.csv")], capture_output=True, text=True,
+                         timeout=600)
+    assert one.returncode == 0, one.stderr
+    q, o = pd.read_csv(tmp_path / "q.csv"), pd.read_csv(tmp_path / "o.csv")
+    assert len(o) == 3 and set(o["law"]) == {"Epoch"} and set(o["start"]) == {"small-4"}
+    pd.testing.assert_frame_equal(q[q["cell"].isin(o["cell"])].reset_index(drop=True), o)
