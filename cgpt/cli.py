@@ -150,6 +150,9 @@ def cmd_generate(args) -> int:
         raise ValueError(f"--max-new-tokens {args.max_new_tokens}: the prompt and the new tokens "
                          f"must fit the model's context of {lm.config.n_ctx} tokens; use at "
                          f"most {lm.config.n_ctx - 1} (less the prompt's length)")
+    if args.top_k is not None and args.top_k > lm.config.vocab_size:
+        raise ValueError(f"--top-k {args.top_k}: must be at most the model's vocabulary size "
+                         f"{lm.config.vocab_size}")
     print(lm.generate(args.prompt, args.max_new_tokens, temperature=args.temperature,
                       top_k=args.top_k, top_p=args.top_p, seed=args.seed))
     return 0

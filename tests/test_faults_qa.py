@@ -1,10 +1,11 @@
 """Faults found by the third fault campaign (qa/cases/: cli, generate, evalcli, plan, coordcheck,
-branch, suggest, notebookdata, resume), each reproduced here first. Fast: the commands below
-fail before any model is built."""
+branch, suggest, notebookdata, resume), each reproduced here first. Fast: most commands below
+fail before any model is built; the branch tests share one 10-step parent run."""
 import gzip
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -215,3 +216,55 @@ def test_suggest_flags_without_suggest_are_an_error(capsys, flags, named):
     assert cli_main(["sweep", "/nonexistent/spec.yaml", "--dry-run", *flags]) == 2
     line = _one_line(capsys.readouterr().err)
     assert line.startswith(f"cgpt sweep: error: {named}: only with --suggest"), line
+
+
+# ---- cooldown branches of a damaged parent ---------------------------------------------------
+def _train_argv(corpus, cache, out, *extra) -> list[str]:
+    return ["train", "--model", "tiny-17k", "--data", str(corpus), "--out", str(out),
+            "--no-progress", "train.batch_size=8", "train.log_every=1", "train.ckpt_every=5",
+            "data.vocab_size=512", "data.seq_len=16", "data.val_sequences=16",
+            f"data.cache_dir={cache}", *extra]
+
+
+@pytest.fixture(scope="module")
+def wsd_parent(corpus, tmp_path_factory):
+    """A finished 10-step WSD run (decay from step 8), checkpoints 5 and 10."""
+    root = tmp_path_factory.mktemp("branch")
+    argv = _train_argv(corpus, root / "cache", root / "parent", f"--tokens={8 * 16 * 10}",
+                       "train.schedule=wsd")
+    assert cli_main(argv) == 0
+    return root / "parent", root / "cache"
+
+
+def _zero_step_5(d: Path) -> None:
+    for f in (d / "checkpoints" / "5").rglob("ocdbt.process_0/d/*"):
+        f.write_bytes(b"\0" * f.stat().st_size)
+
+
+@pytest.mark.parametrize("damage, named", [
+    (_zero_step_5, "checkpoints/5 is unreadable"),  # was a traceback, config.yaml left in --out
+    (lambda d: (d / "metrics.jsonl").unlink(), "metrics.jsonl is missing")])  # was accepted
+def test_a_branch_of_a_damaged_parent_is_one_line_and_leaves_nothing(
+        corpus, wsd_parent, tmp_path, capsys, damage, named):
+    """A zeroed parent checkpoint ended in orbax's traceback after config.yaml and the tokenizer
+    were written to --out, so the next launch there was refused as a run without checkpoints;
+    a parent whose metrics.jsonl was deleted gave a branch whose log lacked the parent's
+    steps. Both are now one line, the parent is untouched and --out is left as it was."""
+    parent = tmp_path / "parent"
+    shutil.copytree(wsd_parent[0], parent)
+    damage(parent)
+    before = sorted((p.relative_to(parent), p.stat().st_size) for p in parent.rglob("*")
+                    if p.is_file())
+    out = tmp_path / "branch"
+    argv = _train_argv(corpus, wsd_parent[1], out, "--branch-from", f"{parent}@5",
+                       f"--tokens={8 * 16 * 16}")
+    capsys.readouterr()
+    assert cli_main(argv) == 2
+    line = _one_line("\n".join(x for x in capsys.readouterr().err.splitlines()
+                               if not x.startswith("tiny-17k: micro-batch")))
+    assert line.startswith("cgpt train: error: --branch-from") and named in line, line
+    assert not out.exists()
+    assert sorted((p.relative_to(parent), p.stat().st_size) for p in parent.rglob("*")
+                  if p.is_file()) == before
+    # nothing half-made blocks the next launch into the same --out
+    assert cli_main(_train_argv(corpus, wsd_parent[1], out, f"--tokens={8 * 16 * 2}")) == 0

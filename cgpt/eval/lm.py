@@ -93,6 +93,18 @@ def _generate(params, prompt, lengths, key, temperature, *, cfg, max_new, cache_
     return out
 
 
+def _utf8(text: str, what: str) -> str:
+    """`text` if it is UTF-8 text; a byte that was not (argv decoded with surrogateescape) or a
+    lone surrogate is one error naming where, not the tokenizer's TypeError."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"{what}: character {e.start} ({text[e.start]!a}) is not UTF-8 text (a "
+                         "byte the terminal or file did not decode as UTF-8, or a lone "
+                         "surrogate); give it as UTF-8") from None
+    return text
+
+
 class LM:
     """A loaded language model: `.config`, `.tokenizer`, `.logits`, `.loss`, `.generate`."""
 
@@ -125,7 +137,7 @@ class LM:
     # ---- inputs ----------------------------------------------------------------------
     def _ids(self, ids, what: str = "ids", max_len: int | None = None) -> jax.Array:
         if isinstance(ids, str):
-            ids = self.encode(ids)
+            ids = self.encode(_utf8(ids, what))
         arr = np.asarray(ids)
         if arr.ndim == 1:
             arr = arr[None]
@@ -148,7 +160,7 @@ class LM:
         if self.tokenizer is None:
             raise ValueError("this checkpoint has no tokenizer files (tokenizer.json or "
                              "vocab.json+merges.txt); pass token ids instead of text")
-        return self.tokenizer.encode(text).ids
+        return self.tokenizer.encode(_utf8(text, "text")).ids
 
     def decode(self, ids: Sequence[int]) -> str:
         if self.tokenizer is None:
