@@ -140,7 +140,8 @@ def cmd_generate(args) -> int:
               ("--top-k", args.top_k, args.top_k is None or args.top_k >= 1, ">= 1"),
               ("--top-p", args.top_p, args.top_p is None or 0 < args.top_p <= 1, "in (0, 1]"),
               ("--temperature", args.temperature,
-               math.isfinite(args.temperature) and args.temperature >= 0, "finite and >= 0"))
+               math.isfinite(args.temperature) and args.temperature >= 0, "finite and >= 0"),
+              ("--seed", args.seed, -2 ** 63 <= args.seed < 2 ** 63, "a 64-bit integer"))
     for flag, v, ok, want in checks:  # before the model loads, named as typed
         if not ok:
             raise ValueError(f"{flag} {v}: must be {want}")

@@ -268,3 +268,60 @@ def test_a_branch_of_a_damaged_parent_is_one_line_and_leaves_nothing(
                   if p.is_file()) == before
     # nothing half-made blocks the next launch into the same --out
     assert cli_main(_train_argv(corpus, wsd_parent[1], out, f"--tokens={8 * 16 * 2}")) == 0
+
+
+# ---- generate and cgpt.load ------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def tiny_lm(tmp_path_factory):
+    """A 2-layer model saved as an HF directory (no tokenizer files) and loaded, with a byte-level
+    BPE tokenizer attached (its vocabulary: the 256 bytes)."""
+    import cgpt
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from cgpt.config.model import ModelConfig
+    from cgpt.model import gpt, hf
+
+    cfg = ModelConfig(n_layer=2, d_model=16, n_head=2, vocab_size=300, n_ctx=32,
+                      compute_dtype="float32")
+    d = tmp_path_factory.mktemp("hf") / "m"
+    hf.save_hf_dir(gpt.init_params(cfg), cfg, d)
+    lm = cgpt.load(str(d))
+    vocab = {c: i for i, c in enumerate(pre_tokenizers.ByteLevel.alphabet())}
+    lm.tokenizer = Tokenizer(models.BPE(vocab, [], unk_token=None))
+    lm.tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    return d, lm
+
+
+@pytest.mark.parametrize("text, what, where", [("caf\udce9", "prompt", 3),
+                                               ("\ud800x", "prompt", 0)])
+def test_text_that_is_not_utf8_is_named_not_a_tokenizer_traceback(tiny_lm, text, what, where):
+    """A prompt with a byte that is not UTF-8 (argv decodes it to a lone surrogate) ended in
+    the tokenizer's `TypeError: TextInputSequence must be str`."""
+    lm = tiny_lm[1]
+    assert len(lm.generate("cafe", 2)) > 4  # the tokenizer works on UTF-8 text
+    with pytest.raises(ValueError, match=rf"^{what}: character {where} .* is not UTF-8 text"):
+        lm.generate(text, 2)
+    with pytest.raises(ValueError, match=rf"^text: character {where} "):
+        lm.encode(text)
+
+
+@pytest.mark.parametrize("source", [123, None, "", "  "])
+def test_load_of_a_source_that_is_no_path_names_it(source):
+    """`cgpt.load(123)` said `expected str, bytes or os.PathLike object, not int`; `cgpt.load("")`
+    (and `cgpt generate ''`) silently loaded the working directory as `.`."""
+    import cgpt
+    from cgpt.errors import LoadError
+
+    with pytest.raises(LoadError, match=rf"^source {source!r}: give a cgpt run directory"):
+        cgpt.load(source)
+
+
+@pytest.mark.parametrize("flags, named", [
+    (["--seed", str(2 ** 70)], "--seed 1180591620717411303424: must be a 64-bit integer"),
+    (["--top-k", "1000"], "--top-k 1000: must be at most the model's vocabulary size 300")])
+def test_generate_flags_out_of_range_are_named_as_typed(capsys, tiny_lm, flags, named):
+    """`--seed 2**70` ended in `OverflowError: Python int too large to convert to C long`;
+    `--top-k` above the vocabulary was named as the library's `top_k`."""
+    assert cli_main(["generate", str(tiny_lm[0]), "def", "--max-new-tokens", "4", *flags]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert line == f"cgpt generate: error: {named}", line

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import re
 from pathlib import Path
 from typing import Sequence
@@ -254,6 +255,9 @@ def load(source: str | Path, dtype: str = "float32") -> LM:
     """
     if dtype not in ("float32", "bfloat16"):
         raise ValueError(f"dtype={dtype!r}; use 'float32' or 'bfloat16'")
+    if not isinstance(source, (str, os.PathLike)) or not str(source).strip():
+        raise LoadError(f"source {source!r}: give a cgpt run directory, a Hugging Face GPT-2 "
+                        "directory or a hub id such as 'cerebras/Cerebras-GPT-111M'")
     path = Path(source).expanduser()
     if path.exists():
         if not path.is_dir():
