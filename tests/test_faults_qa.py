@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from cgpt.cli import main as cli_main
+from cgpt.errors import TrainError
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -325,3 +326,41 @@ def test_generate_flags_out_of_range_are_named_as_typed(capsys, tiny_lm, flags, 
     assert cli_main(["generate", str(tiny_lm[0]), "def", "--max-new-tokens", "4", *flags]) == 2
     line = _one_line(capsys.readouterr().err)
     assert line == f"cgpt generate: error: {named}", line
+
+
+# ---- --resume with other flags ---------------------------------------------------------------
+def _saved(tmp_path, **data):
+    from cgpt.config.run import from_dict
+
+    out = tmp_path / "run"
+    out.mkdir()
+    raw = {"preset": "tiny-17k", "model": {"compute_dtype": "float32"},
+           "data": {"vocab_size": 512, "seq_len": 16, **data}}
+    (out / "config.yaml").write_text(from_dict(raw).to_yaml())
+    return out, raw
+
+
+def test_resume_may_move_the_data_cache(tmp_path):
+    """`--resume data.cache_dir=NEW` was refused as another run, although $CGPT_CACHE may
+    change between launches unnoticed: the cache holds the same data wherever it is."""
+    from cgpt.config.run import from_dict
+    from cgpt.train.resume import check_config
+
+    out, raw = _saved(tmp_path, cache_dir=str(tmp_path / "old"))
+    for moved in (str(tmp_path / "new"), None):
+        run = from_dict({**raw, "data": {**raw["data"], "cache_dir": moved}})
+        assert check_config(run, out, resume=True).data.cache_dir == moved
+    other = from_dict({**raw, "data": {**raw["data"], "seq_len": 32}})  # the data itself: no
+    with pytest.raises(TrainError, match=r"differs .* in data.seq_len; resume with the same"):
+        check_config(other, out, resume=True)
+
+
+def test_resume_with_another_preset_names_both(tmp_path):
+    """`--resume --model tiny-45k` named only the derived keys (`model.name, model.n_layer`);
+    the preset typed was not in the line."""
+    from cgpt.config.run import from_dict
+    from cgpt.train.resume import check_config
+
+    out, raw = _saved(tmp_path)
+    with pytest.raises(TrainError, match=r"preset \(tiny-17k saved, tiny-45k asked\); resume"):
+        check_config(from_dict({**raw, "preset": "tiny-45k"}), out, resume=True)
