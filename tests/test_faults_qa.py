@@ -364,3 +364,21 @@ def test_resume_with_another_preset_names_both(tmp_path):
     out, raw = _saved(tmp_path)
     with pytest.raises(TrainError, match=r"preset \(tiny-17k saved, tiny-45k asked\); resume"):
         check_config(from_dict({**raw, "preset": "tiny-45k"}), out, resume=True)
+
+
+@pytest.mark.parametrize("col, value", [("tokens", 0), ("n_params", -5)])
+def test_suggest_names_the_column_a_log_space_fit_cannot_take(tmp_path, col, value):
+    """`--suggest` on a results.csv with a finished run of 0 tokens (or negative n_params)
+    failed inside the fit as `N must be finite and > 0`: the fit's variable, not the column."""
+    from analysis.schema import COLUMNS
+    from cgpt.sweep.suggest import analysis_results
+
+    rows = [{"run_id": f"r{i}", "model": "m", "seed": 0, "status": "done", "n_params": 1e6,
+             "tokens": 2e7, "flops": 1.3e14, "val_loss": 3.0, "train_loss": 3.1, "mup": False}
+            for i in range(4)]
+    rows[2][col] = value
+    (tmp_path / "results.csv").write_text(",".join(COLUMNS) + "\n" + "".join(
+        ",".join(str(r.get(c, 1)) for c in COLUMNS) + "\n" for r in rows))
+    with pytest.raises(ValueError, match=rf"results.csv: column '{col}' must be > 0 for a "
+                                         rf"finished run, got {value} for run\(s\) \['r2'\]"):
+        analysis_results(tmp_path)

@@ -76,7 +76,15 @@ def analysis_results(out: Path):
     """The sweep's finished runs (results.csv)."""
     import analysis
 
-    return analysis.load_results(out, finished_only=True)
+    res = analysis.load_results(out, finished_only=True)
+    for col in ("n_params", "tokens"):  # L(N, D) is fitted in log space: named as the file has it
+        bad = ~(res[col] > 0)
+        if bad.any():
+            raise ValueError(f"{res.attrs['source']}: column '{col}' must be > 0 for a finished "
+                             f"run, got {', '.join(f'{v:g}' for v in res.loc[bad, col][:5])} "
+                             f"for run(s) {res.loc[bad, 'run_id'].tolist()[:5]}; fix or remove "
+                             "those rows")
+    return res
 
 
 def suggest(sweep, out: Path, k: int, target_flops: float | None = None,
