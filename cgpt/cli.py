@@ -161,10 +161,11 @@ def cmd_generate(args) -> int:
 
 def cmd_eval(args) -> int:
     for flag, v, low in (("--limit", args.limit, 0), ("--num-fewshot", args.num_fewshot, 0),
-                         ("--bootstrap-iters", args.bootstrap_iters, 0)):
+                         ("--bootstrap-iters", args.bootstrap_iters, 0),
+                         ("--batch-size", args.batch_size, 1)):  # lm-eval's batch size too
         if v is not None and (v < low or (flag == "--limit" and not 0 < v < float("inf"))):
             raise ValueError(f"{flag} {v}: must be "
-                             f"{'a finite number > 0' if flag == '--limit' else '>= 0'}")
+                             f"{'a finite number > 0' if flag == '--limit' else f'>= {low}'}")
     given = [f for f, v in (("--num-fewshot", args.num_fewshot), ("--limit", args.limit),
                             ("--include-path", args.include_path), ("--output", args.output),
                             ("--bootstrap-iters", args.bootstrap_iters)) if v is not None]
@@ -187,8 +188,7 @@ def cmd_eval(args) -> int:
     from cgpt.config.data import DataConfig
     from cgpt.rundir import TOKENIZER_FILE, json_line
 
-    for flag, v, low in (("--seq-len", args.seq_len, 2), ("--sequences", args.sequences, 1),
-                         ("--batch-size", args.batch_size, 1)):
+    for flag, v, low in (("--seq-len", args.seq_len, 2), ("--sequences", args.sequences, 1)):
         if v is not None and v < low:
             raise ValueError(f"{flag} {v}: must be at least {low}")
     lm = cgpt.load(args.source, dtype=args.dtype)

@@ -382,3 +382,12 @@ def test_suggest_names_the_column_a_log_space_fit_cannot_take(tmp_path, col, val
     with pytest.raises(ValueError, match=rf"results.csv: column '{col}' must be > 0 for a "
                                          rf"finished run, got {value} for run\(s\) \['r2'\]"):
         analysis_results(tmp_path)
+
+
+@pytest.mark.parametrize("tasks", [[], ["--tasks", "x"]])
+def test_eval_batch_size_below_one_is_named_before_the_model_loads(capsys, tasks):
+    """`eval --tasks T --batch-size 0` was handed to lm-eval, whose error did not name the
+    flag (without --tasks it was checked only after the model loaded)."""
+    assert cli_main(["eval", "/nonexistent/src", *tasks, "--batch-size", "0"]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert line == "cgpt eval: error: --batch-size 0: must be >= 1", line
