@@ -391,3 +391,26 @@ def test_eval_batch_size_below_one_is_named_before_the_model_loads(capsys, tasks
     assert cli_main(["eval", "/nonexistent/src", *tasks, "--batch-size", "0"]) == 2
     line = _one_line(capsys.readouterr().err)
     assert line == "cgpt eval: error: --batch-size 0: must be >= 1", line
+
+
+def test_suggest_refuses_rows_whose_n_params_are_not_the_sweeps(tmp_path):
+    """results.csv rows with this sweep's run ids but another model's n_params (rows of another
+    sweep, or an edited file) were fitted and suggested from, exit 0."""
+    from analysis.schema import COLUMNS
+    from cgpt import sweep as sw
+    from cgpt.sweep.suggest import suggest
+    from tests.sweep_helpers import make_spec
+
+    sweep = sw.load_sweep(make_spec(tmp_path, "s", {"model": ["tiny-17k"], "seed": [0, 1]}))
+    out = tmp_path / "out"
+    out.mkdir()
+    rows = [{"run_id": r.run_id, "model": r.model, "seed": r.seed, "status": "done",
+             "n_params": r.n_params * 3 + 1, "tokens": r.tokens, "flops": r.flops,
+             "val_loss": 3.0, "train_loss": 3.1, "mup": False} for r in sweep.runs]
+    (out / "results.csv").write_text(",".join(COLUMNS) + "\n" + "".join(
+        ",".join(str(r.get(c, 1)) for c in COLUMNS) + "\n" for r in rows))
+    r0 = sweep.runs[0]
+    with pytest.raises(ValueError, match=rf"results.csv: column 'n_params' differs from the "
+                                         rf"sweep's .* for run\(s\) {r0.run_id} "
+                                         rf"\({r0.n_params * 3 + 1}, planned {r0.n_params}\)"):
+        suggest(sweep, out, 2)

@@ -94,6 +94,13 @@ def suggest(sweep, out: Path, k: int, target_flops: float | None = None,
     no run past one pass over the corpus. attrs["warnings"]: the planner's warnings (where it
     lost to a grid in bench/design.py's family), which print_suggestions prints."""
     res = analysis_results(out)
+    planned = {r.run_id: r.n_params for r in sweep.runs}
+    off = [f"{i} ({n:g}, planned {planned[i]})" for i, n in zip(res["run_id"], res["n_params"])
+           if i in planned and n != planned[i]]
+    if off:  # the fit would read N of another model: rows of another sweep, or edited
+        raise ValueError(f"{res.attrs['source']}: column 'n_params' differs from the sweep's "
+                         f"{sweep.path} for run(s) {', '.join(off[:5])}; pass the --out of "
+                         "this spec's sweep, or fix those rows")
     if len(res) < MIN_RUNS:
         raise ValueError(f"{out}: {len(res)} finished run(s); --suggest fits L(N, D) (5 "
                          f"parameters, with a prior on the exponents) and needs at least "
