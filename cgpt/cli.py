@@ -140,7 +140,8 @@ def cmd_generate(args) -> int:
               ("--top-k", args.top_k, args.top_k is None or args.top_k >= 1, ">= 1"),
               ("--top-p", args.top_p, args.top_p is None or 0 < args.top_p <= 1, "in (0, 1]"),
               ("--temperature", args.temperature,
-               math.isfinite(args.temperature) and args.temperature >= 0, "finite and >= 0"))
+               math.isfinite(args.temperature) and args.temperature >= 0, "finite and >= 0"),
+              ("--seed", args.seed, -2 ** 63 <= args.seed < 2 ** 63, "a 64-bit integer"))
     for flag, v, ok, want in checks:  # before the model loads, named as typed
         if not ok:
             raise ValueError(f"{flag} {v}: must be {want}")
@@ -150,6 +151,9 @@ def cmd_generate(args) -> int:
         raise ValueError(f"--max-new-tokens {args.max_new_tokens}: the prompt and the new tokens "
                          f"must fit the model's context of {lm.config.n_ctx} tokens; use at "
                          f"most {lm.config.n_ctx - 1} (less the prompt's length)")
+    if args.top_k is not None and args.top_k > lm.config.vocab_size:
+        raise ValueError(f"--top-k {args.top_k}: must be at most the model's vocabulary size "
+                         f"{lm.config.vocab_size}")
     print(lm.generate(args.prompt, args.max_new_tokens, temperature=args.temperature,
                       top_k=args.top_k, top_p=args.top_p, seed=args.seed))
     return 0
@@ -157,10 +161,11 @@ def cmd_generate(args) -> int:
 
 def cmd_eval(args) -> int:
     for flag, v, low in (("--limit", args.limit, 0), ("--num-fewshot", args.num_fewshot, 0),
-                         ("--bootstrap-iters", args.bootstrap_iters, 0)):
+                         ("--bootstrap-iters", args.bootstrap_iters, 0),
+                         ("--batch-size", args.batch_size, 1)):  # lm-eval's batch size too
         if v is not None and (v < low or (flag == "--limit" and not 0 < v < float("inf"))):
             raise ValueError(f"{flag} {v}: must be "
-                             f"{'a finite number > 0' if flag == '--limit' else '>= 0'}")
+                             f"{'a finite number > 0' if flag == '--limit' else f'>= {low}'}")
     given = [f for f, v in (("--num-fewshot", args.num_fewshot), ("--limit", args.limit),
                             ("--include-path", args.include_path), ("--output", args.output),
                             ("--bootstrap-iters", args.bootstrap_iters)) if v is not None]
@@ -183,8 +188,7 @@ def cmd_eval(args) -> int:
     from cgpt.config.data import DataConfig
     from cgpt.rundir import TOKENIZER_FILE, json_line
 
-    for flag, v, low in (("--seq-len", args.seq_len, 2), ("--sequences", args.sequences, 1),
-                         ("--batch-size", args.batch_size, 1)):
+    for flag, v, low in (("--seq-len", args.seq_len, 2), ("--sequences", args.sequences, 1)):
         if v is not None and v < low:
             raise ValueError(f"{flag} {v}: must be at least {low}")
     lm = cgpt.load(args.source, dtype=args.dtype)

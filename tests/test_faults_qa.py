@@ -1,10 +1,11 @@
 """Faults found by the third fault campaign (qa/cases/: cli, generate, evalcli, plan, coordcheck,
-branch, suggest, notebookdata, resume), each reproduced here first. Fast: the commands below
-fail before any model is built."""
+branch, suggest, notebookdata, resume), each reproduced here first. Fast: most commands below
+fail before any model is built; the branch tests share one 10-step parent run."""
 import gzip
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from cgpt.cli import main as cli_main
+from cgpt.errors import TrainError
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -111,13 +113,15 @@ def test_isoflop_fit_without_two_budgets_names_the_budget_column(budgets):
         fit_isoflop(df)
 
 
-@pytest.mark.parametrize("flags", [["--mesh", "data=100000000"], ["--devices", "5000000"]])
-def test_a_mesh_past_what_the_cpu_can_emulate_is_refused_before_allocating(capsys, flags):
+@pytest.mark.parametrize("flags, named", [(["--mesh", "data=100000000"], "--mesh data=100000000"),
+                                          (["--devices", "5000000"], "--devices 5000000")])
+def test_a_mesh_past_what_the_cpu_can_emulate_is_refused_before_allocating(capsys, flags, named):
     """`cgpt plan --mesh data=100000000` asked JAX for 1e8 emulated CPU devices: 12 GB of
-    host memory and rising after 9 minutes, no output (train --mesh likewise)."""
+    host memory and rising after 9 minutes, no output (train --mesh likewise). The refusal
+    names the flag as typed (the campaign's second pass: it said `--mesh/--devices`)."""
     assert cli_main(["plan", "--model", "tiny-17k", "--mode", "data_parallel", *flags]) == 2
     line = _one_line(capsys.readouterr().err)
-    assert line.startswith("cgpt plan: error: --mesh/--devices:") and "4096" in line, line
+    assert line.startswith(f"cgpt plan: error: {named}:") and "4096" in line, line
 
 
 @pytest.mark.parametrize("flags", [["--mesh", "data=4", "--devices", "2"],
@@ -215,3 +219,200 @@ def test_suggest_flags_without_suggest_are_an_error(capsys, flags, named):
     assert cli_main(["sweep", "/nonexistent/spec.yaml", "--dry-run", *flags]) == 2
     line = _one_line(capsys.readouterr().err)
     assert line.startswith(f"cgpt sweep: error: {named}: only with --suggest"), line
+
+
+# ---- cooldown branches of a damaged parent ---------------------------------------------------
+def _train_argv(corpus, cache, out, *extra) -> list[str]:
+    return ["train", "--model", "tiny-17k", "--data", str(corpus), "--out", str(out),
+            "--no-progress", "train.batch_size=8", "train.log_every=1", "train.ckpt_every=5",
+            "data.vocab_size=512", "data.seq_len=16", "data.val_sequences=16",
+            f"data.cache_dir={cache}", *extra]
+
+
+@pytest.fixture(scope="module")
+def wsd_parent(corpus, tmp_path_factory):
+    """A finished 10-step WSD run (decay from step 8), checkpoints 5 and 10."""
+    root = tmp_path_factory.mktemp("branch")
+    argv = _train_argv(corpus, root / "cache", root / "parent", f"--tokens={8 * 16 * 10}",
+                       "train.schedule=wsd")
+    assert cli_main(argv) == 0
+    return root / "parent", root / "cache"
+
+
+def _zero_step_5(d: Path) -> None:
+    for f in (d / "checkpoints" / "5").rglob("ocdbt.process_0/d/*"):
+        f.write_bytes(b"\0" * f.stat().st_size)
+
+
+@pytest.mark.parametrize("damage, named", [
+    (_zero_step_5, "checkpoints/5 is unreadable"),  # was a traceback, config.yaml left in --out
+    (lambda d: (d / "metrics.jsonl").unlink(), "metrics.jsonl is missing")])  # was accepted
+def test_a_branch_of_a_damaged_parent_is_one_line_and_leaves_nothing(
+        corpus, wsd_parent, tmp_path, capsys, damage, named):
+    """A zeroed parent checkpoint ended in orbax's traceback after config.yaml and the tokenizer
+    were written to --out, so the next launch there was refused as a run without checkpoints;
+    a parent whose metrics.jsonl was deleted gave a branch whose log lacked the parent's
+    steps. Both are now one line, the parent is untouched and --out is left as it was."""
+    parent = tmp_path / "parent"
+    shutil.copytree(wsd_parent[0], parent)
+    damage(parent)
+    before = sorted((p.relative_to(parent), p.stat().st_size) for p in parent.rglob("*")
+                    if p.is_file())
+    out = tmp_path / "branch"
+    argv = _train_argv(corpus, wsd_parent[1], out, "--branch-from", f"{parent}@5",
+                       f"--tokens={8 * 16 * 16}")
+    capsys.readouterr()
+    assert cli_main(argv) == 2
+    line = _one_line("\n".join(x for x in capsys.readouterr().err.splitlines()
+                               if not x.startswith("tiny-17k: micro-batch")))
+    assert line.startswith("cgpt train: error: --branch-from") and named in line, line
+    assert not out.exists()
+    assert sorted((p.relative_to(parent), p.stat().st_size) for p in parent.rglob("*")
+                  if p.is_file()) == before
+    # nothing half-made blocks the next launch into the same --out
+    assert cli_main(_train_argv(corpus, wsd_parent[1], out, f"--tokens={8 * 16 * 2}")) == 0
+
+
+# ---- generate and cgpt.load ------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def tiny_lm(tmp_path_factory):
+    """A 2-layer model saved as an HF directory (no tokenizer files) and loaded, with a byte-level
+    BPE tokenizer attached (its vocabulary: the 256 bytes)."""
+    import cgpt
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from cgpt.config.model import ModelConfig
+    from cgpt.model import gpt, hf
+
+    cfg = ModelConfig(n_layer=2, d_model=16, n_head=2, vocab_size=300, n_ctx=32,
+                      compute_dtype="float32")
+    d = tmp_path_factory.mktemp("hf") / "m"
+    hf.save_hf_dir(gpt.init_params(cfg), cfg, d)
+    lm = cgpt.load(str(d))
+    vocab = {c: i for i, c in enumerate(pre_tokenizers.ByteLevel.alphabet())}
+    lm.tokenizer = Tokenizer(models.BPE(vocab, [], unk_token=None))
+    lm.tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    return d, lm
+
+
+@pytest.mark.parametrize("text, what, where", [("caf\udce9", "prompt", 3),
+                                               ("\ud800x", "prompt", 0)])
+def test_text_that_is_not_utf8_is_named_not_a_tokenizer_traceback(tiny_lm, text, what, where):
+    """A prompt with a byte that is not UTF-8 (argv decodes it to a lone surrogate) ended in
+    the tokenizer's `TypeError: TextInputSequence must be str`."""
+    lm = tiny_lm[1]
+    assert len(lm.generate("cafe", 2)) > 4  # the tokenizer works on UTF-8 text
+    with pytest.raises(ValueError, match=rf"^{what}: character {where} .* is not UTF-8 text"):
+        lm.generate(text, 2)
+    with pytest.raises(ValueError, match=rf"^text: character {where} "):
+        lm.encode(text)
+
+
+@pytest.mark.parametrize("source", [123, None, "", "  "])
+def test_load_of_a_source_that_is_no_path_names_it(source):
+    """`cgpt.load(123)` said `expected str, bytes or os.PathLike object, not int`; `cgpt.load("")`
+    (and `cgpt generate ''`) silently loaded the working directory as `.`."""
+    import cgpt
+    from cgpt.errors import LoadError
+
+    with pytest.raises(LoadError, match=rf"^source {source!r}: give a cgpt run directory"):
+        cgpt.load(source)
+
+
+@pytest.mark.parametrize("flags, named", [
+    (["--seed", str(2 ** 70)], "--seed 1180591620717411303424: must be a 64-bit integer"),
+    (["--top-k", "1000"], "--top-k 1000: must be at most the model's vocabulary size 300")])
+def test_generate_flags_out_of_range_are_named_as_typed(capsys, tiny_lm, flags, named):
+    """`--seed 2**70` ended in `OverflowError: Python int too large to convert to C long`;
+    `--top-k` above the vocabulary was named as the library's `top_k`."""
+    assert cli_main(["generate", str(tiny_lm[0]), "def", "--max-new-tokens", "4", *flags]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert line == f"cgpt generate: error: {named}", line
+
+
+# ---- --resume with other flags ---------------------------------------------------------------
+def _saved(tmp_path, **data):
+    from cgpt.config.run import from_dict
+
+    out = tmp_path / "run"
+    out.mkdir()
+    raw = {"preset": "tiny-17k", "model": {"compute_dtype": "float32"},
+           "data": {"vocab_size": 512, "seq_len": 16, **data}}
+    (out / "config.yaml").write_text(from_dict(raw).to_yaml())
+    return out, raw
+
+
+def test_resume_may_move_the_data_cache(tmp_path):
+    """`--resume data.cache_dir=NEW` was refused as another run, although $CGPT_CACHE may
+    change between launches unnoticed: the cache holds the same data wherever it is."""
+    from cgpt.config.run import from_dict
+    from cgpt.train.resume import check_config
+
+    out, raw = _saved(tmp_path, cache_dir=str(tmp_path / "old"))
+    for moved in (str(tmp_path / "new"), None):
+        run = from_dict({**raw, "data": {**raw["data"], "cache_dir": moved}})
+        assert check_config(run, out, resume=True).data.cache_dir == moved
+    other = from_dict({**raw, "data": {**raw["data"], "seq_len": 32}})  # the data itself: no
+    with pytest.raises(TrainError, match=r"differs .* in data.seq_len; resume with the same"):
+        check_config(other, out, resume=True)
+
+
+def test_resume_with_another_preset_names_both(tmp_path):
+    """`--resume --model tiny-45k` named only the derived keys (`model.name, model.n_layer`);
+    the preset typed was not in the line."""
+    from cgpt.config.run import from_dict
+    from cgpt.train.resume import check_config
+
+    out, raw = _saved(tmp_path)
+    with pytest.raises(TrainError, match=r"preset \(tiny-17k saved, tiny-45k asked\); resume"):
+        check_config(from_dict({**raw, "preset": "tiny-45k"}), out, resume=True)
+
+
+@pytest.mark.parametrize("col, value", [("tokens", 0), ("n_params", -5)])
+def test_suggest_names_the_column_a_log_space_fit_cannot_take(tmp_path, col, value):
+    """`--suggest` on a results.csv with a finished run of 0 tokens (or negative n_params)
+    failed inside the fit as `N must be finite and > 0`: the fit's variable, not the column."""
+    from analysis.schema import COLUMNS
+    from cgpt.sweep.suggest import analysis_results
+
+    rows = [{"run_id": f"r{i}", "model": "m", "seed": 0, "status": "done", "n_params": 1e6,
+             "tokens": 2e7, "flops": 1.3e14, "val_loss": 3.0, "train_loss": 3.1, "mup": False}
+            for i in range(4)]
+    rows[2][col] = value
+    (tmp_path / "results.csv").write_text(",".join(COLUMNS) + "\n" + "".join(
+        ",".join(str(r.get(c, 1)) for c in COLUMNS) + "\n" for r in rows))
+    with pytest.raises(ValueError, match=rf"results.csv: column '{col}' must be > 0 for a "
+                                         rf"finished run, got {value} for run\(s\) \['r2'\]"):
+        analysis_results(tmp_path)
+
+
+@pytest.mark.parametrize("tasks", [[], ["--tasks", "x"]])
+def test_eval_batch_size_below_one_is_named_before_the_model_loads(capsys, tasks):
+    """`eval --tasks T --batch-size 0` was handed to lm-eval, whose error did not name the
+    flag (without --tasks it was checked only after the model loaded)."""
+    assert cli_main(["eval", "/nonexistent/src", *tasks, "--batch-size", "0"]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert line == "cgpt eval: error: --batch-size 0: must be >= 1", line
+
+
+def test_suggest_refuses_rows_whose_n_params_are_not_the_sweeps(tmp_path):
+    """results.csv rows with this sweep's run ids but another model's n_params (rows of another
+    sweep, or an edited file) were fitted and suggested from, exit 0."""
+    from analysis.schema import COLUMNS
+    from cgpt import sweep as sw
+    from cgpt.sweep.suggest import suggest
+    from tests.sweep_helpers import make_spec
+
+    sweep = sw.load_sweep(make_spec(tmp_path, "s", {"model": ["tiny-17k"], "seed": [0, 1]}))
+    out = tmp_path / "out"
+    out.mkdir()
+    rows = [{"run_id": r.run_id, "model": r.model, "seed": r.seed, "status": "done",
+             "n_params": r.n_params * 3 + 1, "tokens": r.tokens, "flops": r.flops,
+             "val_loss": 3.0, "train_loss": 3.1, "mup": False} for r in sweep.runs]
+    (out / "results.csv").write_text(",".join(COLUMNS) + "\n" + "".join(
+        ",".join(str(r.get(c, 1)) for c in COLUMNS) + "\n" for r in rows))
+    r0 = sweep.runs[0]
+    with pytest.raises(ValueError, match=rf"results.csv: column 'n_params' differs from the "
+                                         rf"sweep's .* for run\(s\) {r0.run_id} "
+                                         rf"\({r0.n_params * 3 + 1}, planned {r0.n_params}\)"):
+        suggest(sweep, out, 2)

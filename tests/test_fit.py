@@ -24,9 +24,9 @@ class FakeCompiled:
         self.total = total
 
     def memory_analysis(self):
-        return SimpleNamespace(argument_size_in_bytes=self.total // 2, output_size_in_bytes=0,
-                               temp_size_in_bytes=self.total - self.total // 2,
-                               alias_size_in_bytes=0)
+        state = min(self.total, 1000)  # every candidate's arguments: state and batch
+        return SimpleNamespace(argument_size_in_bytes=state, output_size_in_bytes=0,
+                               temp_size_in_bytes=self.total - state, alias_size_in_bytes=0)
 
 
 def _fake(per_token: int, remat_saving: float = 0.5, accum_buffer: int = 0):
@@ -102,12 +102,19 @@ def test_given_micro_batch_and_remat_are_only_checked():
 
 
 def test_nothing_fits_names_the_numbers_and_the_fix():
-    compile_fn, _ = _fake(per_token=100)
-    choice, _ = fit.search(fit.divisors_desc(90), 90, compile_fn, device_memory=1000)
+    compile_fn, calls = _fake(per_token=100)
+    choice, _ = fit.search(fit.divisors_desc(90), 90, compile_fn,
+                           device_memory=fit.memory_for(1020))  # the state fits, no step does
     assert not choice.fits and (choice.micro_batch, choice.remat) == (1, "full")
     msg = choice.error("13B (12.9B params), weight_streaming on 8 devices")
     assert "micro-batch 1, remat full" in msg and "per device" in msg and "usable" in msg
     assert "more devices" in msg and "slurm.nodes" in msg and "compute_dtype=bfloat16" in msg
+    # the arguments alone (state and batch, the same in every candidate) do not fit: one
+    # compile decides it (`plan --device-memory 1KB` compiled every rung, minutes at load)
+    compile_fn, calls = _fake(per_token=100)
+    choice, _ = fit.search(fit.divisors_desc(90), 90, compile_fn, device_memory=1000)
+    assert not choice.fits and calls == [(90, "save_dots")] and len(choice.tried) == 1
+    assert "more devices" in choice.error("tiny")
 
 
 # ---- plan and train on emulated devices -----------------------------------------------------

@@ -207,17 +207,24 @@ def test_preempted_run_is_marked_and_resumes_into_the_same_wandb_run(corpus, tmp
 
 
 # ---- a sweep ---------------------------------------------------------------------------------
-def test_sweep_groups_its_runs_by_the_sweep_name(tmp_path, offline):
+@pytest.mark.parametrize("exported", [None, "my-group"])
+def test_sweep_groups_its_runs_by_the_sweep_name(tmp_path, offline, monkeypatch, exported):
+    """The sweep's name is the W&B group, unless the user exported WANDB_RUN_GROUP: theirs
+    wins (and the sweep leaves the variable as it found it)."""
     from cgpt import sweep as sw
     from tests.sweep_helpers import make_spec
 
+    if exported:
+        monkeypatch.setenv("WANDB_RUN_GROUP", exported)
     spec = make_spec(tmp_path, "wbsweep", {"model": ["tiny-17k"], "seed": [0, 1]},
                      base={"train": {"wandb": "cgpt-sweep", "tokens": 8 * 32 * 20}})
     out, sweep = tmp_path / "out", sw.load_sweep(spec)
     assert sw.launch(sweep, out, report=False) == 0  # the two train fused, in one process
+    assert os.environ.get("WANDB_RUN_GROUP") == exported
     for run in sweep.runs:
         (w,) = launches(out / run.run_id)
-        assert w["run"].run_group == "wbsweep" and w["run"].display_name == run.run_id
+        assert w["run"].run_group == (exported or "wbsweep")
+        assert w["run"].display_name == run.run_id
         assert w["history"] == metrics(out / run.run_id) and w["exit"] == 0
         assert w["config"]["train"]["seed"] == run.seed
     assert sorted(r.seed for r in sweep.runs) == [0, 1]

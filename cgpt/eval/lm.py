@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import re
 from pathlib import Path
 from typing import Sequence
@@ -93,6 +94,18 @@ def _generate(params, prompt, lengths, key, temperature, *, cfg, max_new, cache_
     return out
 
 
+def _utf8(text: str, what: str) -> str:
+    """`text` if it is UTF-8 text; a byte that was not (argv decoded with surrogateescape) or a
+    lone surrogate is one error naming where, not the tokenizer's TypeError."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"{what}: character {e.start} ({text[e.start]!a}) is not UTF-8 text (a "
+                         "byte the terminal or file did not decode as UTF-8, or a lone "
+                         "surrogate); give it as UTF-8") from None
+    return text
+
+
 class LM:
     """A loaded language model: `.config`, `.tokenizer`, `.logits`, `.loss`, `.generate`."""
 
@@ -125,7 +138,7 @@ class LM:
     # ---- inputs ----------------------------------------------------------------------
     def _ids(self, ids, what: str = "ids", max_len: int | None = None) -> jax.Array:
         if isinstance(ids, str):
-            ids = self.encode(ids)
+            ids = self.encode(_utf8(ids, what))
         arr = np.asarray(ids)
         if arr.ndim == 1:
             arr = arr[None]
@@ -148,7 +161,7 @@ class LM:
         if self.tokenizer is None:
             raise ValueError("this checkpoint has no tokenizer files (tokenizer.json or "
                              "vocab.json+merges.txt); pass token ids instead of text")
-        return self.tokenizer.encode(text).ids
+        return self.tokenizer.encode(_utf8(text, "text")).ids
 
     def decode(self, ids: Sequence[int]) -> str:
         if self.tokenizer is None:
@@ -242,6 +255,9 @@ def load(source: str | Path, dtype: str = "float32") -> LM:
     """
     if dtype not in ("float32", "bfloat16"):
         raise ValueError(f"dtype={dtype!r}; use 'float32' or 'bfloat16'")
+    if not isinstance(source, (str, os.PathLike)) or not str(source).strip():
+        raise LoadError(f"source {source!r}: give a cgpt run directory, a Hugging Face GPT-2 "
+                        "directory or a hub id such as 'cerebras/Cerebras-GPT-111M'")
     path = Path(source).expanduser()
     if path.exists():
         if not path.is_dir():

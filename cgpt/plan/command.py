@@ -162,6 +162,13 @@ def plan_many(requests: list[dict], progress: bool = True) -> list[dict]:
     if not requests:
         return []
     n = max(int(r["devices"]) for r in requests)
+    from cgpt.sharding.mesh import MAX_EMULATED_DEVICES
+
+    if n > MAX_EMULATED_DEVICES:  # named as typed, before JAX allocates a device of them
+        given = f"--mesh {args.mesh}" if (args.mesh or "").strip() else f"--devices {n}"
+        raise ValueError(f"{given}: {n:,} devices is more than the {MAX_EMULATED_DEVICES} this "
+                         "host can emulate on its CPU; plan a smaller mesh here, or add "
+                         "--no-compile for the analytic plan")
     devs = _cpu_devices(n)
     if devs is None:
         import tempfile
@@ -234,6 +241,13 @@ def cmd_plan(args) -> int:
                  platform=args.platform, nodes=args.nodes, compile=False)
         print(json.dumps(r) if args.json else format_analytic(r))
         return 0
+    from cgpt.sharding.mesh import MAX_EMULATED_DEVICES
+
+    if n > MAX_EMULATED_DEVICES:  # named as typed, before JAX allocates a device of them
+        given = f"--mesh {args.mesh}" if (args.mesh or "").strip() else f"--devices {n}"
+        raise ValueError(f"{given}: {n:,} devices is more than the {MAX_EMULATED_DEVICES} this "
+                         "host can emulate on its CPU; plan a smaller mesh here, or add "
+                         "--no-compile for the analytic plan")
     devs = _cpu_devices(n)
     if devs is None:  # JAX already started with fewer CPU devices: run in a fresh process
         env = dict(os.environ, JAX_PLATFORMS="cpu",

@@ -230,7 +230,7 @@ def launch(sweep: Sweep, out: Path, parallel: int | None = None, executor: str =
             todo.sort(key=lambda r: (r.branch_from is not None,  # parents before branches
                                      -sweep.estimate.seconds(r.steps, r.flops)))
         env = {**compile_cache_env(Path(cache).resolve() if cache else None),
-               wandb_log.GROUP_ENV: sweep.name}  # W&B groups the sweep's runs by its name
+               **wandb_log.group_env(sweep.name)}  # W&B groups the runs by the sweep's name
         by_id = {r.run_id: Job(r.run_id, str(prepare_run_dir(r, out).resolve()),
                     resume=(out / r.run_id / rundir.CONFIG_FILE).exists(), env=env,
                     files=run_files(r),

@@ -76,7 +76,15 @@ def analysis_results(out: Path):
     """The sweep's finished runs (results.csv)."""
     import analysis
 
-    return analysis.load_results(out, finished_only=True)
+    res = analysis.load_results(out, finished_only=True)
+    for col in ("n_params", "tokens"):  # L(N, D) is fitted in log space: named as the file has it
+        bad = ~(res[col] > 0)
+        if bad.any():
+            raise ValueError(f"{res.attrs['source']}: column '{col}' must be > 0 for a finished "
+                             f"run, got {', '.join(f'{v:g}' for v in res.loc[bad, col][:5])} "
+                             f"for run(s) {res.loc[bad, 'run_id'].tolist()[:5]}; fix or remove "
+                             "those rows")
+    return res
 
 
 def suggest(sweep, out: Path, k: int, target_flops: float | None = None,
@@ -86,6 +94,13 @@ def suggest(sweep, out: Path, k: int, target_flops: float | None = None,
     no run past one pass over the corpus. attrs["warnings"]: the planner's warnings (where it
     lost to a grid in bench/design.py's family), which print_suggestions prints."""
     res = analysis_results(out)
+    planned = {r.run_id: r.n_params for r in sweep.runs}
+    off = [f"{i} ({n:g}, planned {planned[i]})" for i, n in zip(res["run_id"], res["n_params"])
+           if i in planned and n != planned[i]]
+    if off:  # the fit would read N of another model: rows of another sweep, or edited
+        raise ValueError(f"{res.attrs['source']}: column 'n_params' differs from the sweep's "
+                         f"{sweep.path} for run(s) {', '.join(off[:5])}; pass the --out of "
+                         "this spec's sweep, or fix those rows")
     if len(res) < MIN_RUNS:
         raise ValueError(f"{out}: {len(res)} finished run(s); --suggest fits L(N, D) (5 "
                          f"parameters, with a prior on the exponents) and needs at least "

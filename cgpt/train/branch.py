@@ -18,7 +18,7 @@ from pathlib import Path
 from cgpt.config import backend
 from cgpt.errors import BranchError
 from cgpt import rundir
-from cgpt.model import orbax_format
+from cgpt.model import orbax_format, orbax_quiet
 from cgpt.fileio import atomic_write_text
 from cgpt.config.run import RunConfig, cadence, from_dict
 from cgpt.train.resolve import resolve
@@ -91,7 +91,11 @@ def precheck(branch_from: tuple[Path, int], run: RunConfig) -> None:
         raise BranchError(f"--branch-from {parent}@{step}: no checkpoint at step {step} in "
                           f"{ckpts} (have {steps}); the parent must keep it (train.ckpt_every, "
                           "train.keep_checkpoints)")
-    rundir.read_metrics(parent / rundir.METRICS_FILE, step)  # a damaged log fails here, not later
+    log = parent / rundir.METRICS_FILE
+    if not log.exists():  # read as no records, the branch's log would lack the parent's steps
+        raise BranchError(f"--branch-from {parent}@{step}: {log} is missing; a branch's log "
+                          f"begins with its parent's up to step {step}: restore it, then rerun")
+    rundir.read_metrics(log, step)  # a damaged log fails here, not later
 
 
 def restore(parent: Path, step: int, abstract_params, abstract_opt_state):
@@ -105,9 +109,15 @@ def restore(parent: Path, step: int, abstract_params, abstract_opt_state):
             raise BranchError(f"--branch-from {parent}@{step}: no checkpoint at step {step} in "
                               f"{parent / rundir.CKPT_DIR} (have {steps}); the parent must "
                               "keep it (train.ckpt_every, train.keep_checkpoints)")
-        out = mngr.restore(step, args=ocp.args.Composite(
-            params=ocp.args.StandardRestore(abstract_params),
-            opt_state=ocp.args.StandardRestore(abstract_opt_state)))
+        try:
+            out = orbax_quiet.quiet_restore(lambda: mngr.restore(step, args=ocp.args.Composite(
+                params=ocp.args.StandardRestore(abstract_params),
+                opt_state=ocp.args.StandardRestore(abstract_opt_state))))
+        except Exception as e:  # orbax/tensorstore raise many types for bad files
+            raise BranchError(
+                f"--branch-from {parent}@{step}: checkpoint {parent / rundir.CKPT_DIR / str(step)}"
+                f" is unreadable ({orbax_format.brief(e)}); branch from another kept checkpoint "
+                f"(have {steps}); nothing was written") from None
     finally:
         mngr.close()
     return out["params"], out["opt_state"]

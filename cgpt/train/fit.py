@@ -143,6 +143,8 @@ def search(micros: Sequence[int], per_replica: int, compile_fn: Callable[[int, b
 
     def fits(m: int, r: str) -> bool:
         if (m, r) not in compiled:
+            if any(c.bytes["argument"] > usable for c in tried.values()):
+                return False  # every candidate takes the same state and batch: none can fit
             compiled[(m, r)] = compile_fn(m, r)
             tried[(m, r)] = Candidate(m, r, step_bytes(compiled[(m, r)]))
         return tried[(m, r)].bytes["total"] <= usable

@@ -162,7 +162,7 @@ def _train_chunk(group: list[Lifecycle], spread: bool, progress: bool, wall0: fl
           f"{r0.accum} accumulation step(s): {fmt_bytes(bytes_['total'])} per device, "
           f"{lay.line()}", file=sys.stderr, flush=True)
     for life in group:
-        life.commit(life.res, life.data)  # from here on each directory holds a resumable run
+        life.commit(life.res, life.data)  # each directory a resumable run once it begins
     try:
         prep, evaluate = prepared or (None, fused_prep.validation(r0, group[0].data, lay))
         ready = prep.get() if prep is not None else None

@@ -1,11 +1,13 @@
 """One launch of `train` into a run directory (`cgpt.rundir`): take its lock, then commit or
 leave nothing; storage errors reported as one line that says what was kept.
 
-A launch that fails before it commits (its config.yaml written) removes what it created, so
-the next launch finds nothing half-made to reuse; nothing it did not create is removed.
+A launch that fails before it commits (its state restored, training about to begin) removes
+what it created, so the next launch finds nothing half-made to reuse; nothing it did not
+create is removed.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -27,7 +29,7 @@ def first_missing(path: Path) -> Path | None:
 class Launch:
     """Holds the run directory's lock for one `train` call.
 
-    Until `commit()` (the config is written and the run can be resumed), a failure removes
+    Until `commit()` (training begins: the run can be resumed), a failure removes
     what the launch created (`created` files, the lock file, the directories it made), so the
     next launch finds nothing half-made to reuse. Storage errors become one `RunDirError`.
     """
@@ -67,8 +69,12 @@ class Launch:
         return False
 
     def _clean(self, lock_too: bool) -> None:
-        for p in self.created:
-            p.unlink(missing_ok=True)
+        for p in self.created:  # a directory only if empty: never anything of the user's
+            if p.is_dir() and not p.is_symlink():
+                with contextlib.suppress(OSError):
+                    p.rmdir()
+            else:
+                p.unlink(missing_ok=True)
         self.lock.release(remove=lock_too and not self._lock_existed)
         if self.new_dirs is not None:  # only if empty now: never remove anything of the user's
             d = self.out.absolute()

@@ -5,8 +5,8 @@ they step (one program or M stacked members), never in what a run directory goes
     life = Lifecycle(run, out, resuming=...)
     life.open(stack)        # writable, locked (`cgpt.train.launch.Launch`)
     life.check()            # fresh or resumed: the config it trains with, or finished already
-    life.commit(res, data)  # tokenizer, config.yaml: from here on a resumable run
-    life.begin(start)       # the log cut back to the restored step, changes recorded
+    life.commit(res, data)  # tokenizer, config.yaml, checkpoints opened
+    life.begin(start)       # a resumable run from here; the log cut back to the restored step
     ... life.record(...) on logged steps, life.save(...) when `saves`, life.stop(...) ...
     life.finish(...)        # summary.json
 
@@ -72,19 +72,23 @@ class Lifecycle:
             self.finished = rundir.read_summary(self.out)
 
     def commit(self, res, data) -> None:
-        """Write the tokenizer (fresh) and config.yaml: from here on the directory holds a
-        resumable run; its checkpoints are opened."""
+        """Write the tokenizer (fresh) and config.yaml and open the checkpoints; the run is
+        resumable from `begin` on: a fresh launch that fails before (its state, or a branch's
+        parent state, not restored) removes them again, leaving nothing that blocks the next."""
         self.res, self.data = res, data
         if self.writer:
             if self.fresh:
-                self.launch.created.append(self.out / rundir.TOKENIZER_FILE)
+                self.launch.created += [self.out / f for f in (
+                    rundir.TOKENIZER_FILE, rundir.CONFIG_FILE, rundir.CKPT_DIR)
+                    if not (self.out / f).exists()]
                 data.save_tokenizer(self.out)
             atomic_write_text(self.out / rundir.CONFIG_FILE, self.saved.to_yaml())
-        self.launch.commit()
         self.ckpt = checkpoint.Checkpointer(self.out, keep=res.run.train.keep_checkpoints)
 
     def begin(self, start: int) -> None:
-        """Training starts at `start`: the log is cut back to it, resumed changes recorded."""
+        """Training starts at `start`: the run is committed, the log cut back to `start`,
+        resumed changes recorded."""
+        self.launch.commit()
         self.start = start
         if self.writer:
             resume_log(self.out / rundir.METRICS_FILE, start, self.res.total_steps)

@@ -3,9 +3,10 @@ advice a stopped run gives.
 
 A run directory's `config.yaml` fixes what its checkpoints mean. `--resume` must ask for the
 same run (`cgpt.config.run.identity`, the sweep's rule too): placement may always change,
-since checkpoints restore into any layout; `--allow-train-changes` accepts new values of the
-keys with the "changeable" role (the optimizer's, the cadences), recorded with the step they
-took effect in `config_changes.json`.
+since checkpoints restore into any layout, and so may data.cache_dir (where the same data is
+cached); `--allow-train-changes` accepts new values of the keys with the "changeable" role
+(the optimizer's, the cadences), recorded with the step they took effect in
+`config_changes.json`.
 """
 from __future__ import annotations
 
@@ -46,6 +47,8 @@ def check_config(run: RunConfig, out: Path, resume: bool, allow_changes: bool = 
     run = replace(run, model=backend.resolve(run.model, platform, saved=prior.model))
     # Placement may change between launches (checkpoints restore into any mode's layout).
     prior = with_placement(prior, run)
+    # where prepared data is cached may move (as $CGPT_CACHE may): the store is the same data
+    prior = replace(prior, data=replace(prior.data, cache_dir=run.data.cache_dir))
     diff = config_diff(identity(prior.to_dict()), identity(run.to_dict()))
     if diff:
         changeable = _changeable(diff) == diff
@@ -53,8 +56,10 @@ def check_config(run: RunConfig, out: Path, resume: bool, allow_changes: bool = 
             return run
         hint = (" (to continue with the new values, add --allow-train-changes)" if changeable
                 else "")
+        named = [f"preset ({prior.preset} saved, {run.preset} asked)" if d == "preset" else d
+                 for d in diff]
         raise TrainError(f"--resume: the config differs from the run's saved {saved} in "
-                         f"{', '.join(diff)}{hint}; resume with the same flags or a new --out")
+                         f"{', '.join(named)}{hint}; resume with the same flags or a new --out")
     return prior
 
 

@@ -1,6 +1,6 @@
 """Weights & Biases, optional (`pip install 'cgpt[wandb]'`): with `train.wandb=PROJECT` a run's
 log also goes to a W&B run, named after the run directory and, in a sweep, grouped by the
-sweep's name (the sweep sets W&B's own `WANDB_RUN_GROUP`).
+sweep's name (the sweep sets W&B's own `WANDB_RUN_GROUP`, unless the user exported one).
 
 The W&B run gets exactly the records `metrics.jsonl` gets, handed over by the log's writer
 (`cgpt.train.metrics.MetricsLog`, process 0 only) as the Python numbers already read for the
@@ -29,6 +29,12 @@ from cgpt.fileio import atomic_write_text
 
 EXTRA = "pip install 'cgpt[wandb]'"
 GROUP_ENV = "WANDB_RUN_GROUP"  # W&B's variable for a run's group: the sweep sets it
+
+
+def group_env(sweep_name: str) -> dict[str, str]:
+    """The environment that groups a sweep's W&B runs by the sweep's name: empty when the user
+    exported `WANDB_RUN_GROUP` (their group wins, as it does outside a sweep)."""
+    return {} if os.environ.get(GROUP_ENV) else {GROUP_ENV: sweep_name}
 
 
 def require(project: str | None):

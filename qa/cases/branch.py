@@ -32,11 +32,15 @@ def _copy(ctx):
 def _same(parent, out):
     """The parent is as it was, and a refused branch left no run in --out."""
     same = untouched(parent)
+    other = untouched(out) if out != parent and out.exists() else None  # a run there already
 
     def check():
         lost = same()
         if lost:
             return f"the parent changed: {lost}"
+        if other is not None:
+            lost = other()
+            return f"the run in --out changed: {lost}" if lost else None
         if out != parent and out.exists() and any(p.name in ("config.yaml", "checkpoints")
                                                   for p in out.iterdir()):
             return f"the refused branch left a run in {out}"
@@ -81,7 +85,6 @@ BAD = {  # name -> make
                                         damage=lambda p: zero_checkpoint_data(p, "10")),
     "out_is_the_parent": _branch(lambda p: f"{p}@10", out_of=lambda ctx, p: p),
     "out_is_another_run": _branch(lambda p: f"{p}@10", out_of=_other_run),
-    "with_resume": _branch(lambda p: f"{p}@10", "--resume", text="--resume"),
 }
 for _n, _make in BAD.items():
     add(_n, "error", "branch", _make)
@@ -94,20 +97,26 @@ def _published_parent(ctx):
             "check": _same(parent, out), "expect_text": "wsd", "timeout": 900}
 
 
-def _valid(ctx):
-    parent = _copy(ctx)
-    out = ctx.fresh("branch")
-    same = untouched(parent)
+def _valid(*extra):
+    def make(ctx):
+        parent = _copy(ctx)
+        out = ctx.fresh("branch")
+        same = untouched(parent)
 
-    def check():
-        logged = lines(out / "metrics.jsonl")
-        if len(logged) != 30 or checkpoint_steps(out)[-1:] != [30]:
-            return f"the branch logged {len(logged)} steps, checkpoints {checkpoint_steps(out)}"
-        return same()
-    return {"argv": ctx.train(out, "--branch-from", f"{parent}@10", LONGER), "check_ok": check,
-            "check": same, "timeout": 1200}
+        def check():
+            logged = lines(out / "metrics.jsonl")
+            if len(logged) != 30 or checkpoint_steps(out)[-1:] != [30]:
+                return (f"the branch logged {len(logged)} steps, checkpoints "
+                        f"{checkpoint_steps(out)}")
+            return same()
+        return {"argv": ctx.train(out, "--branch-from", f"{parent}@10", LONGER, *extra),
+                "check_ok": check, "check": same, "timeout": 1200}
+    return make
 
 
 add("parent_not_wsd", "error", "branch", _published_parent)
-add("valid_branch_leaves_the_parent", "ok", "branch", _valid)
+add("valid_branch_leaves_the_parent", "ok", "branch", _valid())
+# --resume into a fresh --out starts the branch, as `train --resume` starts a fresh run: the
+# same command then continues a killed branch (an error was expected when the case was written)
+add("with_resume", "ok", "branch", _valid("--resume"))
 assert STEPS == 20  # the steps above (10, 15, 20; decay from 16) are this run's

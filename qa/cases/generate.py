@@ -17,7 +17,7 @@ PROMPTS = {  # name -> (prompt, extra flags, expect, what a refusal must name)
     "prompt_non_utf8_bytes": ("caf\udce9 \udcff\udcfe", [], "either", "prompt"),
     "prompt_eot_token": ("<|endoftext|>", [], "ok", None),
     "prompt_emoji_and_cjk": ("数据 🚀 données", [], "ok", None),
-    "prompt_starting_with_dash": ("-x = 1", [], "error", "-x"),
+    "prompt_starting_with_dash": ("-x = 1", [], "ok", None),  # argparse: a space makes it a value
     "temperature_zero_greedy": ("def ", ["--temperature", "0"], "ok", None),
     "temperature_tiny": ("def ", ["--temperature", "1e-30"], "ok", None),
     "temperature_huge": ("def ", ["--temperature", "1e30"], "ok", None),
