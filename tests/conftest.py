@@ -1,7 +1,9 @@
-"""Test setup: emulate an 8-device mesh on the CPU before jax is imported anywhere."""
+"""Test setup: emulate an 8-device mesh on the CPU before jax is imported anywhere, and give
+the session one cache directory of its own."""
 import os
 import shutil
 import sysconfig
+import tempfile
 from pathlib import Path
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
@@ -9,7 +11,28 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+# One cache for the whole session, in a temp dir removed at its end: cgpt's (prepared data, and
+# the sweep's compilation cache `CGPT_CACHE/jax`) and JAX's persistent compilation cache, which
+# every `cgpt train`/`sweep` subprocess inherits. Most heavy tests launch processes that
+# compile the same tiny programs; with the cache a later one loads them instead of running XLA
+# again (a hit is the same executable: JAX keys an entry by the program, devices, compile
+# options, XLA flags and versions). Nothing is written to the user's ~/.cache. A variable
+# already set wins (a persistent dir across sessions: docs/testing.md). Tests of the cache
+# itself set their own dirs (test_warm.py, test_multihost.py).
+_OWN_CACHE = None if os.environ.get("CGPT_CACHE") else tempfile.mkdtemp(prefix="cgpt-tests-")
+if _OWN_CACHE:
+    os.environ["CGPT_CACHE"] = _OWN_CACHE
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(Path(os.environ["CGPT_CACHE"]) / "jax"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+
 import pytest  # noqa: E402
+
+
+def pytest_unconfigure(config):
+    """The session's own cache goes with it (a cache the caller named stays)."""
+    if _OWN_CACHE:
+        shutil.rmtree(_OWN_CACHE, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

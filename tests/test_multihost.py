@@ -302,9 +302,12 @@ def test_failed_data_preparation_stops_every_process(tmp_path, compile_cache):
     """Process 0 prepares the data alone; when that fails the others stop with its error
     rather than waiting or preparing it themselves."""
     missing = tmp_path / "no_such_corpus"
-    job = Job(_flags(missing, tmp_path / "cache", tmp_path / "run", "data_parallel"),
-              tmp_path / "logs", compile_cache)
-    assert job.wait(300) == [2, 2], job.output()
+    flags = _flags(missing, tmp_path / "cache", tmp_path / "run", "data_parallel")
+    # JAX's default peer timeout, not the tests' 10 s: no process is killed here, and on a
+    # loaded machine a heartbeat late by 10 s ended the job with the service's error instead
+    flags[flags.index("--peer-timeout") + 1] = "100"
+    job = Job(flags, tmp_path / "logs", compile_cache)
+    assert job.wait(600) == [2, 2], job.output()
     assert "does not exist" in job.err(0)
     assert "process 0 failed during data preparation, so process 1 stops too: DataError" \
         in job.err(1)
