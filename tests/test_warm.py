@@ -190,3 +190,27 @@ def test_background_returns_or_reraises_in_the_callers_thread():
     bg.start(lambda: 7)
     assert bg.outcome() == (7, None) and bg.seconds >= 0
     assert not any(t.name == "cgpt-test-bg" for t in threading.enumerate())
+
+
+def test_worker_exposes_the_cpu_devices_its_largest_mesh_asks(tmp_path, monkeypatch):
+    # One worker process trains every job of a local sweep and JAX fixes its CPU devices when
+    # it starts: a job's `train.mesh` data=2 must find 2 devices (it failed with "needs 2
+    # devices but only 1 are available"). A config that does not read is left to its job.
+    from cgpt import rundir
+    import yaml
+
+    seen = []
+    monkeypatch.setattr("cgpt.sharding.emulate_cpu_devices", seen.append)
+    raws = {"dp": {"preset": "tiny-17k", "train": {"mode": "data_parallel", "mesh": "data=2"}},
+            "one": {"preset": "tiny-17k"}, "bad": {"preset": "tiny-17k", "train": {"nope": 1}}}
+    jobs = []
+    for name, raw in [*raws.items(), ("missing", None)]:
+        d = tmp_path / name
+        d.mkdir()
+        if raw is not None:
+            (d / rundir.RUN_FILE).write_text(yaml.safe_dump(raw))
+        jobs.append(Job(name, str(d), False))
+    worker._emulate_devices(jobs)
+    assert seen == [2]
+    worker._emulate_devices(jobs[1:])
+    assert seen == [2, 1]
