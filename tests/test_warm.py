@@ -66,9 +66,12 @@ def test_worker_compiles_the_next_job_ahead(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_ahead_compiled_programs_are_the_runs_own(tmp_path):
+@pytest.mark.parametrize("placement", [{}, {"mode": "data_parallel", "mesh": "data=2"}],
+                         ids=["single", "data_parallel"])
+def test_ahead_compiled_programs_are_the_runs_own(tmp_path, placement):
     """After compile_run(B), training B compiles nothing (every program a cache hit) and logs
-    exactly the metrics of B compiled at its start-up."""
+    exactly the metrics of B compiled at its start-up, on one device and data parallel (its
+    init and evaluation were compiled inside the run: the sweep's data-parallel demo lost)."""
     import jax
     from jax._src import compilation_cache
 
@@ -82,7 +85,8 @@ def test_ahead_compiled_programs_are_the_runs_own(tmp_path):
         return from_dict({"model": {"preset": preset, "vocab_size": 300},
                           "data": {"source": str(corpus), "vocab_size": 300, "seq_len": 32,
                                    "val_sequences": 4, "cache_dir": str(tmp_path / "data")},
-                          "train": {"batch_size": 8, "tokens": 8 * 32 * 6}}, "test")
+                          "train": {"batch_size": 8, "tokens": 8 * 32 * 6, **placement}},
+                         "test")
 
     saved = {k: getattr(jax.config, k) for k in (
         "jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
@@ -95,6 +99,10 @@ def test_ahead_compiled_programs_are_the_runs_own(tmp_path):
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
+    def programs(cache):  # Orbax saves a state replicated over devices in slices: one
+        # small program per leaf shape, compiled by the checkpoint, not by the start-up
+        return {f for f in os.listdir(cache) if not f.startswith("jit_slice-")}
+
     def metrics(d):
         return [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]
 
@@ -105,10 +113,10 @@ def test_ahead_compiled_programs_are_the_runs_own(tmp_path):
         train(run("tiny-17k"), tmp_path / "a", progress=False)  # the shape-free eager ops
         assert warm.cache_enabled()
         assert warm.compile_run(run("tiny-45k")) == ["step", "init", "eval"]
-        ahead = set(os.listdir(tmp_path / "c2"))
+        ahead = programs(tmp_path / "c2")
         assert len(ahead) >= 3
         train(run("tiny-45k"), tmp_path / "b", progress=False)
-        assert set(os.listdir(tmp_path / "c2")) == ahead  # nothing compiled at start-up
+        assert programs(tmp_path / "c2") == ahead  # nothing compiled at start-up
     finally:
         jax.clear_caches()
         compilation_cache.reset_cache()
@@ -190,3 +198,27 @@ def test_background_returns_or_reraises_in_the_callers_thread():
     bg.start(lambda: 7)
     assert bg.outcome() == (7, None) and bg.seconds >= 0
     assert not any(t.name == "cgpt-test-bg" for t in threading.enumerate())
+
+
+def test_worker_exposes_the_cpu_devices_its_largest_mesh_asks(tmp_path, monkeypatch):
+    # One worker process trains every job of a local sweep and JAX fixes its CPU devices when
+    # it starts: a job's `train.mesh` data=2 must find 2 devices (it failed with "needs 2
+    # devices but only 1 are available"). A config that does not read is left to its job.
+    from cgpt import rundir
+    import yaml
+
+    seen = []
+    monkeypatch.setattr("cgpt.sharding.emulate_cpu_devices", seen.append)
+    raws = {"dp": {"preset": "tiny-17k", "train": {"mode": "data_parallel", "mesh": "data=2"}},
+            "one": {"preset": "tiny-17k"}, "bad": {"preset": "tiny-17k", "train": {"nope": 1}}}
+    jobs = []
+    for name, raw in [*raws.items(), ("missing", None)]:
+        d = tmp_path / name
+        d.mkdir()
+        if raw is not None:
+            (d / rundir.RUN_FILE).write_text(yaml.safe_dump(raw))
+        jobs.append(Job(name, str(d), False))
+    worker._emulate_devices(jobs)
+    assert seen == [2]
+    worker._emulate_devices(jobs[1:])
+    assert seen == [2, 1]

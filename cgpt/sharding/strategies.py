@@ -219,11 +219,17 @@ class Sharded:
         self.prepare(plan)
         abstract_p = jax.eval_shape(lambda: model.init_params(self.cfg))
         abstract_o = jax.eval_shape(optimizer.init, abstract_p)
-        psh = self.param_shardings(abstract_p)
-        params, opt_state = fresh_state(self.cfg, optimizer, self.mesh.devices.flat[0],
-                                        out_shardings=(psh, self.opt_shardings(abstract_o,
-                                                                              abstract_p)))(seed)
+        params, opt_state = self.init_state(optimizer)(seed)
         return self.jit_step(step, abstract_p, abstract_o), params, opt_state
+
+    def init_state(self, optimizer) -> Callable:
+        """The jitted init(seed) -> (params, opt_state) `compile_step` runs: the state made
+        directly in this mode's layout (the compile-ahead lowers this same program)."""
+        abstract_p = jax.eval_shape(lambda: model.init_params(self.cfg))
+        abstract_o = jax.eval_shape(optimizer.init, abstract_p)
+        psh = self.param_shardings(abstract_p)
+        return fresh_state(self.cfg, optimizer, self.mesh.devices.flat[0],
+                           out_shardings=(psh, self.opt_shardings(abstract_o, abstract_p)))
 
     def compile_eval(self, cfg: ModelConfig):
         loss = self.loss

@@ -306,6 +306,23 @@ class _Ahead:
         return note
 
 
+def _emulate_devices(jobs: list[Job]) -> None:
+    """One process trains every job, and JAX fixes its CPU devices when it starts (the first
+    compile-ahead): expose those the largest `train.mesh` asks for, as `cgpt train` does for
+    its one run. A config that does not read is left to its job, which fails with its error."""
+    from cgpt.sharding import emulate_cpu_devices, mesh_size
+    from cgpt.sharding.distributed import devices_per_process
+
+    sizes = [1]
+    for job in jobs:
+        for m in job.members or (job,):
+            try:
+                sizes.append(mesh_size(_config(m).train.mesh or "data=1"))
+            except (OSError, ValueError):
+                continue
+    emulate_cpu_devices(devices_per_process(max(sizes)))
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     report = "--report" in argv
@@ -313,6 +330,7 @@ def main(argv: list[str] | None = None) -> int:
     channel = os.dup(1) if report else None
     if report:  # our own output goes to the sweep's stderr between jobs, not the channel
         os.dup2(2, 1)
+    _emulate_devices(jobs)
     ahead = _Ahead(jobs)
     for i, job in enumerate(jobs):
         note = ahead.next(i)  # job i's compile-ahead joined; job i+1's started

@@ -42,7 +42,7 @@ def compile_run(run: RunConfig) -> list[str]:
     run = replace(run, model=backend.resolve(run.model))  # as resume.check_config, fresh
     res, strategy, optimizer, _, fitted, _ = setup.start_up(run)
     done = ["step"]
-    if not fitted.fits or res.mode != "single":  # the sharded modes' init/eval: by the run
+    if not fitted.fits:
         return done
     init = strategy.init_state(optimizer).lower(res.run.train.seed)  # as compile_step runs it
     init.compile()
