@@ -165,7 +165,7 @@ def cmd_eval(args) -> int:
                          ("--batch-size", args.batch_size, 1)):  # lm-eval's batch size too
         if v is not None and (v < low or (flag == "--limit" and not 0 < v < float("inf"))):
             raise ValueError(f"{flag} {v}: must be "
-                             f"{'a finite number > 0' if flag == '--limit' else f'>= {low}'}")
+                             f"{'a finite number > 0' if flag == '--limit' else f'at least {low}'}")
     given = [f for f, v in (("--num-fewshot", args.num_fewshot), ("--limit", args.limit),
                             ("--include-path", args.include_path), ("--output", args.output),
                             ("--bootstrap-iters", args.bootstrap_iters)) if v is not None]

@@ -392,7 +392,7 @@ def test_eval_batch_size_below_one_is_named_before_the_model_loads(capsys, tasks
     flag (without --tasks it was checked only after the model loaded)."""
     assert cli_main(["eval", "/nonexistent/src", *tasks, "--batch-size", "0"]) == 2
     line = _one_line(capsys.readouterr().err)
-    assert line == "cgpt eval: error: --batch-size 0: must be >= 1", line
+    assert line == "cgpt eval: error: --batch-size 0: must be at least 1", line
 
 
 def test_suggest_refuses_rows_whose_n_params_are_not_the_sweeps(tmp_path):

@@ -285,6 +285,13 @@ GPU_XLA_FLAGS: tuple[tuple[str, str, str], ...] = (
 _FLAG_NAME = re.compile(r"--?([A-Za-z0-9_]+)")
 
 
+def forced_cpu_devices(environ=os.environ) -> int:
+    """The CPU devices XLA_FLAGS' --xla_force_host_platform_device_count asks for (the tests'
+    conftest and a local sweep's workers set it), else 0."""
+    m = re.search(r"--xla_force_host_platform_device_count=(\d+)", environ.get("XLA_FLAGS", ""))
+    return int(m.group(1)) if m else 0
+
+
 def _user_flag_names(xla_flags: str) -> set[str]:
     return {m.group(1) for tok in xla_flags.split() if (m := _FLAG_NAME.match(tok))}
 

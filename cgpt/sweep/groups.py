@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import re
 import sys
 
 from cgpt.sweep.executors import Job
@@ -91,8 +89,9 @@ def print_groups(groups: list[list[Run]], fuse: bool, fits: dict | None = None,
 def _local_cpu_devices() -> int:
     """The CPU devices a local job's process gets: XLA_FLAGS' emulated count (the sweep's
     workers inherit the environment), else one."""
-    m = re.search(r"--xla_force_host_platform_device_count=(\d+)", os.environ.get("XLA_FLAGS", ""))
-    return int(m.group(1)) if m else 1
+    from cgpt.config.backend import forced_cpu_devices
+
+    return forced_cpu_devices() or 1
 
 
 def placement_line(g: list[Run]) -> str:
