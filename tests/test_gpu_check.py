@@ -4,6 +4,7 @@ repository root, nothing installed, no PYTHONPATH, without datasets, zstandard, 
 tensorboardX."""
 import json
 import os
+import site
 import subprocess
 import sys
 import sysconfig
@@ -225,11 +226,17 @@ BLOCKED = ("datasets", "zstandard", "submitit", "tensorboardX")
 def _clean_env(tmp_path: Path, **extra) -> dict:
     """No PYTHONPATH, no JAX/XLA settings; the optional packages made unimportable by a
     `usercustomize` in a user site of our own (PYTHONUSERBASE: every process imports it at
-    start-up, and it adds no path that could shadow the checkout)."""
+    start-up, and it adds no path that could shadow the checkout). A virtualenv has no user
+    site: there the same code is a `sitecustomize` in a folder of its own on PYTHONPATH."""
     base = tmp_path / "userbase"
-    site = Path(sysconfig.get_path("purelib", "posix_user", vars={"userbase": str(base)}))
-    site.mkdir(parents=True, exist_ok=True)
-    (site / "usercustomize.py").write_text(  # the path finder no longer finds them
+    if site.ENABLE_USER_SITE:
+        hook = Path(sysconfig.get_path("purelib", "posix_user", vars={"userbase": str(base)}))
+        name, path = "usercustomize.py", {}
+    else:
+        hook = tmp_path / "blocker"
+        name, path = "sitecustomize.py", {"PYTHONPATH": str(hook)}
+    hook.mkdir(parents=True, exist_ok=True)
+    (hook / name).write_text(  # the path finder no longer finds them
         "import importlib.machinery as m\n"
         "orig = m.PathFinder.find_spec\n"
         "def find_spec(name, path=None, target=None):\n"
@@ -238,7 +245,8 @@ def _clean_env(tmp_path: Path, **extra) -> dict:
         "    return orig(name, path, target)\n"
         "m.PathFinder.find_spec = staticmethod(find_spec)\n")
     env = {k: os.environ[k] for k in ("PATH", "HOME", "LANG", "TMPDIR") if k in os.environ}
-    return {**env, "PYTHONUSERBASE": str(base), "PYTHONDONTWRITEBYTECODE": "1", **extra}
+    return {**env, **path, "PYTHONUSERBASE": str(base), "PYTHONDONTWRITEBYTECODE": "1",
+            **extra}
 
 
 def _run(tmp_path, *args, **extra) -> subprocess.CompletedProcess:
