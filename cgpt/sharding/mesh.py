@@ -35,8 +35,8 @@ MAX_EMULATED_DEVICES = 4096  # each costs host memory: `--mesh data=100000000` t
 
 
 def emulate_cpu_devices(n: int) -> None:
-    """Ask JAX's CPU backend for at least n (emulated) devices: a larger count the process
-    was given (JAX's config, XLA_FLAGS) is kept. Only possible before any JAX computation
+    """Ask JAX's CPU backend for n (emulated) devices; the request wins over an inherited
+    XLA_FLAGS count (a SLURM task's one device). Only possible before any JAX computation
     starts; accelerator backends ignore it."""
     from jax._src import xla_bridge
 
@@ -44,11 +44,8 @@ def emulate_cpu_devices(n: int) -> None:
         raise ValueError(f"--mesh/--devices: {n:,} devices is more than the "
                          f"{MAX_EMULATED_DEVICES} this host can emulate on its CPU; use a "
                          "smaller mesh (or `cgpt plan --no-compile` for the analytic plan)")
-    from cgpt.config.backend import forced_cpu_devices
-
-    if not xla_bridge.backends_are_initialized():  # never fewer than the process was given
-        given = max(jax.config.jax_num_cpu_devices, forced_cpu_devices())
-        jax.config.update("jax_num_cpu_devices", max(n, given, 1))
+    if not xla_bridge.backends_are_initialized():
+        jax.config.update("jax_num_cpu_devices", max(n, 1))
 
 
 def build_mesh(axes: dict[str, int], devices: Sequence | None = None, nodes: int = 1) -> Mesh:
