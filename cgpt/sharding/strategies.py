@@ -217,16 +217,19 @@ class Sharded:
     def compile_step(self, step, optimizer, seed: int, plan):
         """(jitted step, params, opt_state), the state initialized directly in its layout."""
         self.prepare(plan)
-        abstract_p = jax.eval_shape(lambda: model.init_params(self.cfg))
-        abstract_o = jax.eval_shape(optimizer.init, abstract_p)
-        params, opt_state = self.init_state(optimizer)(seed)
-        return self.jit_step(step, abstract_p, abstract_o), params, opt_state
+        abstract = self._abstract_state(optimizer)
+        params, opt_state = self.init_state(optimizer, abstract)(seed)
+        return self.jit_step(step, *abstract), params, opt_state
 
-    def init_state(self, optimizer) -> Callable:
+    def _abstract_state(self, optimizer) -> tuple:
+        """(params, opt_state) as shapes and dtypes, nothing allocated."""
+        abstract_p = jax.eval_shape(lambda: model.init_params(self.cfg))
+        return abstract_p, jax.eval_shape(optimizer.init, abstract_p)
+
+    def init_state(self, optimizer, abstract: tuple | None = None) -> Callable:
         """The jitted init(seed) -> (params, opt_state) `compile_step` runs: the state made
         directly in this mode's layout (the compile-ahead lowers this same program)."""
-        abstract_p = jax.eval_shape(lambda: model.init_params(self.cfg))
-        abstract_o = jax.eval_shape(optimizer.init, abstract_p)
+        abstract_p, abstract_o = abstract or self._abstract_state(optimizer)
         psh = self.param_shardings(abstract_p)
         return fresh_state(self.cfg, optimizer, self.mesh.devices.flat[0],
                            out_shardings=(psh, self.opt_shardings(abstract_o, abstract_p)))
