@@ -7,9 +7,9 @@ Fresh: a clone of REF into a temporary directory, a new virtualenv, HOME an empt
 command 1 exactly as the README gives it:
 
     pip install uv && python -m uv pip install -r requirements.txt -e . && \\
-        python -m cgpt sweep sweeps/demo.yaml --out runs/demo
+        python -m cgpt sweep sweeps/demo.yaml --out runs/demo --parallel 2
 
-(`--install pip`: the install it replaced, `pip install -r requirements.txt && pip install
+(the sweep as the README of the commit timed gives it: `readme_sweep`). (`--install pip`: the install it replaced, `pip install -r requirements.txt && pip install
 --no-deps -e .`, for a before/after in one sitting.)
 
 Warm: the same sweep again into a new --out (runs/demo2), same clone, venv and HOME.
@@ -43,7 +43,20 @@ ROOT = Path(__file__).resolve().parents[1]
 # wheels), and the pip install it replaced
 INSTALLS = {"uv": ("pip install uv", "python -m uv pip install -r requirements.txt -e ."),
             "pip": ("pip install -r requirements.txt", "pip install --no-deps -e .")}
-SWEEP = "python -m cgpt sweep sweeps/demo.yaml --out {out}"
+
+
+def readme_sweep(readme: Path = ROOT / "README.md") -> str:
+    """Command 1's sweep as the README gives it, with `{out}` for its --out: what is timed is
+    what a newcomer types."""
+    for line in readme.read_text().splitlines():
+        if line.startswith("pip install") and "cgpt sweep" in line:
+            cmd = line.split("&&")[-1].strip()
+            if "--out runs/demo" in cmd:
+                return cmd.replace("--out runs/demo", "--out {out}")
+    raise SystemExit(f"{readme}: no command 1 (`pip install ... && python -m cgpt sweep ... "
+                     "--out runs/demo`) in it")
+
+
 CPU: dict[str, float] = {}  # command -> CPU seconds of it and its children
 
 # Loaded by every Python process of the sweep (PYTHONPATH); writes one JSON line per event to
@@ -186,7 +199,7 @@ def parts(events: Path, out: Path) -> dict:
 def sweep(clone: Path, env: dict, name: str, log: Path) -> tuple[float, dict]:
     events = clone / f"events-{name}.jsonl"
     env = {**env, "CGPT_BENCH_EVENTS": str(events)}
-    cmd = SWEEP.format(out=f"runs/{name}")
+    cmd = readme_sweep(clone / "README.md").format(out=f"runs/{name}")
     wall = sh(cmd, clone, env, log)
     return wall, {**parts(events, clone / "runs" / name), "cpu": CPU[cmd]}
 

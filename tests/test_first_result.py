@@ -24,6 +24,15 @@ def test_demo_keeps_its_science():
     assert all(r.tokens / r.n_params == pytest.approx(20, rel=0.02) for r in demo.runs)
 
 
+def test_the_bench_times_the_readme_command(tmp_path):
+    cmd = first_result.readme_sweep()
+    assert cmd.startswith("python -m cgpt sweep sweeps/demo.yaml --out {out}")
+    assert cmd.format(out="runs/demo") in (ROOT / "README.md").read_text()
+    (tmp_path / "README.md").write_text("# no command here\n")
+    with pytest.raises(SystemExit, match="no command 1"):
+        first_result.readme_sweep(tmp_path / "README.md")
+
+
 def test_parts_from_events_and_summaries(tmp_path):
     events = tmp_path / "events.jsonl"
     rows = [("data", 30.0), ("data", 25.0),  # the cold load, and one that waited on its lock

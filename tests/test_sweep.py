@@ -397,7 +397,12 @@ def test_local_parallel_runs_get_their_own_devices(launched, monkeypatch):
         sw.device_share(0, 3, gpus=["0", "1"])
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5")
     assert sw.executors.visible_gpus() == ["4", "5"]
-    _, out, _, _ = launched  # --parallel 2 on the CPU: each run on its own half of the cores
+    # --parallel 2 on the CPU: two worker processes (`run_workers`), each on its own half of
+    # the cores, for the two jobs (the fused 'ok' pair, the 'bad' pair)
+    _, out, _, _ = launched
+    pids = {m for log in out.glob("*/train.log")
+            for m in re.findall(r"worker process, pid (\d+)\]", log.read_text())}
+    assert len(pids) == 2
     shares = set()
     for log in out.glob("*/train.log"):
         shares |= set(re.findall(r"\[cpus ([\d,]+)\]", log.read_text()))

@@ -18,7 +18,7 @@ from cgpt.config import backend
 from cgpt.config.run import cadence
 from cgpt.fileio import atomic_write_text, probe_writable
 from cgpt.paths import check_destination
-from cgpt.sweep.executors import Job, run_local, run_submitit
+from cgpt.sweep.executors import Job, run_submitit
 from cgpt.sweep.groups import group_jobs, plan_groups
 from cgpt.sweep.spec import Run, Sweep, fmt_count, fmt_time, missing_required, select
 from cgpt.sweep.state import RESULTS_FILE, SPEC_COPY, SUPERSEDED_DIR, SWEEP_LOCK, SWEEP_NAMES, \
@@ -277,8 +277,10 @@ def launch(sweep: Sweep, out: Path, parallel: int | None = None, executor: str =
                 from cgpt.sweep.worker import run_one_process
                 run_one_process(jobs, finished)  # one process: no start-up per run
             elif executor == "local":
-                from cgpt.sweep.worker import execute_job
-                run_local(jobs, parallel, finished, runner=execute_job)
+                from cgpt.sweep.worker import run_workers
+                secs = {r.run_id: sweep.estimate.seconds(r.steps, r.flops) for r in todo}
+                run_workers(jobs, parallel, finished, {
+                    j.run_id: sum(secs[m.run_id] for m in j.members or (j,)) for j in jobs})
             else:
                 resources = {r.run_id: r.slurm for r in todo}  # a group: its first run's
                 run_submitit(jobs, resources, sweep.name, out / ".submitit", parallel, executor,

@@ -9,9 +9,10 @@ trains, and ends up as a `cgpt train` process would leave it: `train.log` (the j
 a fused group's in its first member's log), summary.json or failed.json.
 
 The sweep uses it two ways (`cgpt.sweep.executors`): `execute_group` runs one fused group as
-one process (local --parallel K slots, SLURM: one job per group), and `run_one_process`
-runs all of a local sequential sweep's jobs in one worker, restarting a worker for the rest
-if one dies (a crashed job is failed, as a crashed `cgpt train` is).
+one process (SLURM: one job per group), and `run_one_process` runs a local sweep's jobs in
+one worker, restarting a worker for the rest if one dies (a crashed job is failed, as a
+crashed `cgpt train` is). `--parallel K` starts K such workers (`run_workers`), each pinned
+to its share of the devices and given its share of the jobs.
 """
 from __future__ import annotations
 
@@ -23,7 +24,9 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from cgpt import rundir
@@ -113,18 +116,22 @@ class GroupTask(RunTask):
         return execute_job(job)
 
 
-def run_one_process(jobs: list[Job], finished) -> None:
+def run_one_process(jobs: list[Job], finished, pin: tuple = ()) -> None:
     """Every job in one worker process, one after another; `finished(result)` per job as it
-    ends. A worker that dies fails the job it was training; a new one takes the rest."""
+    ends. A worker that dies fails the job it was training; a new one takes the rest.
+    pin: (slot, slots) of `run_workers`: the worker runs on that share of the devices."""
     from cgpt.sweep.executors import stop_local
 
-    _stopping.clear()
+    if not pin:
+        _stopping.clear()
+    extra, cpus = device_share(*pin) if pin else ({}, [])
+    key = f"<worker {pin[0]}>" if pin else "<worker>"
     pending = list(jobs)
     try:
         while pending and not _stopping.is_set():
-            proc = _spawn(pending, subprocess.PIPE, report=True)
+            proc = _spawn(pending, subprocess.PIPE, report=True, extra_env=extra, cpus=cpus)
             with _live_lock:
-                _live["<worker>"] = proc
+                _live[key] = proc
             try:
                 for line in proc.stdout:
                     text = line.decode(errors="replace")
@@ -135,7 +142,7 @@ def run_one_process(jobs: list[Job], finished) -> None:
                 rc = proc.wait()
             finally:
                 with _live_lock:
-                    _live.pop("<worker>", None)
+                    _live.pop(key, None)
             if pending and not _stopping.is_set() and rc not in (130, -signal.SIGINT):
                 job = pending.pop(0)  # the one it was training when it died
                 res = [outcome(m, rc or 1, time.time(), Path(job.run_dir) / rundir.LOG_FILE)
@@ -147,6 +154,47 @@ def run_one_process(jobs: list[Job], finished) -> None:
     except KeyboardInterrupt:
         stop_local()
         raise
+
+
+def split_slots(jobs: list[Job], seconds: dict[str, float], slots: int) -> list[list[Job]]:
+    """The jobs dealt to `slots` workers, longest first, each to the least loaded (LPT: the
+    long pole starts at once and the sweep ends soon after it); in each worker every parent
+    trains before any branch, so no worker waits on a parent queued behind a branch."""
+    shares: list[list[Job]] = [[] for _ in range(slots)]
+    load = [0.0] * slots
+    for job in sorted(jobs, key=lambda j: -seconds.get(j.run_id, 0.0)):
+        k = load.index(min(load))
+        shares[k].append(job)
+        load[k] += seconds.get(job.run_id, 0.0)
+    return [sorted(s, key=lambda j: bool(j.branch_from)) for s in shares]
+
+
+def run_workers(jobs: list[Job], parallel: int, finished, seconds: dict[str, float]) -> None:
+    """`--parallel K` locally: K worker processes (`run_one_process`), each pinned to its
+    share of the devices (`device_share`: its own cores, or GPUs) and training its share of
+    the jobs (`split_slots` by `seconds`, the estimate per job) one after another. On a CPU
+    small models train faster one per core than one at a time on every core, and each worker
+    keeps what `run_one_process` gives: one start-up, the next job compiled ahead."""
+    from cgpt.sweep.executors import stop_local
+
+    _stopping.clear()
+    device_share(0, parallel)  # fail now if K workers cannot each get a GPU
+    shares = [(k, s) for k, s in enumerate(split_slots(jobs, seconds, parallel)) if s]
+    lock = threading.Lock()
+
+    def report(res: dict) -> None:  # from K threads: results.csv and the bar, one at a time
+        with lock:
+            finished(res)
+
+    with ThreadPoolExecutor(max_workers=len(shares) or 1) as pool:
+        futures = [pool.submit(run_one_process, share, report, (k, parallel))
+                   for k, share in shares]
+        try:
+            for f in futures:
+                f.result()
+        except KeyboardInterrupt:
+            stop_local()
+            raise
 
 
 # ---- worker side --------------------------------------------------------------------------
@@ -251,8 +299,10 @@ def run_job(job: Job, redirect: bool, note: str = "") -> list[dict]:
         if redirect:
             for m in members:
                 with rundir.area(m.run_dir).append(Path(m.run_dir) / rundir.LOG_FILE) as f:
+                    cpus = ",".join(map(str, sorted(os.sched_getaffinity(0))))
                     f.write(_header(m, members[0], len(members),
-                                    f" [in the sweep's worker process, pid {os.getpid()}]")
+                                    f" [in the sweep's worker process, pid {os.getpid()}]"
+                                    f" [cpus {cpus}]")
                             + note)
             if job.branch_from and not _wait_for_parent(job):
                 return [{"run_id": job.run_id, "status": "failed", "returncode": None,

@@ -1,0 +1,24 @@
+"""`--parallel K` locally: how the jobs are dealt to the K pinned workers (`split_slots`)."""
+from cgpt.sweep.executors import Job
+from cgpt.sweep.worker import split_slots
+
+
+def _job(rid: str, parent: str = "") -> Job:
+    return Job(rid, f"/runs/{rid}", False, branch_from=parent and f"/runs/{parent}@10")
+
+
+def test_longest_first_each_to_the_least_loaded_worker():
+    secs = {"a": 100.0, "b": 60.0, "c": 50.0, "d": 20.0, "e": 10.0}
+    shares = split_slots([_job(k) for k in "edcba"], secs, 2)
+    assert [[j.run_id for j in s] for s in shares] == [["a", "d"], ["b", "c", "e"]]
+    assert split_slots([_job("a")], secs, 3)[1:] == [[], []]  # fewer jobs than workers
+
+
+def test_every_parent_trains_before_any_branch_in_a_worker():
+    """A branch waits for its parent's checkpoint: queued ahead of a parent in one worker, it
+    could wait forever on a parent queued behind it in another."""
+    jobs = [_job("p1"), _job("p2"), _job("b1", "p2"), _job("b2", "p1")]
+    secs = {"b1": 90.0, "b2": 80.0, "p1": 10.0, "p2": 5.0}
+    for share in split_slots(jobs, secs, 2):
+        kinds = [bool(j.branch_from) for j in share]
+        assert kinds == sorted(kinds), [j.run_id for j in share]
