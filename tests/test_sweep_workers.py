@@ -22,3 +22,33 @@ def test_every_parent_trains_before_any_branch_in_a_worker():
     for share in split_slots(jobs, secs, 2):
         kinds = [bool(j.branch_from) for j in share]
         assert kinds == sorted(kinds), [j.run_id for j in share]
+
+
+def test_the_sweep_prepares_the_data_before_its_workers_load_it(tmp_path, monkeypatch):
+    """prepare_ahead returns once it holds the data's preparer lock: a worker's load then waits
+    for the store the sweep prepares instead of preparing it on its one core. A bad source is
+    left to the runs (each fails with its own error)."""
+    import threading
+
+    from cgpt.data import batches
+    from cgpt.sweep import load_sweep
+    from cgpt.sweep.launch import prepare_ahead
+    from tests.sweep_helpers import make_spec
+
+    who, real = [], batches.prepare
+
+    def prepare(*a, **k):
+        who.append(threading.current_thread().name)
+        return real(*a, **k)
+
+    monkeypatch.setattr(batches, "prepare", prepare)
+    runs = load_sweep(make_spec(tmp_path, "p", {"model": ["tiny-17k"]})).runs
+    prepare_ahead(runs)
+    data = batches.load_data(runs[0].config.data)  # waits for the sweep's thread, then reuses
+    assert who == ["cgpt-prepare-data"]
+    assert len(list((tmp_path / "cache" / "tokens").iterdir())) == 1
+    assert data.num_val_sequences == 4
+
+    bad = load_sweep(make_spec(tmp_path / "b", "b", {"model": ["tiny-17k"]},
+                               base={"data": {"source": str(tmp_path / "none")}})).runs
+    prepare_ahead(bad)  # returns; nothing raised here

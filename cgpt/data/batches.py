@@ -291,21 +291,28 @@ class TokenData:
                 f"{self.num_train_sequences:,} train / {self.num_val_sequences:,} val sequences)")
 
 
-def load_data(cfg: DataConfig, run_dir: str | os.PathLike | None = None) -> TokenData:
+def load_data(cfg: DataConfig, run_dir: str | os.PathLike | None = None,
+              on_lock: Callable[[], None] | None = None) -> TokenData:
     """Open the token store for `cfg`: the prepared store it names, or (any other source) the
     store in the cache, prepared there first if needed (one process at a time).
 
     With `run_dir`, the tokenizer is taken from run_dir/tokenizer.json when it exists
-    (a resumed run keeps its tokenizer) and saved there otherwise.
+    (a resumed run keeps its tokenizer) and saved there otherwise. `on_lock()` is called once
+    this process holds the preparer's lock (or needs none): from then on any other process
+    loading the same data waits for this one (`cgpt.sweep.launch.prepare_ahead`).
     """
     root = cache_root(cfg)
     run_dir = Path(run_dir) if run_dir is not None else None
     if cfg.source != "default" and not cfg.source.startswith("hf:") and is_store(cfg.source):
+        if on_lock:
+            on_lock()
         store = TokenStore(cfg.source)
         tok, tok_origin = _store_tokenizer(cfg, store, run_dir), str(store.root / TOKENIZER_FILE)
     else:
         source = _resolve_source(cfg, root)
         with _one_preparer(root / "locks" / f"{_digest([RECIPE, source.identity])[:24]}.lock"):
+            if on_lock:
+                on_lock()
             tok, tok_origin = _resolve_tokenizer(cfg, run_dir, root, source)
             dtype = np.dtype(_token_dtype(tok.get_vocab_size(with_added_tokens=True))).name
             key = _digest([RECIPE, source.identity, tokenizer_sha256(tok), dtype])[:24]

@@ -172,6 +172,33 @@ def _check_identity(sweep: Sweep, runs: list[Run], out: Path, on_change: str) ->
         f"or pass --on-change rerun to move them to {out / SUPERSEDED_DIR}/ and train them anew")
 
 
+def prepare_ahead(runs: list[Run]) -> None:
+    """Prepare the runs' data here, on every core this process has, while pinned workers
+    (`--parallel K`) start: each would otherwise prepare it on its own share of the cores while
+    the others wait. Returns once this process holds the first data's preparer lock, so the
+    workers wait for it rather than prepare; they compile ahead meanwhile. A failure here is
+    left to the runs: each fails with its own error when it loads the data."""
+    import threading
+
+    from cgpt.data.batches import load_data
+
+    held = threading.Event()
+    configs = list(dict.fromkeys(r.config.data for r in runs))
+
+    def work() -> None:
+        try:
+            for cfg in configs:
+                try:
+                    load_data(cfg, on_lock=held.set)
+                except Exception:  # noqa: BLE001 - the run that loads it reports it
+                    pass
+        finally:
+            held.set()
+
+    threading.Thread(target=work, name="cgpt-prepare-data", daemon=True).start()
+    held.wait()
+
+
 def launch(sweep: Sweep, out: Path, parallel: int | None = None, executor: str = "local",
            only: str | None = None, poll_s: float = 10.0, report: bool = True,
            on_change: str = "error", compile_cache: Path | None | str = "default",
@@ -278,6 +305,7 @@ def launch(sweep: Sweep, out: Path, parallel: int | None = None, executor: str =
                 run_one_process(jobs, finished)  # one process: no start-up per run
             elif executor == "local":
                 from cgpt.sweep.worker import run_workers
+                prepare_ahead(todo)
                 secs = {r.run_id: sweep.estimate.seconds(r.steps, r.flops) for r in todo}
                 run_workers(jobs, parallel, finished, {
                     j.run_id: sum(secs[m.run_id] for m in j.members or (j,)) for j in jobs})
