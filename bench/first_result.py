@@ -180,10 +180,14 @@ def parts(events: Path, out: Path) -> dict:
             total[e["what"]] += e["dt"]
             count[e["what"]] += 1
             longest[e["what"]] = max(longest[e["what"]], e["dt"])
-    steps, runs = 0.0, 0
+    steps, runs, by_worker = 0.0, 0, defaultdict(float)
     for s in sorted(out.glob("*/summary.json")):
-        steps += json.loads(s.read_text())["train_time_s"]
+        secs = json.loads(s.read_text())["train_time_s"]
+        steps += secs
         runs += 1
+        log = s.parent / "train.log"  # its header names the worker process that trained it
+        pid = re.search(r"worker process, pid (\d+)", log.read_text()) if log.is_file() else None
+        by_worker[pid.group(1) if pid else s.parent.name] += secs
     # data: the longest load (the cold prepare); the compile-ahead's loads of the next runs
     # wait for that one on the cache's lock, so a sum would count the wait again
     compiles = sum(v for k, v in total.items()
@@ -191,7 +195,8 @@ def parts(events: Path, out: Path) -> dict:
     return {"data": longest["data"], "compiles": compiles,
             "compile_xla": total["compile.xla"], "compile_cache_read": total["compile.cache_read"],
             "programs": count["compile.xla"], "cache_hits": count["compile.cache_read"],
-            "steps": steps, "runs": runs, "evals": total["eval"], "n_evals": count["eval"],
+            "steps": steps, "runs": runs, "workers": len(by_worker),
+            "steps_busiest": max(by_worker.values(), default=0.0), "evals": total["eval"], "n_evals": count["eval"],
             "checkpoints": total["checkpoint"], "n_checkpoints": count["checkpoint"],
             "fit": total["fit"]}
 
@@ -205,13 +210,17 @@ def sweep(clone: Path, env: dict, name: str, log: Path) -> tuple[float, dict]:
 
 
 def row(label: str, wall: float, p: dict, install: float | None) -> str:
-    """One line of parts; `rest` is what no part covers: interpreter start-up and imports, run
-    set-up, the sweep's own work (negative when compiles ran beside the steps)."""
-    beyond = wall - p["steps"]
+    """One line of parts. The steps are summed over the runs and, with several workers, given
+    for the busiest one too (its runs' steps one after another); what is beyond that worker's
+    steps is wall time the steps do not explain. `rest` is what no part covers: interpreter
+    start-up and imports, run set-up, the sweep's own work (negative when parts overlap:
+    compiles beside the steps, the other worker's parts)."""
+    beyond = wall - p["steps_busiest"]
     rest = beyond - p["data"] - p["compiles"] - p["evals"] - p["checkpoints"] - p["fit"]
     return (f"{label:6s} install {install if install is not None else 0:6.1f} s | sweep {wall:6.1f} s "
             f"({p['cpu']:.0f} CPU s): "
-            f"steps {p['steps']:6.1f} s ({p['runs']} runs), beyond the steps {beyond:6.1f} s "
+            f"steps {p['steps']:6.1f} s ({p['runs']} runs in {p['workers']} worker(s), the "
+            f"busiest {p['steps_busiest']:.1f}), beyond the busiest worker's steps {beyond:6.1f} s "
             f"[data {p['data']:5.1f} (first load), compiles {p['compiles']:5.1f} ({p['programs']} programs, "
             f"{p['cache_hits']} from the persistent cache; XLA {p['compile_xla']:.1f}, cache reads "
             f"{p['compile_cache_read']:.1f}), "

@@ -42,17 +42,20 @@ def test_parts_from_events_and_summaries(tmp_path):
     events.write_text("".join(json.dumps({"pid": 1, "what": w, "t": 0, "dt": dt}) + "\n"
                               for w, dt in rows))
     out = tmp_path / "out"
-    for i, s in enumerate((10.0, 20.0)):
+    for i, (s, pid) in enumerate(((10.0, 7), (20.0, 8), (5.0, 7))):  # two workers
         (out / f"r{i}").mkdir(parents=True)
         (out / f"r{i}" / "summary.json").write_text(json.dumps({"train_time_s": s}))
+        (out / f"r{i}" / "train.log").write_text(
+            f"==== cgpt sweep ...: python -m cgpt train ... [in the sweep's worker process, "
+            f"pid {pid}] [cpus {pid - 7}]\n")
     p = first_result.parts(events, out)
     assert p == {"data": 30.0, "compiles": 12.0, "compile_xla": 9.0, "compile_cache_read": 0.5,
-                 "programs": 2, "cache_hits": 1, "steps": 30.0, "runs": 2, "evals": 0.5,
-                 "n_evals": 2,
+                 "programs": 2, "cache_hits": 1, "steps": 35.0, "runs": 3, "workers": 2,
+                 "steps_busiest": 20.0, "evals": 0.5, "n_evals": 2,
                  "checkpoints": 0.5, "n_checkpoints": 1, "fit": 3.0}
     line = first_result.row("fresh", 100.0, {**p, "cpu": 90.0}, 60.0)
-    assert "sweep  100.0 s (90 CPU s)" in line and "beyond the steps   70.0 s" in line
-    assert "rest  24.0]" in line  # 70 - data 30 - compiles 12 - evals 0.5 - ckpts 0.5 - fit 3
+    assert "sweep  100.0 s (90 CPU s)" in line and "busiest worker's steps   80.0 s" in line
+    assert "rest  34.0]" in line  # 80 - data 30 - compiles 12 - evals 0.5 - ckpts 0.5 - fit 3
 
 
 def test_hook_times_a_process_without_changing_it(tmp_path):
