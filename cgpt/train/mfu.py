@@ -7,6 +7,7 @@ import time
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from cgpt.config import flops
 from cgpt.config.hardware import PEAKS, spec_peak  # noqa: F401  (the table lives in config)
@@ -15,7 +16,9 @@ from cgpt.config.hardware import PEAKS, spec_peak  # noqa: F401  (the table live
 def measured_matmul_peak(dtype: str = "float32", n: int = 1024, repeats: int = 5) -> float:
     """Best observed FLOP/s of one jitted n x n matmul on the default device."""
     dt = jnp.dtype(dtype)
-    a = jnp.asarray(jax.random.normal(jax.random.key(0), (n, n)), dt)
+    # numpy's generator, not jax.random: its eager programs would compile in every fresh
+    # process (seconds on a loaded 2-core CPU) for numbers whose values do not matter
+    a = jnp.asarray(np.random.default_rng(0).standard_normal((n, n), np.float32), dt)
     f = jax.jit(lambda x, y: x @ y)
     f(a, a).block_until_ready()
     best = float("inf")
