@@ -1,0 +1,66 @@
+"""CPU execution choices that change speed, not results: glibc keeps the steps' memory."""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+
+import pytest
+
+from cgpt.config import backend
+
+# What XLA's CPU runtime does every step, in a thread of its own: take a 64 MiB buffer, fill
+# it, free it. Prints the page faults of the second round (glibc's default: a fresh mapping,
+# every page faults again).
+_FAULTS = """
+import ctypes, json, resource, sys, threading
+from cgpt.config import backend
+kept = backend.keep_host_memory() if sys.argv[1] == "keep" else []
+libc = ctypes.CDLL(None)
+libc.malloc.restype = ctypes.c_void_p
+libc.free.argtypes = [ctypes.c_void_p]
+libc.memset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
+faults = []
+
+def step():
+    p = libc.malloc(64 << 20)
+    libc.memset(p, 1, 64 << 20)
+    libc.free(p)
+
+def steps():
+    step()
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    step()
+    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+
+t = threading.Thread(target=steps)
+t.start()
+t.join()
+print(json.dumps({"kept": kept, "faults": faults[0]}))
+"""
+
+
+def _faults(mode: str) -> dict:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("MALLOC_") and k != "CGPT_CPU_MALLOC"}
+    out = subprocess.run([sys.executable, "-c", _FAULTS, mode], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc",
+                    reason="glibc's malloc options")
+def test_keep_host_memory_stops_the_per_step_page_faults():
+    default, kept = _faults("default"), _faults("keep")
+    assert default["kept"] == [] and default["faults"] > 8000  # 16k pages of 4 KiB, fresh
+    assert kept["kept"] == [name for _, _, name, _ in backend.CPU_MALLOC_OPTIONS]
+    assert kept["faults"] < 800
+
+
+def test_keep_host_memory_leaves_the_user_settings():
+    assert backend.keep_host_memory({"CGPT_CPU_MALLOC": "0"}) == []
+    mine = {name: "1" for _, _, name, _ in backend.CPU_MALLOC_OPTIONS}
+    assert backend.keep_host_memory(mine) == []  # each option the user set is theirs
