@@ -84,18 +84,14 @@ def _emulate_cpu_devices(mesh_spec: str | None) -> None:
 
 
 def cmd_train(args) -> int:
-    from cgpt.config import backend
     from cgpt.paths import check_destination
     from cgpt.sharding import distributed
-    from cgpt.sharding.allocation import gpus_present
     from cgpt.train.loop import train
 
     if args.out is not None:
         check_destination(args.out, "--out")
     run = build_run(args)
     _emulate_cpu_devices(run.train.mesh)
-    if backend.launch_platform(os.environ, gpus_present()) == "cpu":  # before JAX's threads
-        backend.keep_host_memory()  # the steps' buffers stay mapped (cgpt.config.backend)
     distributed.initialize(args.peer_timeout)  # a multi-process job (JAX_* or SLURM env)
     distributed.agree("config", {**run.to_dict(), "flags": {
         k: getattr(args, k) for k in ("resume", "from_step", "allow_train_changes",

@@ -64,3 +64,14 @@ def test_keep_host_memory_leaves_the_user_settings():
     assert backend.keep_host_memory({"CGPT_CPU_MALLOC": "0"}) == []
     mine = {name: "1" for _, _, name, _ in backend.CPU_MALLOC_OPTIONS}
     assert backend.keep_host_memory(mine) == []  # each option the user set is theirs
+
+
+@pytest.mark.parametrize("platform_, calls", [("cpu", 1), ("gpu", 0)])
+def test_a_training_process_keeps_its_memory_on_cpu_only(monkeypatch, platform_, calls):
+    import cgpt.__main__ as entry
+
+    seen = []
+    monkeypatch.setattr(backend, "keep_host_memory", lambda *a: seen.append(a) or [])
+    monkeypatch.setattr(backend, "launch_platform", lambda environ, gpus: platform_)
+    entry._keep_host_memory()
+    assert len(seen) == calls
