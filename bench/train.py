@@ -164,6 +164,9 @@ def main() -> None:
     step_flops = flops.train_flops_per_token(cfg, args.seq_len) * n_tok
     peak = measured_matmul_peak("float32", n=2048)
     run = cgpt_step(cfg, tokens)
+    c0 = time.process_time()
+    run()  # the compile and one step
+    first = time.process_time() - c0
     t_jax, l_jax = _timed(run, args.steps), run()
     t_pt, l_pt, threads, tv = bench_torch(cfg, tokens, args.steps, args.threads)
     peak = max(peak, measured_matmul_peak("float32", n=2048, repeats=6))  # re-measure, keep best
@@ -176,6 +179,7 @@ def main() -> None:
     for name, (t, c) in (("cgpt (jax)", t_jax), (f"pytorch {tv} ({threads} thr)", t_pt)):
         print(f"{name:28s} {t * 1e3:8.1f} ms/step {n_tok / t:9,.0f} tokens/s "
               f"MFU {step_flops / t / peak:6.1%}   CPU {c * 1e3:8.1f} ms/step")
+    print(f"cgpt's first step (compile + step): {first:.1f} s CPU")
     print(f"speed ratio cgpt / pytorch: {t_pt[0] / t_jax[0]:.2f}x wall, {t_pt[1] / t_jax[1]:.2f}x "
           f"CPU time   (loss after the timed steps {l_jax:.3f} / {l_pt:.3f})")
 

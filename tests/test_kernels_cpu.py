@@ -1,15 +1,22 @@
-"""CPU execution choices that change speed, not results: glibc keeps the steps' memory."""
+"""CPU execution choices that change speed, not results: glibc keeps the steps' memory, and
+the shallow layer stacks run unrolled."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import platform
 import subprocess
 import sys
 
+import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from cgpt.config import backend
+from cgpt.config.model import ModelConfig
+from cgpt.model import gpt
 
 # What XLA's CPU runtime does every step, in a thread of its own: take a 64 MiB buffer, fill
 # it, free it. Prints the page faults of the second round (glibc's default: a fresh mapping,
@@ -75,3 +82,34 @@ def test_a_training_process_keeps_its_memory_on_cpu_only(monkeypatch, platform_,
     monkeypatch.setattr(backend, "launch_platform", lambda environ, gpus: platform_)
     entry._keep_host_memory()
     assert len(seen) == calls
+
+
+# the demo's tiny-116k shape, small: 3 layers of d 48 in 3 heads, causal attention in 2 chunks
+DEMO = ModelConfig(name="demo3", n_layer=3, d_model=48, n_head=3, vocab_size=97, n_ctx=80)
+
+
+def _loss_grad(cfg, unroll_layers: int, monkeypatch):
+    monkeypatch.setitem(backend._DEFAULTS, "cpu",
+                        dataclasses.replace(backend.defaults("cpu"), unroll_layers=unroll_layers))
+    params = gpt.init_params(cfg, seed=2)
+    tokens = jnp.asarray(np.random.default_rng(2).integers(0, cfg.vocab_size, (4, 81)))
+    fn = jax.jit(jax.value_and_grad(gpt.loss_fn), static_argnums=2)
+    hlo = fn.lower(params, tokens, cfg).as_text()
+    return fn(params, tokens, cfg), "while" in hlo
+
+
+@pytest.mark.parametrize("remat", ["save_dots", "none"])
+def test_unrolled_layers_equal_the_scanned_ones(monkeypatch, remat):
+    cfg = DEMO.replace(remat=remat)
+    assert backend.kernels(cfg, "cpu").unroll_layers >= cfg.n_layer  # the CPU default
+    (l_scan, g_scan), scanned = _loss_grad(cfg, 0, monkeypatch)
+    (l_unroll, g_unroll), looped = _loss_grad(cfg, cfg.n_layer, monkeypatch)
+    assert scanned and not looped  # the setting took: no while loop left in the step
+    assert float(l_unroll) == pytest.approx(float(l_scan), abs=1e-6)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7),
+                 g_unroll, g_scan)
+
+
+def test_deep_stacks_stay_scanned(monkeypatch):
+    cfg = DEMO.replace(n_layer=backend.defaults("cpu").unroll_layers + 1)
+    assert _loss_grad(cfg, backend.defaults("cpu").unroll_layers, monkeypatch)[1]
