@@ -67,6 +67,20 @@ def test_keep_host_memory_stops_the_per_step_page_faults():
     assert kept["faults"] < 800
 
 
+@pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc",
+                    reason="glibc's malloc options")
+def test_host_memory_env_keeps_a_child_process_memory():
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("MALLOC_") and k != "CGPT_CPU_MALLOC"}
+    child = subprocess.run([sys.executable, "-c", _FAULTS, "default"], capture_output=True,
+                           env={**env, **backend.host_memory_env(env)}, text=True, timeout=120)
+    assert child.returncode == 0, child.stderr[-2000:]
+    assert json.loads(child.stdout.strip().splitlines()[-1])["faults"] < 800
+    assert backend.host_memory_env({"CGPT_CPU_MALLOC": "off"}) == {}
+    assert backend.host_memory_env({"MALLOC_ARENA_MAX": "4"}).keys() == {
+        "MALLOC_MMAP_MAX_", "MALLOC_TRIM_THRESHOLD_"}
+
+
 def test_keep_host_memory_leaves_the_user_settings():
     assert backend.keep_host_memory({"CGPT_CPU_MALLOC": "0"}) == []
     mine = {name: "1" for _, _, name, _ in backend.CPU_MALLOC_OPTIONS}

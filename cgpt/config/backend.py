@@ -39,6 +39,8 @@ step's buffers afresh at every execution and frees them after; glibc's malloc se
 over its mmap threshold (32 MiB at most) with fresh mappings, so every page of them faults
 on first touch, every step (tiny-116k: 11,700 page faults a step). A CPU training process has
 glibc keep freed memory for reuse instead: single-core step -20% (tiny-116k, tiny-45k).
+`cgpt train` sets them at its start (`keep_host_memory`); a launcher gives them to a child
+through its environment (`host_memory_env`).
 """
 from __future__ import annotations
 
@@ -357,6 +359,15 @@ CPU_MALLOC_OPTIONS: tuple[tuple[int, int, str, str], ...] = (
      "XLA's threads allocate from that one heap too: a thread's own arena unmaps each of its "
      "sub-heaps as soon as it is free, whatever the trim threshold"),
 )
+
+
+def host_memory_env(environ=os.environ) -> dict[str, str]:
+    """CPU_MALLOC_OPTIONS as the environment of a CPU training child process (a sweep's
+    worker): glibc reads them at the child's start, before any thread. The options the user
+    set are left out (theirs pass through); none with CGPT_CPU_MALLOC=0."""
+    if (environ.get("CGPT_CPU_MALLOC") or "1").strip().lower() in ("0", "false", "off", "no"):
+        return {}
+    return {name: str(value) for _, value, name, _ in CPU_MALLOC_OPTIONS if name not in environ}
 
 
 def keep_host_memory(environ=os.environ) -> list[str]:
