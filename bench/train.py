@@ -8,6 +8,13 @@ measured against this machine's f32 matmul peak, measured in the same run.
     python bench/train.py [--model cpu-19m] [--batch 8] [--seq-len 256] [--steps 5]
 Targets: cgpt >= 1.5x the PyTorch step, and >= 40% of the measured matmul peak.
 
+    python bench/train.py --model tiny-45k --d-model 40 --batch 32 --seq-len 128 --threads 1
+The demo's tiny shapes (here its tiny-65k), both sides pinned to one core (--threads N: the
+process's first N cores, and N torch threads), as the demo's pinned workers train. The cgpt
+side runs with glibc keeping freed memory, as `cgpt train` does on a CPU
+(`cgpt.config.backend.keep_host_memory`; in this one process PyTorch gets it too);
+CGPT_CPU_MALLOC=0 times both with glibc's defaults.
+
     python bench/train.py --gns-overhead [--accum 1] [--steps 10]
 The step with the gradient noise scale (train.gns, docs/gns.md) against the step without it,
 interleaved (off, on, off, on, ...) so both see the same machine load. Target: <= 5%.
@@ -15,19 +22,28 @@ interleaved (off, on, off, on, ...) so both see the same machine load. Target: <
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import numpy as np
 
 
 def _best(fn, steps: int) -> float:
+    """Median wall seconds of `steps` calls of fn (after a warm-up call)."""
+    return _timed(fn, steps)[0]
+
+
+def _timed(fn, steps: int) -> tuple[float, float]:
+    """Median wall and CPU seconds (all the process's threads) of `steps` calls of fn. On a
+    shared machine the CPU time is the step's own cost; the wall time adds the waiting."""
     fn()  # warm-up: compilation / allocator
-    times = []
+    wall, cpu = [], []
     for _ in range(steps):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         fn()
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times))
+        wall.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
+    return float(np.median(wall)), float(np.median(cpu))
 
 
 def cgpt_step(cfg, tokens, gns: bool = False, accum: int = 1):
@@ -95,9 +111,9 @@ def bench_torch(cfg, tokens, steps, threads):
         loss.backward()
         torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
         opt.step()
-        return float(loss)
+        return float(loss.detach())
 
-    return _best(run, steps), run(), torch.get_num_threads(), torch.__version__
+    return _timed(run, steps), run(), torch.get_num_threads(), torch.__version__
 
 
 def main() -> None:
@@ -106,18 +122,34 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq-len", type=int, default=256)
     ap.add_argument("--steps", type=int, default=5, help="timed steps per side (median)")
-    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
+    ap.add_argument("--threads", type=int, default=0,
+                    help="pin the process to its first N cores and run N torch threads "
+                         "(0: every core, torch's default threads)")
+    for flag in ("--n-layer", "--d-model", "--n-head"):
+        ap.add_argument(flag, type=int, default=None,
+                        help=f"--model's preset with this {flag[2:]} (d_head, d_ffn derived)")
     ap.add_argument("--gns-overhead", action="store_true",
                     help="time cgpt's step with and without train.gns (interleaved), no torch")
     ap.add_argument("--accum", type=int, default=1,
                     help="--gns-overhead: micro-batches per step (the batch split in them)")
     args = ap.parse_args()
+    if args.threads:  # before JAX sizes its thread pool to the cores it may use
+        cores = sorted(os.sched_getaffinity(0))
+        if not 1 <= args.threads <= len(cores):
+            ap.error(f"--threads {args.threads}: this process may use {len(cores)} core(s)")
+        os.sched_setaffinity(0, cores[:args.threads])
 
     import cgpt
+    from cgpt.config import backend
+
+    kept = backend.keep_host_memory()
     from cgpt.config import flops
     from cgpt.train.mfu import measured_matmul_peak
 
     cfg = cgpt.get_config(args.model)
+    shape = {k: v for k, v in (("n_layer", args.n_layer), ("d_model", args.d_model),
+                                ("n_head", args.n_head)) if v is not None}
+    cfg = cfg.replace(**shape) if shape else cfg
     tokens = np.random.default_rng(0).integers(0, cfg.vocab_size, (args.batch, args.seq_len + 1))
     if args.gns_overhead:
         if args.accum < 1 or args.batch % args.accum:
@@ -131,17 +163,25 @@ def main() -> None:
     n_tok = args.batch * args.seq_len
     step_flops = flops.train_flops_per_token(cfg, args.seq_len) * n_tok
     peak = measured_matmul_peak("float32", n=2048)
-    t_jax, l_jax = bench_cgpt(cfg, tokens, args.steps)
+    run = cgpt_step(cfg, tokens)
+    c0 = time.process_time()
+    run()  # the compile and one step
+    first = time.process_time() - c0
+    t_jax, l_jax = _timed(run, args.steps), run()
     t_pt, l_pt, threads, tv = bench_torch(cfg, tokens, args.steps, args.threads)
     peak = max(peak, measured_matmul_peak("float32", n=2048, repeats=6))  # re-measure, keep best
-    print(f"model {args.model} ({cfg.num_params():,} params), batch {args.batch} x seq "
+    shape = "".join(f" {k}={v}" for k, v in shape.items())
+    print(f"model {args.model}{shape} ({cfg.num_params():,} params), batch {args.batch} x seq "
           f"{args.seq_len}, f32, {step_flops / 1e9:.1f} GFLOP/step (counted, full attention)")
+    print(f"cores {len(os.sched_getaffinity(0))}, load {os.getloadavg()[0]:.1f}, glibc malloc "
+          f"{'keeps freed memory (' + ', '.join(kept) + ')' if kept else 'defaults'}")
     print(f"measured f32 matmul peak: {peak / 1e9:.1f} GFLOP/s")
-    for name, t in (("cgpt (jax)", t_jax), (f"pytorch {tv} ({threads} thr)", t_pt)):
+    for name, (t, c) in (("cgpt (jax)", t_jax), (f"pytorch {tv} ({threads} thr)", t_pt)):
         print(f"{name:28s} {t * 1e3:8.1f} ms/step {n_tok / t:9,.0f} tokens/s "
-              f"MFU {step_flops / t / peak:6.1%}")
-    print(f"speed ratio cgpt / pytorch: {t_pt / t_jax:.2f}x   (loss after the timed steps "
-          f"{l_jax:.3f} / {l_pt:.3f})")
+              f"MFU {step_flops / t / peak:6.1%}   CPU {c * 1e3:8.1f} ms/step")
+    print(f"cgpt's first step (compile + step): {first:.1f} s CPU")
+    print(f"speed ratio cgpt / pytorch: {t_pt[0] / t_jax[0]:.2f}x wall, {t_pt[1] / t_jax[1]:.2f}x "
+          f"CPU time   (loss after the timed steps {l_jax:.3f} / {l_pt:.3f})")
 
 
 if __name__ == "__main__":

@@ -247,7 +247,8 @@ def embed(params: Params, ids: jax.Array, cfg: ModelConfig, start: jax.Array | i
 
 def apply_layers(layers: Params, x: jax.Array, cfg: ModelConfig,
                  constrain: Constrain = _no_constraint) -> jax.Array:
-    """Scan the stacked blocks over x. `layers` may hold any contiguous slice of the stack."""
+    """Scan the stacked blocks over x. `layers` may hold any contiguous slice of the stack;
+    one of at most `backend.Kernels.unroll_layers` layers is unrolled (the CPU's shallow ones)."""
 
     def body(x, p):
         return block(in_dtype(p, x.dtype), x, cfg, constrain=constrain), None
@@ -255,7 +256,9 @@ def apply_layers(layers: Params, x: jax.Array, cfg: ModelConfig,
     policy = remat_policy(cfg.remat)
     if policy is not NO_REMAT:
         body = jax.checkpoint(body, policy=policy, prevent_cse=False)
-    return jax.lax.scan(body, x, layers)[0]
+    n = jax.tree.leaves(layers)[0].shape[0]
+    unroll = n <= backend.kernels(cfg).unroll_layers
+    return jax.lax.scan(body, x, layers, unroll=True if unroll else 1)[0]
 
 
 def _head_weight(params: Params, cfg: ModelConfig) -> jax.Array:
