@@ -52,3 +52,26 @@ def test_the_sweep_prepares_the_data_before_its_workers_load_it(tmp_path, monkey
     bad = load_sweep(make_spec(tmp_path / "b", "b", {"model": ["tiny-17k"]},
                                base={"data": {"source": str(tmp_path / "none")}})).runs
     prepare_ahead(bad)  # returns; nothing raised here
+
+
+def test_a_cpu_worker_keeps_its_freed_memory(monkeypatch):
+    """The sweep's workers train in-process, not through `cgpt train`: glibc's options reach
+    them through the environment (`backend.host_memory_env`), on a CPU only."""
+    import io
+
+    from cgpt.sweep import worker
+
+    seen = []
+
+    class Proc:
+        def __init__(self, argv, **kw):
+            seen.append(kw["env"])
+            self.stdin = io.BytesIO()
+
+    monkeypatch.setattr(worker.subprocess, "Popen", Proc)
+    monkeypatch.delenv("MALLOC_MMAP_MAX_", raising=False)
+    monkeypatch.delenv("CGPT_CPU_MALLOC", raising=False)
+    for platform in ("cpu", "cuda"):
+        monkeypatch.setenv("JAX_PLATFORMS", platform)
+        worker._spawn([_job("a")], None, report=True)
+    assert seen[0]["MALLOC_MMAP_MAX_"] == "0" and "MALLOC_MMAP_MAX_" not in seen[1]

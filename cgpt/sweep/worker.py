@@ -59,6 +59,11 @@ def _header(job: Job, first: Job, n: int, where: str = "") -> str:
 def _spawn(jobs: list[Job], stdout, report: bool, extra_env: dict | None = None,
            cpus: list[int] | None = None) -> subprocess.Popen:
     env = dict(os.environ, PYTHONUNBUFFERED="1", **jobs[0].env, **(extra_env or {}))
+    from cgpt.config import backend
+    from cgpt.sharding.allocation import gpus_present
+
+    if backend.launch_platform(env, gpus_present()) == "cpu":  # as `cgpt train` keeps it
+        env.update(backend.host_memory_env(env))  # glibc keeps the steps' freed memory
     argv = ["cgpt.sweep.worker"] + (["--report"] if report else [])
     proc = subprocess.Popen([sys.executable, "-c", _LAUNCH, "", str(os.getpid()),
                              ",".join(map(str, cpus or [])), *argv],
