@@ -29,6 +29,18 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 import pytest  # noqa: E402
 
 
+@pytest.fixture(scope="session", autouse=True)
+def jax_devices():
+    """JAX starts before the first test, on the devices XLA_FLAGS asks for (8). An in-process
+    sweep or plan asks `emulate_cpu_devices` for its own count, which JAX honours only before
+    it starts: were such a test the first to start JAX, every later test of the process would
+    see its count (4), not the 8 the mesh tests expect. Once JAX has started the request is a
+    no-op, as it is in any process that already computed (a SLURM task asks before)."""
+    import jax
+
+    return jax.devices()
+
+
 def pytest_unconfigure(config):
     """The session's own cache goes with it (a cache the caller named stays)."""
     if _OWN_CACHE:
