@@ -99,9 +99,6 @@ SLOW = {
         "test_small_greedy_generation_matches",
     "test_gpu_check.py::test_plan_row_of_a_one_device_run":
         "test_committed_plan_is_the_full_runs",
-    "test_plan.py::test_weight_streaming_shards_params_and_gathers_per_layer":
-        "the layouts: test_sharding's test_golden_param_shardings; a compiled plan: "
-        "test_data_parallel_replicates_params",
     "test_plan.py::test_auto_plan_reports_the_ranking_resolve_made":
         "test_sharding's auto tests (the ranking without a compile)",
     "test_plan.py::test_fits_compares_total_to_usable_memory": "test_fit.py's unit tests",
