@@ -145,6 +145,7 @@ def pytest_collection_modifyitems(config, items):
         for key in (test, test.split("[")[0]):
             if key in SLOW:
                 item.add_marker(pytest.mark.slow(reason=SLOW[key]))
+                item.add_marker(pytest.mark.ci)  # in CI's run still (.ci/run)
                 used.add(key)
     if config.args_source == pytest.Config.ArgsSource.TESTPATHS and set(SLOW) - used:
         raise pytest.UsageError(f"tests/conftest.py SLOW names no test: {sorted(set(SLOW) - used)}")
