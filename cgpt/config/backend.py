@@ -361,11 +361,16 @@ CPU_MALLOC_OPTIONS: tuple[tuple[int, int, str, str], ...] = (
 )
 
 
+def _malloc_off(environ) -> bool:
+    """CGPT_CPU_MALLOC=0 (or false/off/no): glibc's own defaults, nothing set."""
+    return (environ.get("CGPT_CPU_MALLOC") or "1").strip().lower() in ("0", "false", "off", "no")
+
+
 def host_memory_env(environ=os.environ) -> dict[str, str]:
     """CPU_MALLOC_OPTIONS as the environment of a CPU training child process (a sweep's
     worker): glibc reads them at the child's start, before any thread. The options the user
     set are left out (theirs pass through); none with CGPT_CPU_MALLOC=0."""
-    if (environ.get("CGPT_CPU_MALLOC") or "1").strip().lower() in ("0", "false", "off", "no"):
+    if _malloc_off(environ):
         return {}
     return {name: str(value) for _, value, name, _ in CPU_MALLOC_OPTIONS if name not in environ}
 
@@ -376,7 +381,7 @@ def keep_host_memory(environ=os.environ) -> list[str]:
     For a process that trains on the CPU (call before its first step): its memory then stays
     at its peak instead of being returned between steps. Nothing on a libc other than glibc,
     none with CGPT_CPU_MALLOC=0, and an option whose variable the user set is left to it."""
-    if (environ.get("CGPT_CPU_MALLOC") or "1").strip().lower() in ("0", "false", "off", "no"):
+    if _malloc_off(environ):
         return []
     if _host.system() != "Linux" or _host.libc_ver()[0] != "glibc":
         return []
