@@ -248,7 +248,9 @@ def embed(params: Params, ids: jax.Array, cfg: ModelConfig, start: jax.Array | i
 def apply_layers(layers: Params, x: jax.Array, cfg: ModelConfig,
                  constrain: Constrain = _no_constraint) -> jax.Array:
     """Scan the stacked blocks over x. `layers` may hold any contiguous slice of the stack;
-    one of at most `backend.Kernels.unroll_layers` layers is unrolled (the CPU's shallow ones)."""
+    one of at most `backend.Kernels.unroll_layers` layers is unrolled (the CPU's shallow ones)
+    unless the step constrains its activations: a sharded step keeps its per-layer loop (weight
+    streaming gathers each layer's weights inside it)."""
 
     def body(x, p):
         return block(in_dtype(p, x.dtype), x, cfg, constrain=constrain), None
@@ -257,7 +259,7 @@ def apply_layers(layers: Params, x: jax.Array, cfg: ModelConfig,
     if policy is not NO_REMAT:
         body = jax.checkpoint(body, policy=policy, prevent_cse=False)
     n = jax.tree.leaves(layers)[0].shape[0]
-    unroll = n <= backend.kernels(cfg).unroll_layers
+    unroll = constrain is _no_constraint and n <= backend.kernels(cfg).unroll_layers
     return jax.lax.scan(body, x, layers, unroll=True if unroll else 1)[0]
 
 
