@@ -78,7 +78,7 @@ class Kernels:
     # a stack of at most this many layers is unrolled instead of scanned (`apply_layers`):
     # XLA's CPU while loop writes each layer's saved values into zero-filled stacked buffers
     # (tiny-116k, single core: step -25% unrolled, glibc keeping memory); compile time grows
-    # with the layers unrolled, so only the shallow stacks
+    # with the layers unrolled, so only the shallow stacks, and only in a one-device step
     unroll_layers: int = 0
 
 
