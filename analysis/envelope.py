@@ -23,6 +23,7 @@ from .checks import check_count, check_level
 from .fit import percentile_ci
 from .isoflop import Allocation
 from .results import FLOPS, PARAMS, finished, load_results
+from .runlog import LOG, read_log, run_dir
 
 
 @dataclass
@@ -64,17 +65,16 @@ def read_curves(sweep_dir: str | Path, *, metric: str = "loss", flops: str = "co
     src = Path(df.attrs.get("source", sweep_dir))
     out = []
     for r in df.itertuples():
-        run_dir = Path(r.run_dir)
-        if not run_dir.is_dir():                    # the sweep directory moved: run_id inside it
-            run_dir = src.parent / r.run_id
-        log = run_dir / "metrics.jsonl"
+        log = run_dir(r, src) / LOG
         if not log.is_file():
             raise FileNotFoundError(f"{log}: no training curve for run {r.run_id!r} (results.csv "
                                     f"row {r.Index}); approach 1 needs each run's metrics.jsonl")
-        m = pd.read_json(log, lines=True)
-        if metric not in m or "tokens" not in m:
-            raise ValueError(f"{log}: needs columns 'tokens' and {metric!r}")
+        m = read_log(log, numeric=("tokens", metric))
         m = m[["tokens", metric]].dropna().sort_values("tokens")
+        if m.empty:
+            raise ValueError(f"{log}: no logged step has both 'tokens' and {metric!r} (all "
+                             "null); restore the run's log or mark the run failed in "
+                             "results.csv")
         loss = m[metric].rolling(smooth, min_periods=1, center=True).mean() \
             if metric == "loss" and smooth > 1 else m[metric]
         m = m.assign(loss=loss)

@@ -23,6 +23,7 @@ import pandas as pd
 
 from .fit import PowerLawFit, fit_power_law
 from .results import compute, finished, load_results, n_params
+from .runlog import LOG, as_numeric, read_log, read_summary, run_dir
 
 STEP_KEYS = ("gns_g2", "gns_trace")  # the estimates of one logged step
 
@@ -30,15 +31,20 @@ STEP_KEYS = ("gns_g2", "gns_trace")  # the estimates of one logged step
 def read_noise(run_dir: str | Path) -> pd.DataFrame:
     """The logged steps of one run that carry the noise scale's estimates: step, tokens,
     loss, gns_g2, gns_trace and (where defined) gns_b_simple, the smoothed B_simple."""
-    log = Path(run_dir) / "metrics.jsonl"
+    log = Path(run_dir) / LOG
     if not log.is_file():
         raise FileNotFoundError(f"{log}: no metrics.jsonl, so no noise scale for this run")
-    m = pd.read_json(log, lines=True)
+    m = read_log(log)
     if not set(STEP_KEYS) <= set(m.columns):
         raise ValueError(f"{log}: no gradient noise scale was logged (no {STEP_KEYS[0]!r}); "
                          "train the run with train.gns=true")
+    m = as_numeric(m, ("step", *STEP_KEYS), log)
     keep = [c for c in ("step", "tokens", "loss", *STEP_KEYS, "gns_b_simple") if c in m]
-    return m[keep].dropna(subset=list(STEP_KEYS)).reset_index(drop=True)
+    out = m[keep].dropna(subset=list(STEP_KEYS)).reset_index(drop=True)
+    if out.empty:
+        raise ValueError(f"{log}: no logged step has a value for {list(STEP_KEYS)} (all null); "
+                         "train the run with train.gns=true, or restore its log")
+    return out
 
 
 def critical_batch(noise: pd.DataFrame, late: float = 0.5) -> float:
@@ -65,22 +71,28 @@ def noise_table(sweep_dir: str | Path, *, late: float = 0.5, flops: str = "count
     src = Path(df.attrs.get("source", sweep_dir))
     rows = []
     for r, n, c in zip(df.itertuples(), n_params(df, params), compute(df, flops)):
-        run_dir = Path(r.run_dir)
-        if not run_dir.is_dir():                    # the sweep directory moved: run_id inside it
-            run_dir = src.parent / r.run_id
-        noise = read_noise(run_dir)
-        summary = pd.read_json(run_dir / "summary.json", typ="series")
+        d = run_dir(r, src)
+        noise = read_noise(d)
+        summary = read_summary(d, ints=("seq_len", "batch_size"))
         tail = noise[noise["step"] >= (1 - late) * noise["step"].max()]
-        b_crit = critical_batch(noise, late)
+        try:
+            b_crit = critical_batch(noise, late)
+        except ValueError as e:
+            raise ValueError(f"{d / LOG}: {e}") from None
         rows.append({"run_id": r.run_id, "model": r.model, "N": n, "C": c,
                      "val_loss": r.val_loss, "late_loss": float(tail["loss"].mean()),
-                     "b_simple": float(summary.get("gns_b_simple", np.nan)), "b_crit": b_crit,
+                     "b_simple": _float(summary.get("gns_b_simple")), "b_crit": b_crit,
                      "seq_len": int(summary["seq_len"]),
                      "b_crit_tokens": b_crit * int(summary["seq_len"]),
                      "batch_size": int(summary["batch_size"])})
     if not rows:
         raise ValueError(f"{src}: no finished runs to read the noise scale from")
     return pd.DataFrame(rows)
+
+
+def _float(v) -> float:
+    """A summary value, NaN where it is missing or null (written for a non-finite value)."""
+    return float(v) if isinstance(v, (int, float)) else np.nan
 
 
 def fit_critical_batch(table: pd.DataFrame, against: str = "loss", *, tokens: bool = True,

@@ -110,7 +110,8 @@ def run_case(ctx: Ctx, c: Case) -> tuple[str, str]:
 
       signals       with argv: [(signal, when), ...], `when` seconds after the previous one or a
                     predicate (pid, stderr so far, the --out directory) -> ready; `group`: True
-                    sends them to the command's process group
+                    sends them to the command's process group; a callable in place of the
+                    signal is called then instead (an edit made while the command runs)
       then          argv run after a signalled command that did not finish (a resume or a
                     rerun): it must succeed; after SIGKILL it is the command classified
       check         () -> None or what was lost (LOST), after every command
@@ -118,13 +119,20 @@ def run_case(ctx: Ctx, c: Case) -> tuple[str, str]:
       stdout_check  (CompletedProcess) -> None or what is wrong with its stdout (LOST)
       expect_text   what a refusal's message must name (else MISLEADING)
       timeout       seconds per command (default 1200; past it: HANG)
+      fired         () -> whether the case's fault happened at all (else SETUP: the case
+                    tested nothing)
+      env           variables added to every command's environment (a fault for qa/inject:
+                    CGPT_QA_FAULT)
     """
+    ctx.tag.env = {}
     try:
         spec = c.make(ctx)
     except Exception as e:  # noqa: BLE001 - a broken setup is reported, not fatal
         return "SETUP", repr(e)[:300]
+    ctx.tag.env = dict(spec.get("env", {}))
     timeout = spec.get("timeout", 1200)
-    results, sent = [], spec["signals"][0][0] if "signals" in spec else 0
+    first = spec["signals"][0][0] if "signals" in spec else 0
+    results, sent = [], 0 if callable(first) else first
     if "python" in spec:
         results.append(ctx.python(spec["python"], timeout))
     elif "argv" in spec and "signals" in spec:
@@ -157,6 +165,8 @@ def run_case(ctx: Ctx, c: Case) -> tuple[str, str]:
         check = spec["check_ok"]()
     if not check and spec.get("stdout_check"):
         check = spec["stdout_check"](results[-1])
+    if spec.get("fired") and not spec["fired"]():
+        return "SETUP", "the injected fault never happened (the case tested nothing)"
     if check:
         return "LOST", check
     outcome, text = classify(c.expect, results, sent), spec.get("expect_text")
@@ -182,7 +192,9 @@ def _signalled(ctx: Ctx, spec: dict, timeout: float) -> subprocess.CompletedProc
                 if when(p.pid, err_path.read_text(errors="replace"), d):
                     break
                 time.sleep(0.01)
-            if p.poll() is None:
+            if p.poll() is None and callable(sig):
+                sig()  # an action while the command runs (an edit, a deletion), not a signal
+            elif p.poll() is None:
                 try:
                     (os.killpg if spec.get("group") else os.kill)(p.pid, sig)
                 except ProcessLookupError:

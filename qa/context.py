@@ -18,6 +18,7 @@ STEPS = 20
 TRAIN = ["--model", "tiny-17k", "--no-progress", f"--tokens={8 * 16 * STEPS}",
          "train.batch_size=8", "train.log_every=1", "data.vocab_size=512", "data.seq_len=16",
          "data.val_sequences=16", "train.ckpt_every=5", "train.keep_checkpoints=3"]
+INJECT = Path(__file__).resolve().parent / "inject"  # the fault injector (a sitecustomize)
 TAG = "CGPT_QA_CASE"  # every command a case starts carries TAG=<case number>: its processes
 
 
@@ -36,10 +37,16 @@ class Ctx:
 
     # ---- processes --------------------------------------------------------------------------
     def env(self) -> dict:
-        return {**os.environ, "PYTHONPATH": str(self.code), "JAX_PLATFORMS": "cpu",
+        """The commands' environment; a case's `env` (run_case) is added last, and a fault
+        in it ($CGPT_QA_FAULT) puts qa/inject (its sitecustomize) first on PYTHONPATH."""
+        extra = getattr(self.tag, "env", {})
+        path = str(self.code)
+        if "CGPT_QA_FAULT" in extra:
+            path = os.pathsep.join([str(INJECT), path])
+        return {**os.environ, "PYTHONPATH": path, "JAX_PLATFORMS": "cpu",
                 "XLA_FLAGS": "", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
                 "TMPDIR": str(self.tmp), "CGPT_CACHE": str(self.root / "cgpt-cache"),
-                TAG: getattr(self.tag, "value", "setup")}
+                TAG: getattr(self.tag, "value", "setup"), **extra}
 
     def popen(self, argv: list[str], stderr, group: bool = False) -> subprocess.Popen:
         """`python -m cgpt ARGV` in its own session when `group` (a signal to the group)."""
@@ -185,6 +192,27 @@ def complete(d: Path) -> Callable[[], str | None]:
             return f"unreadable result: {e}"
         if steps != list(range(1, STEPS + 1)):
             return f"metrics.jsonl steps {steps[:3]}..{steps[-3:]} ({len(steps)} lines)"
+        return None
+    return check
+
+
+def same_as_base(ctx: "Ctx", d: Path) -> Callable[[], str | None]:
+    """A finished run equal to the uninterrupted base run: every step's loss and grad norm bit
+    for bit, and the summary's losses (what a resume after any fault must give)."""
+    def check():
+        bad = complete(d)()
+        if bad:
+            return bad
+        ref = [strict(x) for x in lines(ctx.base / "metrics.jsonl")]
+        got = [strict(x) for x in lines(d / "metrics.jsonl")]
+        for r, g in zip(ref, got):
+            for k in ("loss", "grad_norm", "val_loss"):
+                if r.get(k) != g.get(k):
+                    return f"step {r['step']}: {k} {g.get(k)} != {r.get(k)} uninterrupted"
+        a, b = (strict((x / "summary.json").read_text()) for x in (ctx.base, d))
+        for k in ("train_loss", "val_loss", "steps", "tokens"):
+            if a[k] != b[k]:
+                return f"summary.json {k} {b[k]} != {a[k]} uninterrupted"
         return None
     return check
 
