@@ -24,7 +24,7 @@ _EXPORTS = {
                   "KAPLAN_D", "KAPLAN_C", "KAPLAN_BCRIT", "cerebras_gpt_table",
                   "cerebras_gpt_batches"),
     "plots": ("plot_loss_vs_compute", "plot_isoflop", "plot_mup_vs_sp", "plot_envelope",
-              "plot_curves", "plot_critical_batch"),
+              "plot_curves", "plot_critical_batch", "plot_batch_tradeoff"),
     "report": ("sweep_report",),
     "gns": ("read_noise", "critical_batch", "noise_table", "fit_critical_batch",
             "BcritScaling", "fit_bcrit_scaling"),

@@ -7,10 +7,10 @@ To reach a loss L, training at batch B takes S steps and E = S * B examples. McC
 found the trade-off (S / S_min - 1)(E / E_min - 1) = 1, i.e. S(B) = S_min + E_min / B: far below
 the critical batch B_crit = E_min / S_min each example counts fully (E ~ E_min), far above it
 each step does (S ~ S_min). `fit_tradeoff` fits S(B) by least squares on log S (the steps'
-scatter is relative) and bootstraps the residuals for intervals; `measure_critical_batch` reads a sweep:
-per run and target loss the first step its smoothed training loss reaches the target, per
-batch size the peak LR that gets there in fewest steps, per target the fit, and the noise
-scale B_simple the same runs logged around their crossings.
+scatter is relative) and bootstraps the residuals for intervals; `measure_critical_batch`
+reads a sweep: per run and target loss the first step its smoothed training loss reaches the
+target, per batch size the peak LR that gets there in fewest steps, per target the fit, and
+the noise scale B_simple the same runs logged around their crossings.
 
 Conventions:
   - Batches, S, E and B_crit count **sequences** (examples) of the runs' length, as the noise

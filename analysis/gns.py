@@ -64,10 +64,10 @@ def critical_batch(noise: pd.DataFrame, late: float = 0.5) -> float:
 
 def noise_table(sweep_dir: str | Path, *, late: float = 0.5, flops: str = "counted",
                 params: str = "total") -> pd.DataFrame:
-    """One row per finished run of a sweep: run_id, model, N, C, D (tokens trained), val_loss, the mean training
-    loss over the same late window (`late_loss`), b_simple (the smoothed value at the end),
-    b_crit (sequences), seq_len, b_crit_tokens and the batch it trained with (batch_size,
-    sequences)."""
+    """One row per finished run of a sweep: run_id, model, N, C, D (tokens trained), val_loss,
+    the mean training loss over the same late window (`late_loss`), b_simple (the smoothed
+    value at the end), b_crit (sequences), seq_len, b_crit_tokens and the batch it trained
+    with (batch_size, sequences)."""
     df = finished(load_results(sweep_dir))
     src = Path(df.attrs.get("source", sweep_dir))
     rows = []
@@ -80,7 +80,8 @@ def noise_table(sweep_dir: str | Path, *, late: float = 0.5, flops: str = "count
         tail = noise[noise["step"] >= (1 - late) * noise["step"].max()]
         b_crit = critical_batch(noise, late)
         rows.append({"run_id": r.run_id, "model": r.model, "N": n, "C": c,
-                     "D": float(r.tokens), "val_loss": r.val_loss, "late_loss": float(tail["loss"].mean()),
+                     "D": float(r.tokens), "val_loss": r.val_loss,
+                     "late_loss": float(tail["loss"].mean()),
                      "b_simple": float(summary.get("gns_b_simple", np.nan)), "b_crit": b_crit,
                      "seq_len": int(summary["seq_len"]),
                      "b_crit_tokens": b_crit * int(summary["seq_len"]),
@@ -139,7 +140,8 @@ def fit_bcrit_scaling(table: pd.DataFrame, on=("N", "D"), *, b: str = "b_crit",
     """Fit B_crit as a power law of the columns `on` of `table` (Zhang et al. 2024's form
     B_crit = k * N^p * D^q with on=("N", "D"); on=("target",) gives B_crit against loss).
     Columns that take one value (a single model's N) or move together (D = 20 N in a
-    Chinchilla-optimal sweep) cannot be separated: an error says which. Works on
+    Chinchilla-optimal sweep, up to rounding: 1 - |r| of their logs below 1e-3) cannot be
+    separated: an error says which. Works on
     `noise_table`'s rows (B_crit from the noise scale; D = the tokens each run trained on,
     target -> late_loss) and on `analysis.batch_tradeoff.measure_critical_batch`'s (B_crit
     measured from a batch-size sweep; D = E_min in tokens, the loss is the target's)."""
@@ -153,18 +155,24 @@ def fit_bcrit_scaling(table: pd.DataFrame, on=("N", "D"), *, b: str = "b_crit",
     d = d[np.isfinite(d).all(axis=1) & (d > 0).all(axis=1)]
     for c in on:
         if d[c].nunique() < 2:
-            raise ValueError(f"fit_bcrit_scaling: column {c!r} takes one value ({d[c].iloc[0]:.4g}) "
-                             f"in the rows fitted, so its exponent is not identified; fit "
-                             f"on={tuple(x for x in on if x != c)} or add runs that vary it")
+            raise ValueError(f"fit_bcrit_scaling: column {c!r} takes one value "
+                             f"({d[c].iloc[0]:.4g}) in the rows fitted, so its exponent is "
+                             f"not identified; fit on={tuple(x for x in on if x != c)} or "
+                             "add runs that vary it")
     n, p = len(d), len(on) + 1
     if n <= p:
-        raise ValueError(f"fit_bcrit_scaling: {n} points for {p} parameters; need at least {p + 1}")
+        raise ValueError(f"fit_bcrit_scaling: {n} points for {p} parameters; need at least "
+                         f"{p + 1}")
     x = np.column_stack([np.ones(n), *(np.log(d[c]) for c in on)])
     y = np.log(d[b].to_numpy())
-    if np.linalg.matrix_rank(x - np.r_[0, x[:, 1:].mean(0)], tol=1e-8 * n) < p:
-        raise ValueError(f"fit_bcrit_scaling: the columns {list(on)} are collinear in log space (e.g. "
-                         "D = 20 N in a Chinchilla-optimal sweep), so their exponents are not "
-                         "separately identified; fit one of them, or add runs at other D/N")
+    z = x[:, 1:] - x[:, 1:].mean(0)
+    z = z / np.linalg.norm(z, axis=0)
+    # the smallest eigenvalue of the log columns' correlation matrix: 1 - |r| for two columns
+    if p > 2 and np.linalg.svd(z, compute_uv=False).min() ** 2 < 1e-3:
+        raise ValueError(f"fit_bcrit_scaling: the columns {list(on)} are collinear in log "
+                         "space (e.g. D = 20 N in a Chinchilla-optimal sweep), so their "
+                         "exponents are not separately identified; fit one of them, or add "
+                         "runs at other D/N")
     coef, *_ = np.linalg.lstsq(x, y, rcond=None)
     res = y - x @ coef
     s2 = res @ res / (n - p)

@@ -12,6 +12,7 @@ from scipy.optimize import least_squares
 
 from analysis import batch_tradeoff as cb
 from analysis.gns import fit_bcrit_scaling
+from analysis.plots import plot_batch_tradeoff
 from analysis.schema import REQUIRED
 
 SEQ = 128
@@ -130,6 +131,8 @@ def test_a_sweep_on_the_tradeoff_is_measured_back(tmp_path):
     law = fit_bcrit_scaling(res, on=("target",))
     assert law.exponents["target"] == pytest.approx(-4.0, abs=0.15)
     assert set(fits) == {(25000.0, t) for t in targets}
+    fig = plot_batch_tradeoff(res, fits, path=tmp_path / "tradeoff.png")
+    assert len(fig.axes) == 2 and (tmp_path / "tradeoff.png").stat().st_size > 5000
 
 
 def test_best_lr_at_the_grids_edge_is_flagged(tmp_path):
@@ -166,5 +169,35 @@ def test_scaling_fit_refuses_what_the_data_cannot_identify():
                          "b_crit": [10, 14, 20, 28]})                 # D = 20 N: collinear
     with pytest.raises(ValueError, match="collinear"):
         fit_bcrit_scaling(tied)
+    rounded = tied.assign(D=tied["D"] * [1.0, 1.001, 0.999, 1.0005])  # whole steps of a batch
+    with pytest.raises(ValueError, match="collinear"):
+        fit_bcrit_scaling(rounded)
     with pytest.raises(ValueError, match=r"no column\(s\) \['loss'\]"):
         fit_bcrit_scaling(one_n, on=("loss",))
+
+
+def test_the_bundled_spec_and_the_notebooks_data_are_one_sweep():
+    """sweeps/critical_batch.yaml: one model, >= 6 batch sizes, each with three peak LRs
+    around the square-root rule, a constant LR, the noise scale logged every step; the data
+    notebook 06 reads is a finished run of exactly that spec."""
+    from pathlib import Path
+
+    from cgpt.sweep.spec import load_sweep
+
+    root = Path(__file__).resolve().parents[1]
+    runs = load_sweep(root / "sweeps" / "critical_batch.yaml").runs
+    by_batch: dict = {}
+    for r in runs:
+        t = r.config.train
+        assert t.gns and t.log_every == 1 and t.schedule == "wsd" and t.end_lr_fraction == 1.0
+        by_batch.setdefault(t.batch_size, []).append(t.peak_lr)
+    assert len({r.model for r in runs}) == 1 and len(by_batch) >= 6
+    for b, lrs in by_batch.items():
+        assert sorted(lrs) == pytest.approx([f * 4e-3 * (b / 16) ** 0.5 for f in (0.5, 1, 2)],
+                                            rel=0.01)
+    data = root / "notebooks" / "data" / "critical_batch" / "batch_sweep"
+    res = pd.read_csv(data / "results.csv")
+    assert sorted(res["run_id"]) == sorted(r.run_id for r in runs)
+    assert (res["status"] == "done").all()
+    for rid in res["run_id"]:
+        assert (data / rid / "metrics.jsonl").stat().st_size > 0
