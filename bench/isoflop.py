@@ -21,6 +21,8 @@ Targets (issue 39): |bias| <= 0.01 and cover >= 0.90 in every cell.
     python bench/isoflop.py --reps 60 --only law=a0.71 --only noise=0.02
     python bench/isoflop.py --approach 1 --reps 30   # the training-curve envelope
     python bench/isoflop.py --approach 3 --reps 20   # Chinchilla's L(N, D) fit (slow)
+    python bench/isoflop.py --porian ../shared/data/external/porian2024_isoflops.csv
+                                   # the published study: a per setting against the paper's
 """
 from __future__ import annotations
 
@@ -114,6 +116,30 @@ def hash_cell(v) -> int:
     return int.from_bytes(str(v).encode(), "little") % (2 ** 32)
 
 
+def porian(path: str) -> int:
+    """Porian et al. 2024's 11 settings: a before/after against the published 95% interval
+    (a miss is more than 0.01 outside it, as the issue counts)."""
+    df = pd.read_csv(path, comment="#").rename(columns={"budget_flops": "budget"})
+    df["C"] = df["budget"]
+    rows = []
+    for setting, g in df.groupby("setting", sort=False):
+        pub = g[["pub_a", "pub_lo", "pub_hi"]].iloc[0].to_numpy()
+        row = {"setting": setting, "runs": len(g), "budgets": g["budget"].nunique(),
+               "published": f"{pub[0]:.3f} [{pub[1]:.3f}, {pub[2]:.3f}]"}
+        for name, kw in (("before", dict(window=None, keep_edges=True)), ("after", {})):
+            fit = fit_isoflop(g, **kw)
+            inside = pub[1] - 0.01 <= fit.a <= pub[2] + 0.01
+            row[name] = (f"{fit.a:.3f} [{fit.ci['a'][0]:.3f}, {fit.ci['a'][1]:.3f}] "
+                         f"{len(fit.used)}/{len(fit.minima)} {'ok' if inside else 'MISS'}")
+        rows.append(row)
+    t = pd.DataFrame(rows)
+    print(t.to_string(index=False))
+    for name in ("before", "after"):
+        print(f"{name}: within 0.01 of the published interval in "
+              f"{t[name].str.endswith('ok').sum()} of {len(t)} settings")
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--reps", type=int, default=200, help="studies per cell (default 200)")
@@ -123,7 +149,10 @@ def main(argv=None) -> int:
     ap.add_argument("--only", action="append", default=[], metavar="KEY=V[,V]",
                     help=f"a slice of the family; KEY one of {', '.join(AXES)}")
     ap.add_argument("--out", help="write the table as CSV here")
+    ap.add_argument("--porian", metavar="CSV", help="instead: the published study in this file")
     args = ap.parse_args(argv)
+    if args.porian:
+        return porian(args.porian)
     axes = dict(AXES)
     for text in args.only:
         key, _, vals = text.partition("=")
