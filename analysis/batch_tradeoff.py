@@ -81,9 +81,16 @@ def crossings(sweep_dir: str | Path, targets, *, width: float = 0.1,
     noise scale around the crossing, b_simple = sum tr(S) / sum |G|^2 over the logged steps
     within +-`gns_width` of S (a ratio of sums; its inputs gns_trace, gns_g2 and the step
     count gns_steps are kept for pooling and resampling)."""
-    targets = np.sort(np.asarray(targets, float))[::-1]
+    targets = np.sort(np.asarray(targets, float).ravel())[::-1]
+    if targets.size == 0 or not np.all(np.isfinite(targets) & (targets > 0)):
+        raise ValueError(f"targets={list(targets)}: give one or more positive target losses "
+                         "(nats/token), e.g. [3.9, 3.7, 3.5]")
     df = finished(load_results(sweep_dir))
     src = Path(df.attrs.get("source", sweep_dir))
+    if "peak_lr" not in df.columns or df["peak_lr"].isna().any():
+        raise ValueError(f"{src}: no peak_lr for every run (column 'peak_lr'), so the best LR "
+                         "per batch size cannot be chosen; rerun `cgpt sweep` to rewrite "
+                         "results.csv (it records each run's peak LR)")
     rows = []
     for r, n in zip(df.itertuples(), n_params(df, params)):
         run_dir = Path(r.run_dir)

@@ -135,6 +135,16 @@ def test_a_sweep_on_the_tradeoff_is_measured_back(tmp_path):
     assert len(fig.axes) == 2 and (tmp_path / "tradeoff.png").stat().st_size > 5000
 
 
+def test_bad_input_is_one_clear_error(tmp_path):
+    _sweep(tmp_path, batches=(4, 16, 64))
+    with pytest.raises(ValueError, match="give one or more positive target losses"):
+        cb.crossings(tmp_path, [])
+    res = pd.read_csv(tmp_path / "results.csv").drop(columns="peak_lr")
+    res.to_csv(tmp_path / "results.csv", index=False)
+    with pytest.raises(ValueError, match="column 'peak_lr'"):
+        cb.crossings(tmp_path, [3.4])
+
+
 def test_best_lr_at_the_grids_edge_is_flagged(tmp_path):
     _sweep(tmp_path, batches=(4, 16, 64), lrs=(2e-3, 1e-3, 4e-3))   # the fast curve is the smallest
     best = cb.best_lr(cb.crossings(tmp_path, [3.4]))
