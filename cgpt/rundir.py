@@ -21,6 +21,11 @@ A run directory (one training run) holds:
 
 Its state (`state`): done (a summary.json that parses), running (the lock is held),
 failed (failed.json), interrupted (config.yaml, no summary: `--resume` continues it), or new.
+
+A sweep directory holds one run directory per run, `DIR/<run_id>/`, beside `results.csv` (one
+row per run, its columns `analysis.schema`'s), `sweep.yaml` (the spec it ran), `.sweep.lock`
+and `.superseded/` (run directories whose config changed). `analysis` reads both kinds of
+directory through this module, which imports neither JAX nor the rest of cgpt.
 """
 from __future__ import annotations
 
@@ -54,6 +59,12 @@ DISCARDED_DIR = "discarded_checkpoints"  # rewound past (`--from-step`, a fused 
 CORRUPT_DIR = "corrupt_checkpoints"  # set aside: they would not restore
 WANDB_FILE = "wandb.json"  # {"id": the W&B run's id} (`cgpt.train.wandb_log`)
 WANDB_DIR = "wandb"  # where W&B writes its files when given the run directory
+# a sweep directory's own names, beside its run directories
+RESULTS_FILE = "results.csv"
+SWEEP_SPEC_FILE = "sweep.yaml"  # the spec the sweep ran
+SWEEP_LOCK_FILE = ".sweep.lock"
+SUPERSEDED_DIR = ".superseded"  # run directories whose config changed (--on-change rerun)
+SWEEP_NAMES = (RESULTS_FILE, SWEEP_SPEC_FILE, SWEEP_LOCK_FILE, SUPERSEDED_DIR)
 # what each name cgpt writes in a run directory must be
 KINDS = {**dict.fromkeys((CONFIG_FILE, IDENTITY_FILE, RUN_FILE, LOG_FILE, TOKENIZER_FILE,
                           METRICS_FILE, CHANGES_FILE, BRANCH_FILE, SUMMARY_FILE, FAILED_FILE,
