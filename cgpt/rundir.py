@@ -292,15 +292,15 @@ def train_loss_window(total_steps: int) -> int:
     return max(1, min(50, total_steps // 20))
 
 
-def train_loss(path: str | os.PathLike, total_steps: int) -> float:
-    """The summary's train_loss: the mean logged loss of the last `train_loss_window` steps."""
+def window_mean(path: str | os.PathLike, total_steps: int, field: str, key: str) -> float:
+    """The summary's `key` (a "mean" field of `cgpt.record`: train_loss): the mean logged
+    `field` of the last `train_loss_window` steps."""
     first = total_steps - train_loss_window(total_steps) + 1
-    got = {r["step"]: r.get("loss") for r in read_metrics(path) if r["step"] >= first}
+    got = {r["step"]: r.get(field) for r in read_metrics(path) if r["step"] >= first}
     missing = [s for s in range(first, total_steps + 1) if not isinstance(got.get(s), (int, float))]
     if missing:
-        raise RunDirError(f"{path}: no logged loss for step(s) {step_ranges(missing)}, which "
-                          f"the summary's train_loss (the mean of steps {first}-{total_steps}) "
-                          "needs")
+        raise RunDirError(f"{path}: no logged {field} for step(s) {step_ranges(missing)}, which "
+                          f"the summary's {key} (the mean of steps {first}-{total_steps}) needs")
     return float(np.mean([got[s] for s in range(first, total_steps + 1)]))
 
 

@@ -14,12 +14,14 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 MAX_LINES = 450
 # stages of cgpt, lowest first: a module may import its own stage and the ones below
-LAYERS = [("cgpt.errors", "cgpt.fileio", "cgpt.paths", "cgpt.rundir"), ("cgpt.config",),
+LAYERS = [("cgpt.errors", "cgpt.fileio", "cgpt.paths", "cgpt.rundir", "cgpt.record"),
+          ("cgpt.config",),
           ("cgpt.data", "cgpt.model"), ("cgpt.sharding",), ("cgpt.train",),
           ("cgpt.plan", "cgpt.eval"), ("cgpt.sweep",), ("cgpt.cli", "cgpt.__main__", "cgpt")]
 # what `analysis` may import of cgpt: the JAX-free contract of the run and sweep directories
-# (which loads `cgpt.errors` and `cgpt.paths` with it), never a module that trains or starts JAX
-CONTRACT = ("cgpt.rundir",)
+# (which loads `cgpt.errors` and `cgpt.paths` with it) and of a logged step, never a module that
+# trains or starts JAX
+CONTRACT = ("cgpt.rundir", "cgpt.record")
 
 
 def _modules(package: str) -> dict[str, Path]:
@@ -141,9 +143,9 @@ def test_modules_stay_readable():
     assert long == {}
 
 
-@pytest.mark.parametrize("module", ["cgpt.rundir", "cgpt.paths", "cgpt.train.resolve",
-                                    "cgpt.config.recipe", "cgpt.sharding.auto",
-                                    "cgpt.sweep.spec"])
+@pytest.mark.parametrize("module", ["cgpt.rundir", "cgpt.record", "cgpt.paths",
+                                    "cgpt.train.resolve", "cgpt.config.recipe",
+                                    "cgpt.sharding.auto", "cgpt.sweep.spec"])
 def test_deciding_a_run_imports_no_jax(module):
     code = f"import sys, {module}; assert 'jax' not in sys.modules, 'jax imported'"
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,

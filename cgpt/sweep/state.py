@@ -15,16 +15,13 @@ from pathlib import Path
 
 import yaml
 
-from analysis.schema import COLUMNS  # the results contract `analysis.load_results` reads
+from analysis.schema import COLUMNS, FROM_SUMMARY  # the results contract `load_results` reads
 from cgpt import paths, rundir
 from cgpt.errors import RunDirError
 from cgpt.config.model import ModelConfig
 from cgpt.fileio import atomic_write, atomic_write_text
 from cgpt.config.run import identity, safe_load
 from cgpt.sweep.spec import Run, config_hash
-
-SUMMARY_COLUMNS = ("n_params", "n_params_nonembed", "tokens", "flops_6nd", "flops", "train_loss",
-                   "val_loss", "wall_time_s", "tokens_per_s", "mfu", "epochs", "mup")
 
 
 def area(out: Path) -> paths.Area:
@@ -47,7 +44,7 @@ def result_row(run: Run, out: Path, failures: dict[str, str] | None = None) -> d
     summary = rundir.try_json(run_dir / rundir.SUMMARY_FILE)
     if summary is not None:
         row["status"] = "done"
-        row.update({k: summary[k] for k in SUMMARY_COLUMNS if k in summary})
+        row.update({k: summary[k] for k in FROM_SUMMARY if k in summary})
         row["model"] = summary.get("model", run.model)
         return row
     failed = rundir.try_json(run_dir / rundir.FAILED_FILE)
