@@ -25,7 +25,8 @@ failed (failed.json), interrupted (config.yaml, no summary: `--resume` continues
 A sweep directory holds one run directory per run, `DIR/<run_id>/`, beside `results.csv` (one
 row per run, its columns `analysis.schema`'s), `sweep.yaml` (the spec it ran), `.sweep.lock`
 and `.superseded/` (run directories whose config changed). `analysis` reads both kinds of
-directory through this module, which imports neither JAX nor the rest of cgpt.
+directory through this module, which imports neither JAX nor more of cgpt than its errors
+and path rule (`cgpt.errors`, `cgpt.paths`).
 """
 from __future__ import annotations
 
