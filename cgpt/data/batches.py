@@ -189,7 +189,16 @@ class TokenData:
     # -- batches
     def _windows(self, seq_idx: np.ndarray) -> np.ndarray:
         starts = np.asarray(seq_idx, dtype=np.int64) * self.seq_len
-        return read_windows(self.tokens, starts, self.seq_len + 1)
+        w = read_windows(self.tokens, starts, self.seq_len + 1)
+        if w.size and int(w.max()) >= self.vocab_size:  # else an embedding of NaN, a NaN loss
+            row, col = np.unravel_index(int(np.argmax(w >= self.vocab_size)), w.shape)
+            where = self.info.get("store", "the token stream")
+            raise DataError(
+                f"{where}: token id {int(w[row, col])} at position {int(starts[row]) + col} is "
+                f"outside the tokenizer's vocabulary (vocab_size {self.vocab_size}): the shards "
+                "were not made by this tokenizer, or are damaged; prepare the store again "
+                "(`TokenStore(path).verify()` checks every shard's sha256)")
+        return w
 
     @property
     def train_index(self) -> np.ndarray:

@@ -14,8 +14,6 @@ import json
 import math
 import os
 import re
-import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -399,14 +397,13 @@ def load_hf_dir(d: Path, compute_dtype: str = "float32") -> tuple[ModelConfig, d
 
 
 def save_hf_dir(params: dict, cfg: ModelConfig, out: Path, tokenizer=None) -> Path:
-    """Write an HF GPT-2 directory atomically (temp dir, then rename); a μP model is written
-    with its multipliers folded into the weights (`fold_mup`)."""
+    """Write an HF GPT-2 directory, replacing only an earlier export (`model.export`); a μP
+    model is written with its multipliers folded into the weights (`fold_mup`)."""
     from safetensors.numpy import save_file
 
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    from cgpt.model.export import write_export
+
+    def write(tmp: Path) -> None:
         eot = tokenizer.token_to_id("<|endoftext|>") if tokenizer is not None else None
         (tmp / "config.json").write_text(json.dumps(config_to_hf(cfg, eot), indent=2))
         sd = state_dict_from_params(params, cfg)
@@ -414,17 +411,8 @@ def save_hf_dir(params: dict, cfg: ModelConfig, out: Path, tokenizer=None) -> Pa
                   metadata={"format": "pt"})
         if tokenizer is not None:
             tokenizer.save(str(tmp / TOKENIZER_FILE))
-        if out.exists():
-            old = out.with_name(out.name + ".old")
-            os.replace(out, old)
-            os.replace(tmp, out)
-            shutil.rmtree(old)
-        else:
-            os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out
+
+    return write_export(out, write)
 
 
 def resolve_hub_id(repo_id: str) -> Path:
