@@ -37,6 +37,8 @@ from scipy.stats import t as student_t
 
 from .checks import check_count, check_level
 
+MIN_T = 3.0   # a window's curvature must stand this many standard errors above 0 (or widen)
+
 
 class Allocation:
     """N_opt(C) = kN·C^a and D_opt(C) = kD·C^b, shared by the approach-1 and approach-2 fits
@@ -131,11 +133,16 @@ def fit_isoflop(data: pd.DataFrame, *, N: str = "N", D: str = "D", C: str = "C",
             raise ValueError(f"column {name!r} must be finite and > 0; drop unfinished runs "
                              "first (analysis.finished)")
         df[col] = v
-    fits = [_budget_minimum(key, g, window, keep_edges)
-            for key, g in df.groupby("budget", sort=False)]
+    groups = [(key, g.sort_values("N")[["N", "D", "loss"]].to_numpy().T, float(g["C"].median()))
+              for key, g in df.groupby("budget", sort=False)]
+    fits = [_budget_minimum(*group, window, keep_edges) for group in groups]
     # Run-to-run noise, relative to the loss, pooled over every window with spare sizes.
-    dof = sum(f.pop("dof") for f in fits)
-    s2 = sum(f.pop("rss") for f in fits) / dof if dof > 0 else 0.0
+    dof = sum(f["dof"] for f in fits)
+    s2 = sum(f["rss"] for f in fits) / dof if dof > 0 else 0.0
+    if s2 > 0 and window is not None:     # widen the windows whose curvature the noise hides
+        fits = [_budget_minimum(*group, window, keep_edges, s2) for group in groups]
+    for f in fits:
+        del f["rss"], f["dof"]
     parabolas = {f["budget"]: f.pop("parabola") for f in fits}
     for f in fits:
         f["log_n_sd"] = float(np.sqrt(f.pop("var1") * s2)) if dof > 0 else np.nan
@@ -159,12 +166,15 @@ def fit_isoflop(data: pd.DataFrame, *, N: str = "N", D: str = "D", C: str = "C",
                       window=window)
 
 
-def _budget_minimum(key, g: pd.DataFrame, window: int | None, keep_edges: bool) -> dict:
-    """One budget's minimum from the parabola through its window (see the module docstring)."""
-    g = g.sort_values("N")
-    u, y = np.log(g["N"].to_numpy()), g["loss"].to_numpy()
+def _budget_minimum(key, runs: np.ndarray, C: float, window: int | None, keep_edges: bool,
+                    s2: float = 0.0) -> dict:
+    """One budget's minimum from the parabola through its window (see the module docstring).
+    With the pooled relative noise s2, a window whose curvature is under MIN_T standard errors
+    grows by a size on each side until it is not (or holds every size). runs: rows N, D,
+    loss of the budget's runs, sorted by N."""
+    u, log_d, y = np.log(runs[0]), np.log(runs[1]), runs[2]
     n, i = len(u), int(np.argmin(y))
-    row = dict(budget=key, C=float(g["C"].median()), N_opt=np.nan, D_opt=np.nan,
+    row = dict(budget=key, C=C, N_opt=np.nan, D_opt=np.nan,
                loss_opt=np.nan, in_range=False, n_runs=n, n_window=0, N_lo=np.nan,
                N_hi=np.nan, var1=np.nan, used=False, why="", parabola=(np.nan,) * 3,
                rss=0.0, dof=0)
@@ -172,9 +182,16 @@ def _budget_minimum(key, g: pd.DataFrame, window: int | None, keep_edges: bool) 
         row["why"] = f"{np.unique(u).size} distinct model sizes; a parabola needs at least 3"
         return row
     lo, hi = (0, n) if window is None else _window(i, n, window)
-    uu, yy = u[lo:hi], y[lo:hi]
-    X = np.vander(uu, 3)
-    (c2, c1, c0), *_ = np.linalg.lstsq(X, yy, rcond=None)
+    while True:
+        uu, yy = u[lo:hi], y[lo:hi]
+        X = np.vander(uu, 3)
+        (c2, c1, c0), *_ = np.linalg.lstsq(X, yy, rcond=None)
+        scale = float(np.mean(yy))
+        cov1 = np.linalg.inv(X.T @ X) * scale ** 2               # per unit relative variance
+        curved = s2 == 0 or c2 > MIN_T * np.sqrt(s2 * cov1[0, 0])
+        if curved or (lo == 0 and hi == n):
+            break
+        lo, hi = max(lo - 1, 0), min(hi + 1, n)
     row.update(n_window=hi - lo, N_lo=float(np.exp(uu[0])), N_hi=float(np.exp(uu[-1])),
                parabola=(c2, c1, c0))
     if c2 <= 0:
@@ -182,13 +199,11 @@ def _budget_minimum(key, g: pd.DataFrame, window: int | None, keep_edges: bool) 
                       "sizes on both sides of the optimum")
         return row
     v = -c1 / (2 * c2)
-    if window is not None:   # the best run's neighbours bracket a unimodal minimum
+    if window is not None and curved:   # the best run's neighbours bracket a unimodal minimum
         v = float(np.clip(v, u[max(i - 1, 0)], u[min(i + 1, n - 1)]))
     bracketed = 0 < i < n - 1 and u[0] <= v <= u[-1]
-    d1, d0 = np.polyfit(uu, np.log(g["D"].to_numpy()[lo:hi]), 1)
-    scale = float(np.mean(yy))
+    d1, d0 = np.polyfit(uu, log_d[lo:hi], 1)
     grad = np.array([c1 / (2 * c2 ** 2), -1 / (2 * c2), 0.0])   # d vertex / d (c2, c1, c0)
-    cov1 = np.linalg.pinv(X.T @ X) * scale ** 2                  # per unit relative variance
     row.update(N_opt=float(np.exp(v)), D_opt=float(np.exp(d0 + d1 * v)),
                loss_opt=float(c0 + c1 * v + c2 * v * v), in_range=bool(bracketed),
                var1=float(grad @ cov1 @ grad), used=bracketed or keep_edges,

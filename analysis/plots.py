@@ -85,24 +85,32 @@ def plot_loss_vs_compute(x, y, fit: PowerLawFit | None = None, *, overlays=(CERE
 
 
 def plot_isoflop(iso: IsoFlopFit, *, path=None, title: str | None = None) -> Figure:
-    """Left: loss vs N per budget with the fitted parabolas and minima.
-    Right: N_opt and D_opt against C with the fitted power laws."""
+    """Left: loss vs N per budget with each fitted parabola (over the sizes it was fitted to)
+    and its minimum. Right: N_opt and D_opt against C with the fitted power laws; minima left
+    out of the fit are hollow."""
     fig, (ax, ax2) = _figure(2)
+    m = iso.minima.set_index("budget")
     for i, (key, g) in enumerate(iso.data.groupby("budget", sort=False)):
-        c2, c1, c0 = iso.parabolas[key]
-        u = np.linspace(np.log(g["N"].min()) - 0.3, np.log(g["N"].max()) + 0.3, 100)
         ax.scatter(g["N"], g["loss"], s=14, color=f"C{i % 10}")
-        ax.plot(np.exp(u), c2 * u ** 2 + c1 * u + c0, color=f"C{i % 10}",
-                label=f"C={g['C'].median():.2g}")
-    m = iso.minima
-    ax.scatter(m["N_opt"], m["loss_opt"], marker="*", s=80, color="k", zorder=3, label="minima")
+        row = m.loc[key]
+        if np.isfinite(row["N_opt"]):
+            c2, c1, c0 = iso.parabolas[key]
+            u = np.linspace(np.log(row["N_lo"]) - 0.15, np.log(row["N_hi"]) + 0.15, 100)
+            ax.plot(np.exp(u), c2 * u ** 2 + c1 * u + c0, color=f"C{i % 10}",
+                    label=f"C={g['C'].median():.2g}" + ("" if row["used"] else " (left out)"))
+    used, out = iso.minima[iso.minima["used"]], iso.minima[~iso.minima["used"]]
+    ax.scatter(used["N_opt"], used["loss_opt"], marker="*", s=80, color="k", zorder=3,
+               label="minima")
+    ax.scatter(out["N_opt"], out["loss_opt"], marker="*", s=80, facecolor="none",
+               edgecolor="k", zorder=3, label="left out")
     ax.set(xscale="log", xlabel="parameters N", ylabel="loss", title=title or "isoFLOP profiles")
     ax.legend(fontsize=7)
-    cc = _grid(m["C"], 0.5, 2.0)
-    ax2.scatter(m["C"], m["N_opt"], color="C0")
-    ax2.plot(cc, iso.n_opt(cc), color="C0", label=f"N_opt ~ C^{iso.a:.3f}")
-    ax2.scatter(m["C"], m["D_opt"], color="C1")
-    ax2.plot(cc, iso.d_opt(cc), color="C1", label=f"D_opt ~ C^{iso.b:.3f}")
+    cc = _grid(used["C"], 0.5, 2.0)
+    for col, fn, exp, color in (("N_opt", iso.n_opt, iso.a, "C0"),
+                                ("D_opt", iso.d_opt, iso.b, "C1")):
+        ax2.scatter(used["C"], used[col], color=color)
+        ax2.scatter(out["C"], out[col], facecolor="none", edgecolor=color)
+        ax2.plot(cc, fn(cc), color=color, label=f"{col} ~ C^{exp:.3f}")
     ax2.set(xscale="log", yscale="log", xlabel="compute C (FLOPs)", ylabel="N_opt, D_opt")
     ax2.legend(fontsize=8)
     return _save(fig, path)
