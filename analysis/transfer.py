@@ -20,6 +20,7 @@ spread Cerebras-GPT reports). A minimum on the edge of the grid has no interval 
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,6 +73,31 @@ def _vertex(coef: np.ndarray, xlo: float, xhi: float) -> float:
     return xlo if np.polyval(coef, xlo) <= np.polyval(coef, xhi) else xhi
 
 
+def _finite_losses(who: str, lr, loss) -> np.ndarray:
+    """Which points a curve keeps: an LR must be finite and > 0 and a loss > 0 (else an error
+    naming the rows); a non-finite loss (a diverged run) is left out with a warning naming
+    them, since the interval then rests on fewer points."""
+    labels = np.asarray(loss.index) if isinstance(loss, pd.Series) else np.arange(len(loss))
+    lr_a, loss_a = np.asarray(lr, float), np.asarray(loss, float)
+    if lr_a.shape != loss_a.shape or lr_a.ndim != 1:
+        raise ValueError(f"lr and loss must be 1-d and of one length, got {lr_a.shape} and "
+                         f"{loss_a.shape}")
+    bad = ~(np.isfinite(lr_a) & (lr_a > 0))  # a typo, not a diverged run: never dropped
+    if bad.any():
+        raise ValueError(f"{who}: lr must be finite and > 0, got {lr_a[bad].tolist()} at "
+                         f"row(s) {labels[bad].tolist()}")
+    bad = np.isfinite(loss_a) & (loss_a <= 0)
+    if bad.any():
+        raise ValueError(f"{who}: loss must be > 0 (a cross-entropy), got "
+                         f"{loss_a[bad].tolist()} at row(s) {labels[bad].tolist()}")
+    keep = np.isfinite(loss_a)
+    if not keep.all():
+        warnings.warn(f"{who}: left out {int((~keep).sum())} point(s) whose loss is not finite "
+                      f"(diverged?): row(s) {labels[~keep].tolist()} at lr "
+                      f"{lr_a[~keep].tolist()}", stacklevel=3)
+    return keep
+
+
 def lr_optimum(lr, loss, window: int = 2, rel_noise: float = SEED_REL_STD,
                n_boot: int = 2000, seed: int = 0) -> LrOptimum:
     """The loss-optimal LR of one curve with a 95% parametric-bootstrap interval."""
@@ -79,14 +105,8 @@ def lr_optimum(lr, loss, window: int = 2, rel_noise: float = SEED_REL_STD,
         raise ValueError(f"window={window!r}: the LRs on each side of the best one that the "
                          "parabola is fit through, a whole number >= 1 (default 2)")
     n_boot = check_count(n_boot, "n_boot", minimum=1)
-    lr, loss = np.asarray(lr, float), np.asarray(loss, float)
-    if lr.shape != loss.shape or lr.ndim != 1:
-        raise ValueError(f"lr and loss must be 1-d and of one length, got {lr.shape} and "
-                         f"{loss.shape}")
-    if not np.all(np.isfinite(lr) & (lr > 0)):  # a typo, not a diverged run: never dropped
-        raise ValueError(f"lr must be finite and > 0, got {lr[~(np.isfinite(lr) & (lr > 0))]}")
-    keep = np.isfinite(loss)  # a diverged run (NaN/inf loss) is left out of the parabola
-    lr, loss = lr[keep], loss[keep]
+    keep = _finite_losses("lr_optimum", lr, loss)
+    lr, loss = np.asarray(lr, float)[keep], np.asarray(loss, float)[keep]
     if len(np.unique(lr)) < 3:
         raise ValueError(f"lr_optimum needs finite losses at >= 3 distinct LRs, got "
                          f"{len(np.unique(lr))} distinct of {len(lr)}")
@@ -140,8 +160,10 @@ def seed_optimum(lr, loss, seed, window: int = 2, level: float = 0.95) -> LrOpti
                          "parabola is fit through, a whole number >= 1 (default 2)")
     if not 0 < level < 1:
         raise ValueError(f"level={level!r}: the interval's coverage, between 0 and 1 (e.g. 0.95)")
+    keep = _finite_losses("seed_optimum", lr, loss)
     lr, loss, seed = np.asarray(lr, float), np.asarray(loss, float), np.asarray(seed)
-    keep = np.isfinite(loss) & (lr > 0)
+    if seed.shape != lr.shape:
+        raise ValueError(f"seed must be one per point, got {seed.shape} for {lr.shape}")
     lr, loss, seed = lr[keep], loss[keep], seed[keep]
     seeds = np.unique(seed)
     if len(seeds) < 2:

@@ -133,7 +133,8 @@ def test_a_run_is_found_beside_its_results_csv_then_where_recorded(tmp_path):
         (d / "metrics.jsonl").write_text("")
     row = {c: np.nan for c in COLUMNS}
     row.update(run_id="r0", model="m", seed=0, status="done", error="", mup=False,
-               run_dir=str(elsewhere))
+               n_params=1e6, n_params_nonembed=1e6, tokens=2e7, flops=1.2e14, flops_6nd=1.2e14,
+               val_loss=3.0, run_dir=str(elsewhere))
     pd.DataFrame([row], columns=list(COLUMNS)).to_csv(sweep / "results.csv", index=False)
     df = load_results(sweep)
     (r,) = df.itertuples()
