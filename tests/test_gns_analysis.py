@@ -65,6 +65,7 @@ def test_table_and_trend_recover_the_power_law(tmp_path):
     t = gns.noise_table(tmp_path)
     assert list(t["late_loss"]) == list(losses)
     assert np.allclose(t["b_crit_tokens"], t["b_crit"] * SEQ)
+    assert list(t["D"]) == [2e5 * 2 ** i for i in range(4)]             # tokens trained
     assert np.allclose(t["b_crit"], b_crit, rtol=0.25)
     fit = gns.fit_critical_batch(t, "loss", n_boot=50)
     assert fit.params["b"] == pytest.approx(5.0, abs=1.0)
