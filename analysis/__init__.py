@@ -1,12 +1,13 @@
-"""Scaling-law analysis for cgpt sweeps. Pure numpy/scipy/pandas/matplotlib: never imports jax
-or cgpt, so it runs anywhere a results.csv can be read.
+"""Scaling-law analysis for cgpt sweeps. numpy/scipy/pandas/matplotlib, and of cgpt only the
+JAX-free contract of its directories (`cgpt.rundir`: the file names and their readers), so it
+runs anywhere a sweep directory can be read, without JAX.
 
 Conventions (see analysis.results and docs/analysis.md): parameters are total (embeddings
 included) and compute is counted FLOPs (attention included) unless params="nonembed" or
 flops="6nd" is passed.
 
 The names below load on first use (PEP 562), so `import analysis.schema` (the results.csv
-columns, which `cgpt sweep` writes with) costs nothing and pulls neither pandas nor scipy.
+columns, which `cgpt sweep` writes with) pulls neither pandas nor scipy.
 """
 from __future__ import annotations
 

@@ -33,9 +33,11 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from cgpt import rundir
+
 from .checks import check_count, check_level
 from .gns import read_noise
-from .results import finished, load_results, n_params
+from .results import finished, load_results, locate_run, n_params
 
 WITHIN = 2.0  # "the noise scale predicts B_crit": B_crit / B_simple within [1/2, 2]
 
@@ -93,11 +95,8 @@ def crossings(sweep_dir: str | Path, targets, *, width: float = 0.1,
                          "results.csv (it records each run's peak LR)")
     rows = []
     for r, n in zip(df.itertuples(), n_params(df, params)):
-        run_dir = Path(r.run_dir)
-        if not run_dir.is_dir():                    # the sweep directory moved: run_id inside it
-            run_dir = src.parent / r.run_id
-        log = read_noise(run_dir)
-        summary = pd.read_json(run_dir / "summary.json", typ="series")
+        d = locate_run(df, r, rundir.METRICS_FILE, "the training curve is read from it")
+        log, summary = read_noise(d), rundir.read_summary(d)
         smooth = smooth_loss(log["step"], log["loss"], width)
         batch = int(summary["batch_size"])
         for t in targets:

@@ -27,9 +27,11 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from cgpt import rundir
+
 from .checks import check_level
 from .fit import PowerLawFit, fit_power_law
-from .results import compute, finished, load_results, n_params
+from .results import compute, finished, load_results, locate_run, n_params
 
 STEP_KEYS = ("gns_g2", "gns_trace")  # the estimates of one logged step
 
@@ -37,10 +39,10 @@ STEP_KEYS = ("gns_g2", "gns_trace")  # the estimates of one logged step
 def read_noise(run_dir: str | Path) -> pd.DataFrame:
     """The logged steps of one run that carry the noise scale's estimates: step, tokens,
     loss, gns_g2, gns_trace and (where defined) gns_b_simple, the smoothed B_simple."""
-    log = Path(run_dir) / "metrics.jsonl"
+    log = Path(run_dir) / rundir.METRICS_FILE
     if not log.is_file():
-        raise FileNotFoundError(f"{log}: no metrics.jsonl, so no noise scale for this run")
-    m = pd.read_json(log, lines=True)
+        raise FileNotFoundError(f"{log}: no {rundir.METRICS_FILE}, so no noise scale for this run")
+    m = pd.DataFrame(rundir.read_metrics(log))
     if not set(STEP_KEYS) <= set(m.columns):
         raise ValueError(f"{log}: no gradient noise scale was logged (no {STEP_KEYS[0]!r}); "
                          "train the run with train.gns=true")
@@ -72,18 +74,16 @@ def noise_table(sweep_dir: str | Path, *, late: float = 0.5, flops: str = "count
     src = Path(df.attrs.get("source", sweep_dir))
     rows = []
     for r, n, c in zip(df.itertuples(), n_params(df, params), compute(df, flops)):
-        run_dir = Path(r.run_dir)
-        if not run_dir.is_dir():                    # the sweep directory moved: run_id inside it
-            run_dir = src.parent / r.run_id
-        noise = read_noise(run_dir)
-        summary = pd.read_json(run_dir / "summary.json", typ="series")
+        d = locate_run(df, r, rundir.METRICS_FILE, "so no noise scale for this run")
+        noise, summary = read_noise(d), rundir.read_summary(d)
+        b_simple = summary.get("gns_b_simple")  # null: not finite at the end
         tail = noise[noise["step"] >= (1 - late) * noise["step"].max()]
         b_crit = critical_batch(noise, late)
         rows.append({"run_id": r.run_id, "model": r.model, "N": n, "C": c,
                      "D": float(r.tokens), "val_loss": r.val_loss,
                      "late_loss": float(tail["loss"].mean()),
-                     "b_simple": float(summary.get("gns_b_simple", np.nan)), "b_crit": b_crit,
-                     "seq_len": int(summary["seq_len"]),
+                     "b_simple": np.nan if b_simple is None else float(b_simple),
+                     "b_crit": b_crit, "seq_len": int(summary["seq_len"]),
                      "b_crit_tokens": b_crit * int(summary["seq_len"]),
                      "batch_size": int(summary["batch_size"])})
     if not rows:
