@@ -1,0 +1,68 @@
+"""Issue 42, class 4: what a killed process leaves is cleaned by the next launch, and the
+messages around a crash are one line naming the file, variable or job."""
+from __future__ import annotations
+
+import numpy as np
+
+from cgpt.config.model import get_config
+
+
+def test_a_resume_prunes_to_keep_checkpoints(tmp_path):
+    """A kill between a save's commit and Orbax's pruning left keep + 1 checkpoints for good:
+    the resume keeps the newest `keep` up to the one it restored."""
+    from cgpt.model.gpt import init_params
+    from cgpt.train import checkpoint
+
+    cfg = get_config("tiny-17k")
+    ck = checkpoint.Checkpointer(tmp_path, keep=4)  # as if the pruning after 4 never ran
+    for step in (1, 2, 3, 4):
+        ck.save(step, init_params(cfg, step), {"count": np.int32(step)})
+    ck.close()
+    ck = checkpoint.Checkpointer(tmp_path, keep=3)
+    try:
+        step, _, opt = ck.restore_latest(init_params(cfg, 0), {"count": np.zeros((), np.int32)})
+        assert step == 4 and int(opt["count"]) == 4
+        assert ck.steps() == [2, 3, 4]
+    finally:
+        ck.close()
+    assert sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir()) == [2, 3, 4]
+
+
+def test_results_csv_cells_that_a_spreadsheet_would_run_are_quoted_and_read_back(tmp_path):
+    """A model or error beginning with `=` became a formula (`=HYPERLINK(...)`) in a
+    spreadsheet: such cells get a leading single quote (OWASP), which load_results strips."""
+    import csv
+
+    import analysis
+    from cgpt import sweep as sw
+    from tests.sweep_helpers import make_spec
+
+    s = sw.load_sweep(make_spec(tmp_path, "s", {"model": ["tiny-17k"], "seed": [0, 1, 2, 3, 4]}))
+    values = ['=HYPERLINK("http://evil","x")', "+1+2", "-2+3", "@SUM(A1)", "'quoted"]
+    failures = {r.run_id: v for r, v in zip(s.runs, values)}
+    out = tmp_path / "out"
+    out.mkdir()
+    sw.write_results(s.runs, out, failures)
+    with open(out / "results.csv", newline="") as f:
+        raw = {r["run_id"]: r["error"] for r in csv.DictReader(f)}
+    assert all(raw[k] == "'" + v for k, v in failures.items()), raw
+    df = analysis.load_results(out)
+    assert dict(zip(df["run_id"], df["error"])) == failures
+
+
+def test_a_spec_name_never_leads_out_of_the_sweeps_folder(tmp_path, monkeypatch, capsys):
+    """`name: ../../../x` with no --out resolved runs/sweeps/../../../x, outside the folder."""
+    import yaml
+
+    from cgpt.cli import main as cli_main
+    from tests.sweep_helpers import make_spec
+
+    monkeypatch.chdir(tmp_path)
+    for name in ("../../../x", "a/b", ".."):
+        p = make_spec(tmp_path, "s", {"model": ["tiny-17k"]})
+        spec = yaml.safe_load(p.read_text())
+        p.write_text(yaml.safe_dump({**spec, "name": name}))
+        assert cli_main(["sweep", str(p)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"name {name!r}" in err[0], err
+    assert not (tmp_path / "runs").exists() and not (tmp_path.parent / "x").exists()
