@@ -66,3 +66,77 @@ def test_a_spec_name_never_leads_out_of_the_sweeps_folder(tmp_path, monkeypatch,
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and f"name {name!r}" in err[0], err
     assert not (tmp_path / "runs").exists() and not (tmp_path.parent / "x").exists()
+
+
+def test_a_refused_pickle_is_one_line_naming_the_file(tmp_path):
+    """A malicious pytorch_model.bin ran no code, but the refusal was 8 lines repeating
+    torch's advice to retry with weights_only=False."""
+    import json
+    import os
+
+    import pytest
+    import torch
+
+    import cgpt
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, (f"touch {tmp_path / 'pwned'}",))
+
+    d = tmp_path / "hf"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({
+        "model_type": "gpt2", "n_layer": 1, "n_embd": 16, "n_head": 2, "n_positions": 16,
+        "vocab_size": 64, "activation_function": "gelu", "layer_norm_epsilon": 1e-5}))
+    torch.save({"transformer.wte.weight": Evil()}, d / "pytorch_model.bin")
+    with pytest.raises(cgpt.LoadError) as e:
+        cgpt.load(d)
+    msg = str(e.value)
+    assert "\n" not in msg and str(d / "pytorch_model.bin") in msg and "system" in msg, msg
+    assert "weights_only=False" not in msg and not (tmp_path / "pwned").exists()
+
+
+def test_an_edited_config_yaml_is_named(tmp_path):
+    """config.yaml's n_layer edited 2 -> 3 after training was reported as 'none of the
+    checkpoints could be restored', without naming config.yaml."""
+    import pytest
+    import yaml
+
+    import cgpt
+    from cgpt import rundir
+    from cgpt.model.gpt import init_params
+    from cgpt.train import checkpoint
+
+    cfg = get_config("tiny-17k")
+    (tmp_path / rundir.CONFIG_FILE).write_text(yaml.safe_dump({"model": cfg.to_dict()}))
+    ck = checkpoint.Checkpointer(tmp_path, keep=3)
+    ck.save(1, init_params(cfg, 1), {"count": np.zeros((), np.int32)})
+    ck.close()
+    assert cgpt.load(tmp_path).config.n_layer == cfg.n_layer
+    edited = {"model": {**cfg.to_dict(), "n_layer": cfg.n_layer + 1}}
+    (tmp_path / rundir.CONFIG_FILE).write_text(yaml.safe_dump(edited))
+    with pytest.raises(cgpt.LoadError) as e:
+        cgpt.load(tmp_path)
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith(str(tmp_path / rundir.CONFIG_FILE)), msg
+    assert f"[{cfg.n_layer + 1}," in msg and f"[{cfg.n_layer}," in msg, msg
+
+
+def test_an_unwritable_wandb_dir_is_one_line_naming_it(tmp_path, monkeypatch):
+    """With WANDB_DIR unwritable, W&B silently wrote to the system temp folder instead."""
+    import pytest
+
+    from cgpt.errors import TrainError
+    from cgpt.train import wandb_log
+
+    blocked = tmp_path / "file"
+    blocked.write_text("a file where the folder should be")
+    for bad in (blocked, blocked / "sub"):
+        monkeypatch.setenv("WANDB_DIR", str(bad))
+        with pytest.raises(TrainError) as e:
+            wandb_log.require("proj")
+        assert "\n" not in str(e.value) and f"WANDB_DIR={bad}" in str(e.value)
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "new"))  # made, as W&B would
+    pytest.importorskip("wandb")
+    assert wandb_log.require("proj") is not None and (tmp_path / "new").is_dir()
+    assert list((tmp_path / "new").iterdir()) == []
