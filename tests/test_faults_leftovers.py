@@ -140,3 +140,28 @@ def test_an_unwritable_wandb_dir_is_one_line_naming_it(tmp_path, monkeypatch):
     pytest.importorskip("wandb")
     assert wandb_log.require("proj") is not None and (tmp_path / "new").is_dir()
     assert list((tmp_path / "new").iterdir()) == []
+
+
+def test_a_job_that_never_joins_ends_with_one_line_naming_it(tmp_path):
+    """SLURM variables of a job step copied into a shell without SLURM waited ~100 s, then
+    ended in a C++ abort naming neither the job nor the processes that never came. Here the
+    join is made to hang (JAX's initialize replaced) and the wait shortened to 2 s."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import time, jax\n"
+            "from cgpt.sharding import distributed as d\n"
+            "jax.distributed.initialize = lambda **kw: time.sleep(600)\n"
+            "d.INIT_MIN_S = 2\n"
+            "d.initialize(1)\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "JAX_"))}
+    env.update(JAX_PLATFORMS="cpu", SLURM_JOB_ID="4242", SLURM_NTASKS="3", SLURM_PROCID="1",
+               SLURM_LOCALID="1", SLURM_JOB_NUM_NODES="1", SLURM_TASKS_PER_NODE="3",
+               SLURM_STEP_NODELIST="node01", SLURM_NODELIST="node01")
+    r = subprocess.run([sys.executable, "-c", code, "train"], env=env, capture_output=True,
+                       text=True, timeout=120)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1, r.stderr[-2000:]
+    assert lines[0].startswith("cgpt train: error: SLURM job 4242: process 1 waited 2 s"), lines
+    assert "0, 2" in lines[0] and "srun" in lines[0], lines
