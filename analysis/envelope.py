@@ -22,7 +22,9 @@ from scipy.stats import linregress
 from .checks import check_count, check_level
 from .fit import percentile_ci
 from .isoflop import Allocation
-from .results import FLOPS, PARAMS, finished, load_results
+from cgpt import rundir
+
+from .results import FLOPS, PARAMS, finished, load_results, locate_run
 
 
 @dataclass
@@ -64,14 +66,9 @@ def read_curves(sweep_dir: str | Path, *, metric: str = "loss", flops: str = "co
     src = Path(df.attrs.get("source", sweep_dir))
     out = []
     for r in df.itertuples():
-        run_dir = Path(r.run_dir)
-        if not run_dir.is_dir():                    # the sweep directory moved: run_id inside it
-            run_dir = src.parent / r.run_id
-        log = run_dir / "metrics.jsonl"
-        if not log.is_file():
-            raise FileNotFoundError(f"{log}: no training curve for run {r.run_id!r} (results.csv "
-                                    f"row {r.Index}); approach 1 needs each run's metrics.jsonl")
-        m = pd.read_json(log, lines=True)
+        why = f"approach 1 needs each run's training curve (results.csv row {r.Index})"
+        log = locate_run(df, r, rundir.METRICS_FILE, why) / rundir.METRICS_FILE
+        m = pd.DataFrame(rundir.read_metrics(log))
         if metric not in m or "tokens" not in m:
             raise ValueError(f"{log}: needs columns 'tokens' and {metric!r}")
         m = m[["tokens", metric]].dropna().sort_values("tokens")

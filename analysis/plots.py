@@ -219,3 +219,43 @@ def plot_critical_batch(table, fit_loss: PowerLawFit | None = None,
     for a in (ax, ax2):
         a.legend(fontsize=7)
     return _save(fig, path)
+
+
+def plot_batch_tradeoff(measured, fits: dict, *, path=None, title: str | None = None) -> Figure:
+    """The critical batch measured from a batch-size sweep (`analysis.batch_tradeoff.
+    measure_critical_batch`'s table and fits). Left: steps against examples (sequences) to
+    reach each target loss, one point per batch size (its best LR), the fitted trade-off
+    (S/S_min - 1)(E/E_min - 1) = 1 as a line and B = B_crit as a cross. Right: the measured
+    B_crit (with its interval) and the noise scale B_simple of the same runs against the target
+    loss, the band where B_simple is within 2x of B_crit shaded."""
+    fig, (ax, ax2) = _figure(2)
+    for i, ((n, target), fit) in enumerate(fits.items()):
+        color = f"C{i % 10}"
+        ax.scatter(fit.steps * fit.batch, fit.steps, color=color, zorder=3,
+                   label=f"loss {target:g}: B_crit {fit.b_crit:.3g}")
+        bb = np.geomspace(fit.batch.min() / 2, fit.batch.max() * 2, 100)
+        s = fit.predict(bb)
+        ax.plot(s * bb, s, color=color, lw=1)
+        ax.plot(2 * fit.e_min, 2 * fit.s_min, "x", color=color, ms=8)
+        for b, si in zip(fit.batch, fit.steps):
+            ax.annotate(f"{b:g}", (si * b, si), fontsize=6, xytext=(3, 3),
+                        textcoords="offset points")
+    ax.set(xscale="log", yscale="log", xlabel="examples E (sequences) to the target",
+           ylabel="steps S to the target",
+           title=title or "steps vs examples per batch size (x: B = B_crit)")
+    t = measured.sort_values("target")
+    x = t["target"].to_numpy(float)
+    ax2.errorbar(x, t["b_crit"], yerr=[t["b_crit"] - t["b_crit_lo"], t["b_crit_hi"] - t["b_crit"]],
+                 fmt="o", color="k", capsize=3, label="B_crit measured (E_min / S_min)")
+    ax2.errorbar(x * 1.002, t["b_simple"],
+                 yerr=[t["b_simple"] - t["b_simple_lo"], t["b_simple_hi"] - t["b_simple"]],
+                 fmt="s", color="C3", capsize=3, label="B_simple (noise scale, same runs)")
+    ax2.fill_between(x, t["b_crit"] / 2, t["b_crit"] * 2, color="0.85",
+                     label="within 2x of B_crit")
+    ax2.set(yscale="log", xlabel="target training loss (nats/token)",
+            ylabel="batch (sequences)", title="measured vs predicted critical batch")
+    _plain_y(ax2)
+    ax2.invert_xaxis()
+    for a in (ax, ax2):
+        a.legend(fontsize=7)
+    return _save(fig, path)

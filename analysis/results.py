@@ -16,6 +16,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from cgpt import rundir  # the run and sweep directories' contract (JAX-free)
+
 from .schema import (COLUMNS, NUMERIC, REQUIRED, STATUSES, TEXT,  # noqa: F401  (COLUMNS re-exported)
                      restore)
 
@@ -30,7 +32,7 @@ def load_results(path: str | Path, finished_only: bool = False) -> pd.DataFrame:
     finished_only=True keeps runs with status "done" and a finite val_loss (see `finished`).
     """
     path = Path(path)
-    csv = path / "results.csv" if path.is_dir() else path
+    csv = path / rundir.RESULTS_FILE if path.is_dir() else path
     if not csv.is_file():
         raise FileNotFoundError(f"no results file at {csv}: pass a sweep directory containing "
                                 "results.csv, or the path of the CSV itself")
@@ -120,6 +122,22 @@ def _check_rows(df: pd.DataFrame, csv: Path) -> None:
                 f"{_runs(df, bad)}, {med:.3g} x for the median run (a GPT's FLOPs are a few x "
                 "at most): mixed units (PFLOPs, GFLOPs?) or another column; write every row "
                 "in FLOPs")
+
+
+def locate_run(df: pd.DataFrame, row, need: str, why: str) -> Path:
+    """The directory of `row` (a row of `df`, as `load_results` read it) that holds the file
+    `need` (a `cgpt.rundir` name): first DIR/<run_id> beside the results.csv read, where the
+    sweep keeps each run (so a sweep directory moved or copied elsewhere still finds its runs),
+    then the run_dir the sweep recorded. Neither: FileNotFoundError naming both and `why` (what
+    the caller reads from the file)."""
+    source = df.attrs.get("source")
+    tried = ([Path(source).parent / str(row.run_id)] if source else []) + [Path(str(row.run_dir))]
+    for d in tried:
+        if (d / need).is_file():
+            return d
+    raise FileNotFoundError(f"no {need} for run {row.run_id!r} (looked in "
+                            f"{' and '.join(map(str, dict.fromkeys(tried)))}); {why}")
+
 
 def finished(df: pd.DataFrame) -> pd.DataFrame:
     """Runs that completed and have a validation loss: the only rows a fit should see. A done

@@ -26,12 +26,13 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import yaml
 from matplotlib.ticker import NullFormatter
+
+from cgpt import rundir
 
 from .plots import _figure, _plain_y, _save
 from .checks import check_count
-from .results import finished, load_results
+from .results import finished, load_results, locate_run
 
 SEED_REL_STD = 0.0035  # Cerebras-GPT §3.3: run-to-run std of the loss is ~0.35%
 
@@ -200,31 +201,20 @@ def seed_optimum(lr, loss, seed, window: int = 2, level: float = 0.95) -> LrOpti
                      tuple(float(math.exp(v)) for v in verts), seed_edges)
 
 
-def _run_config(sweep_dir: Path, row) -> dict:
-    """A run's config.yaml: DIR/<run_id>/ first (the sweep may have moved), else run_dir."""
-    for d in (sweep_dir / str(row.run_id), Path(str(row.run_dir))):
-        f = d / "config.yaml"
-        if f.is_file():
-            return yaml.safe_load(f.read_text())
-    raise FileNotFoundError(f"{sweep_dir}: no config.yaml for run {row.run_id!r} (looked in "
-                            f"{sweep_dir / str(row.run_id)} and {row.run_dir}); the peak LR "
-                            "and width of each run are read from it")
-
-
 def lr_sweep(path: str | Path, loss: str = "val_loss") -> pd.DataFrame:
     """One row per finished run of an LR x width sweep: parametrization ("μP"/"SP"), width
     (d_model), peak_lr, seed (train.seed) and the loss, from results.csv and each run's
     config.yaml."""
-    path = Path(path)
     df = finished(load_results(path))
-    sweep_dir = path if path.is_dir() else path.parent
     rows = []
     for r in df.itertuples():
-        cfg = _run_config(sweep_dir, r)
+        d = locate_run(df, r, rundir.CONFIG_FILE, "the peak LR and width of each run are "
+                       "read from it")
+        cfg = rundir.read_config(d)
         lr = cfg["train"].get("peak_lr")
         if lr is None:
-            raise ValueError(f"{sweep_dir / str(r.run_id)}/config.yaml: train.peak_lr is unset; "
-                             "an LR sweep must set it in every run")
+            raise ValueError(f"{d / rundir.CONFIG_FILE}: train.peak_lr is unset; an LR sweep "
+                             "must set it in every run")
         rows.append({"run_id": r.run_id, "param": "μP" if cfg["model"]["mup"] else "SP",
                      "width": int(cfg["model"]["d_model"]), "peak_lr": float(lr),
                      "seed": int(cfg["train"].get("seed", 0)), "loss": float(getattr(r, loss))})

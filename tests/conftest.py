@@ -130,6 +130,10 @@ SLOW = {
     "test_faults.py::test_run_directory_is_locked_while_training": "no twin",
     "test_faults.py::test_read_only_run_directory_mid_run": "no twin",
     "test_faults_names.py::test_a_full_cache_disk_is_blamed_on_the_cache": "no twin",
+    "test_record.py::test_a_device_metric_is_two_edits_end_to_end":
+        "a copy of the code with a metric added, through three sweeps' processes (417 s at "
+        "load 20); its in-process half runs by default: "
+        "test_a_declared_device_field_is_read_recorded_and_logged",
     "test_ahead.py::test_a_step_is_read_once_after_the_next_is_queued":
         "no twin (a late read's stop: test_a_nonfinite_step_read_late_stops_there_...)",
 }

@@ -154,7 +154,7 @@ def test_a_deleted_log_never_gives_a_wrong_train_loss(base, corpus, tmp_path):
         launch.resume_log(log, 97, 100)
     launch.resume_log(log, 90, 100)  # the window is still ahead: fine
     with pytest.raises(rundir.RunDirError, match=r"no logged loss for step\(s\) 96"):
-        rundir.train_loss(log, 100)
+        rundir.window_mean(log, 100, "loss", "train_loss")
 
 
 def test_a_garbage_summary_or_changes_file_is_named(base, corpus, tmp_path, capsys):

@@ -1,6 +1,7 @@
 """The import graph, read from the source with `ast` (function-level imports included): no
 cycles, stages import only the stages below them, modules stay readable, `analysis` stays free
-of JAX and cgpt, and `resolve` decides a run without importing JAX."""
+of JAX and imports of cgpt only the directories' contract, and `resolve` decides a run without
+importing JAX."""
 from __future__ import annotations
 
 import ast
@@ -13,9 +14,14 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 MAX_LINES = 450
 # stages of cgpt, lowest first: a module may import its own stage and the ones below
-LAYERS = [("cgpt.errors", "cgpt.fileio", "cgpt.paths", "cgpt.rundir"), ("cgpt.config",),
+LAYERS = [("cgpt.errors", "cgpt.fileio", "cgpt.paths", "cgpt.rundir", "cgpt.record"),
+          ("cgpt.config",),
           ("cgpt.data", "cgpt.model"), ("cgpt.sharding",), ("cgpt.train",),
           ("cgpt.plan", "cgpt.eval"), ("cgpt.sweep",), ("cgpt.cli", "cgpt.__main__", "cgpt")]
+# what `analysis` may import of cgpt: the JAX-free contract of the run and sweep directories
+# (which loads `cgpt.errors` and `cgpt.paths` with it) and of a logged step, never a module that
+# trains or starts JAX
+CONTRACT = ("cgpt.rundir", "cgpt.record")
 
 
 def _modules(package: str) -> dict[str, Path]:
@@ -113,10 +119,23 @@ def test_loading_a_run_never_reaches_into_train():
     assert sorted(m for m in seen if m.startswith("cgpt.train")) == []
 
 
-def test_analysis_imports_neither_jax_nor_cgpt():
+def test_analysis_imports_no_jax_and_of_cgpt_only_the_contract():
     bad = [f"{m}: {i}" for m, p in MODULES.items() if m.startswith("analysis")
-           for i in _imports(p) if i.split(".")[0] in ("jax", "jaxlib", "cgpt", "flax", "optax")]
+           for i in _imports(p) if i.split(".")[0] in ("jax", "jaxlib", "flax", "optax")
+           or i.split(".")[0] == "cgpt" and i not in CONTRACT]
     assert bad == []
+
+
+def test_analysis_loads_no_jax_and_no_more_of_cgpt_than_the_contract():
+    """Every analysis module imported: no JAX, and of cgpt only the contract and what it
+    imports itself (the package's `__init__` loads its presets and `cgpt.load` lazily)."""
+    mods = sorted(m for m in MODULES if m.startswith("analysis"))
+    code = (f"import sys, {', '.join(mods)}; print(' '.join(sorted(m for m in sys.modules "
+            "if m.split('.')[0] in ('cgpt', 'jax', 'jaxlib', 'flax', 'optax', 'orbax'))))")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       cwd=ROOT)
+    assert p.returncode == 0, p.stderr
+    assert set(p.stdout.split()) == {"cgpt", "cgpt.errors", "cgpt.paths", *CONTRACT}
 
 
 def test_modules_stay_readable():
@@ -124,9 +143,9 @@ def test_modules_stay_readable():
     assert long == {}
 
 
-@pytest.mark.parametrize("module", ["cgpt.rundir", "cgpt.paths", "cgpt.train.resolve",
-                                    "cgpt.config.recipe", "cgpt.sharding.auto",
-                                    "cgpt.sweep.spec"])
+@pytest.mark.parametrize("module", ["cgpt.rundir", "cgpt.record", "cgpt.paths",
+                                    "cgpt.train.resolve", "cgpt.config.recipe",
+                                    "cgpt.sharding.auto", "cgpt.sweep.spec"])
 def test_deciding_a_run_imports_no_jax(module):
     code = f"import sys, {module}; assert 'jax' not in sys.modules, 'jax imported'"
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
@@ -174,18 +193,19 @@ def _string_constants(path: Path) -> list[str]:
 
 
 def test_run_directory_names_are_spelled_once():
-    """The run directory's contract is `cgpt.rundir` and a data store's `cgpt.data.store`: no
-    other module of cgpt spells one of their names (they read `rundir.SUMMARY_FILE`,
-    `store.MANIFEST` and the like; a store and a Hugging Face directory keep their tokenizer as
-    `rundir.TOKENIZER_FILE` too)."""
+    """The run and sweep directories' contract is `cgpt.rundir` and a data store's
+    `cgpt.data.store`: no other module of cgpt or analysis spells one of their names (they read
+    `rundir.SUMMARY_FILE`, `rundir.RESULTS_FILE`, `store.MANIFEST` and the like; a store and a
+    Hugging Face directory keep their tokenizer as `rundir.TOKENIZER_FILE` too)."""
     from cgpt import rundir
     from cgpt.data import store
 
     names = {v: "cgpt.rundir" for k, v in vars(rundir).items() if k.endswith(("_FILE", "_DIR"))}
     names.update({store.MANIFEST: "cgpt.data.store", store.PLAN: "cgpt.data.store"})
-    assert {"summary.json", "tokenizer.json", "checkpoints", "plan.json"} <= set(names)
+    assert {"summary.json", "tokenizer.json", "checkpoints", "plan.json", "results.csv",
+            ".superseded"} <= set(names)
     spelled = {m: sorted(n for n in set(_string_constants(p)) if names.get(n, m) != m)
-               for m, p in MODULES.items() if m.startswith("cgpt")}
+               for m, p in MODULES.items()}
     assert {m: s for m, s in spelled.items() if s} == {}
 
 

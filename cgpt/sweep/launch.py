@@ -21,8 +21,7 @@ from cgpt.paths import check_destination
 from cgpt.sweep.executors import Job, run_submitit
 from cgpt.sweep.groups import group_jobs, plan_groups
 from cgpt.sweep.spec import Run, Sweep, fmt_count, fmt_time, missing_required, select
-from cgpt.sweep.state import RESULTS_FILE, SPEC_COPY, SUPERSEDED_DIR, SWEEP_LOCK, SWEEP_NAMES, \
-    config_change, prepare_run_dir, run_files, supersede, write_results
+from cgpt.sweep.state import config_change, prepare_run_dir, run_files, supersede, write_results
 from cgpt.sweep.state import area as sweep_area
 from cgpt.train import wandb_log
 
@@ -99,7 +98,7 @@ class SweepLock:
     """DIR/.sweep.lock: one sweep process per output directory (released even on SIGKILL)."""
 
     def __init__(self, out: Path):
-        self.path = out / SWEEP_LOCK
+        self.path = out / rundir.SWEEP_LOCK_FILE
         self.f = open(sweep_area(out).resolve(self.path, "truncate and write a pid into"), "a+")
         try:
             fcntl.flock(self.f, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -127,7 +126,7 @@ def check_out_dir(out: Path) -> None:
     except OSError as e:
         raise ValueError(f"--out {out}: cannot use it as the sweep directory "
                          f"({e.strerror or e}); choose another --out") from None
-    sweep_area(out).check(SWEEP_NAMES)
+    sweep_area(out).check(rundir.SWEEP_NAMES)
 
 
 def _report(out: Path, n_done: int) -> None:
@@ -146,7 +145,7 @@ def _report(out: Path, n_done: int) -> None:
         print(f"(no scaling-law report: {e})")
     except Exception as e:  # a fit that fails must not hide that the runs are safe
         print(f"(scaling-law report failed: {type(e).__name__}: {e}; results are in "
-              f"{out / RESULTS_FILE})")
+              f"{out / rundir.RESULTS_FILE})")
 
 
 def _check_identity(sweep: Sweep, runs: list[Run], out: Path, on_change: str) -> None:
@@ -169,7 +168,8 @@ def _check_identity(sweep: Sweep, runs: list[Run], out: Path, on_change: str) ->
     raise ValueError(
         f"{len(changed)} run(s) in {out} were trained with a different config than {sweep.path} "
         f"(and --set) now gives: {' | '.join(shown)}{more}; restore the spec, use a new --out, "
-        f"or pass --on-change rerun to move them to {out / SUPERSEDED_DIR}/ and train them anew")
+        f"or pass --on-change rerun to move them to {out / rundir.SUPERSEDED_DIR}/ and train "
+        "them anew")
 
 
 def prepare_ahead(runs: list[Run]) -> None:
@@ -236,7 +236,7 @@ def launch(sweep: Sweep, out: Path, parallel: int | None = None, executor: str =
         states = {r.run_id: rundir.state(out / r.run_id) for r in runs}
         _check_identity(sweep, [r for r in runs if states[r.run_id] != "running"], out, on_change)
         cache = backend.compile_cache_dir() if compile_cache == "default" else compile_cache
-        atomic_write_text(out / SPEC_COPY, yaml.safe_dump(
+        atomic_write_text(out / rundir.SWEEP_SPEC_FILE, yaml.safe_dump(
             {"spec": str(sweep.path), "name": sweep.name, "argv": sys.argv[1:],
              "compile_cache": str(cache) if cache else None,
              "runs": [r.run_id for r in sweep.runs]}, sort_keys=False))
@@ -278,7 +278,7 @@ def launch(sweep: Sweep, out: Path, parallel: int | None = None, executor: str =
             try:
                 write_results(sweep.runs, out, failures)
             except OSError as e:
-                bar.write(f"cgpt sweep: could not write {out / RESULTS_FILE} "
+                bar.write(f"cgpt sweep: could not write {out / rundir.RESULTS_FILE} "
                           f"({e.strerror or e}); free space on its disk")
 
         def finished(res: dict) -> None:
@@ -329,9 +329,9 @@ def launch(sweep: Sweep, out: Path, parallel: int | None = None, executor: str =
         failed = [k for k, s in states.items()
                   if s == "failed" or (s != "done" and k in failures)]
         print(f"sweep {sweep.name}: {n_done}/{len(runs)} done, {len(failed)} failed"
-              + (f" ({', '.join(failed)}; errors in {out / RESULTS_FILE}, logs in "
+              + (f" ({', '.join(failed)}; errors in {out / rundir.RESULTS_FILE}, logs in "
                  f"<run>/{rundir.LOG_FILE})" if failed else "")
-              + f"; results: {out / RESULTS_FILE}")
+              + f"; results: {out / rundir.RESULTS_FILE}")
         if report:
             all_done = sum(rundir.state(out / r.run_id) == "done" for r in sweep.runs)
             _report(out, all_done)

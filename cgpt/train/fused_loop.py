@@ -33,7 +33,7 @@ from cgpt.config.run import RunConfig
 from cgpt.errors import Preempted, TrainError
 from cgpt.sharding.members import Members
 from cgpt.sharding import distributed
-from cgpt.train import ahead, fit, fused, fused_prep, noise, preempt, setup
+from cgpt.train import ahead, fit, fused, fused_prep, preempt, setup
 from cgpt.train.launch import close_all
 from cgpt.train.lifecycle import Lifecycle
 from cgpt.train.memo import Memo
@@ -314,7 +314,8 @@ def _loop(group: list[Lifecycle], start: int, state: list, step_fn, prepared, la
     def finish(step: int, out: dict, dispatched: float, at_once: bool) -> bool:
         """Read `step`'s scalars; a member non-finite there fails at `step` before any write
         of it (masked in the step after next); log the others (evaluated when `at_once`)."""
-        loss, gnorm = reader.read(step, out, dispatched)
+        values = reader.read(step, out, dispatched)
+        loss, gnorm = values["loss"], values["grad_norm"]
         for k, m in enumerate(group):
             if active[k] and not (np.isfinite(loss[k]) and np.isfinite(gnorm[k])):
                 fail(k, m.nonfinite(step, float(loss[k]), float(gnorm[k])))
@@ -324,10 +325,9 @@ def _loop(group: list[Lifecycle], start: int, state: list, step_fn, prepared, la
         evals = [k for k, m in enumerate(group) if at_once and active[k] and m.evaluates(done)]
         vl = evaluate(state[0]) if evals else None
         logs = [k for k, m in enumerate(group) if active[k] and m.logged(done)]
-        est = noise.read(out) if logs else {}
         for k in logs:
-            group[k].record(done, float(loss[k]), float(gnorm[k]), float(lrs[k, step]), speed,
-                            float(vl[k]) if k in evals else None, noise.member(est, k))
+            group[k].record(done, ahead.member(values, k), float(lrs[k, step]), speed,
+                            float(vl[k]) if k in evals else None)
         bar.set_postfix(loss=f"{np.nanmean(np.where(active, loss, np.nan)):.3f}",
                         tok_s=f"{speed.tokens_per_s * active.sum():,.0f}", refresh=False)
         bar.update(1)

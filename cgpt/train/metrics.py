@@ -1,16 +1,14 @@
 """The run's log as it is written: `metrics.jsonl` (strict JSON, one object per logged
-step) and the same scalars as TensorBoard events. Process 0 writes both; the others get a log
-that writes nothing. A W&B run (`cgpt.train.wandb_log`), when given, gets the same records."""
+step) and its scalars as TensorBoard events. Process 0 writes both; the others get a log
+that writes nothing. A W&B run (`cgpt.train.wandb_log`), when given, gets the same records.
+Which field goes where is the step record's (`cgpt.record`)."""
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
+from cgpt import record
 from cgpt.rundir import EVENTS_DIR, METRICS_FILE, json_line
-from cgpt.train.noise import EMA_KEYS, STEP_KEYS
-
-TB_SCALARS = ("loss", "val_loss", "grad_norm", "lr", "tokens_per_s", "mfu",
-              *STEP_KEYS, *EMA_KEYS)
 
 
 class MetricsLog:
@@ -40,7 +38,7 @@ class MetricsLog:
             return
         self.file.write(json_line(rec) + "\n")
         self.file.flush()
-        for k in TB_SCALARS if self.tb is not None else ():
+        for k in record.names(tensorboard=True) if self.tb is not None else ():
             if k in rec:
                 self.tb.add_scalar(f"train/{k}", rec[k], rec["step"])
         if self.wandb is not None:

@@ -2,7 +2,8 @@
 log also goes to a W&B run, named after the run directory and, in a sweep, grouped by the
 sweep's name (the sweep sets W&B's own `WANDB_RUN_GROUP`, unless the user exported one).
 
-The W&B run gets exactly the records `metrics.jsonl` gets, handed over by the log's writer
+The W&B run gets the records `metrics.jsonl` gets (the step record's `wandb` fields,
+`cgpt.record`: all of them but the step, W&B's own x axis), handed over by the log's writer
 (`cgpt.train.metrics.MetricsLog`, process 0 only) as the Python numbers already read for the
 file: no device sync and no per-device logging. A W&B `log` call costs 1-7 ms of the caller's
 time (a hand-off to W&B's service process), so one thread per W&B run makes the calls and the
@@ -23,7 +24,7 @@ import threading
 from functools import partial
 from pathlib import Path
 
-from cgpt import rundir
+from cgpt import record, rundir
 from cgpt.errors import TrainError
 from cgpt.fileio import atomic_write_text, probe_writable
 
@@ -132,7 +133,8 @@ class WandbRun:
         step below its run's current one, so the steps a resume repeats keep their first
         values)."""
         if self.run is not None:
-            self._calls.put(partial(self.run.log, {k: v for k, v in rec.items() if k != "step"},
+            fields = record.names(wandb=True)  # the step record's (`cgpt.record`)
+            self._calls.put(partial(self.run.log, {k: v for k, v in rec.items() if k in fields},
                                     step=rec["step"]))
 
     def summary(self, result: dict) -> None:
