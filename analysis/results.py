@@ -18,7 +18,7 @@ import pandas as pd
 
 from cgpt import rundir  # the run and sweep directories' contract (JAX-free)
 
-from .schema import (COLUMNS, NUMERIC, REQUIRED, STATUSES, TEXT,  # noqa: F401  (COLUMNS re-exported)
+from .schema import (COLUMNS, NUMERIC, REQUIRED, STATUSES, TEXT,  # noqa: F401  (re-exported)
                      restore)
 
 PARAMS = {"total": "n_params", "nonembed": "n_params_nonembed"}

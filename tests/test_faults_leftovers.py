@@ -153,7 +153,7 @@ def test_a_job_that_never_joins_ends_with_one_line_naming_it(tmp_path):
     code = ("import time, jax\n"
             "from cgpt.sharding import distributed as d\n"
             "jax.distributed.initialize = lambda **kw: time.sleep(600)\n"
-            "d.INIT_MIN_S = 2\n"
+            "d.joinwatch.INIT_MIN_S = 2\n"
             "d.initialize(1)\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "JAX_"))}
     env.update(JAX_PLATFORMS="cpu", SLURM_JOB_ID="4242", SLURM_NTASKS="3", SLURM_PROCID="1",

@@ -21,7 +21,6 @@ import json
 import os
 import socket
 import sys
-import threading
 import time
 from typing import Callable, NoReturn, TypeVar
 
@@ -30,7 +29,7 @@ import numpy as np
 
 from cgpt.errors import DistributedError
 from cgpt.config import backend
-from cgpt.sharding import allocation
+from cgpt.sharding import allocation, joinwatch
 
 T = TypeVar("T")
 
@@ -38,7 +37,6 @@ PEER_TIMEOUT_S = 100  # JAX's default heartbeat timeout
 WAIT_TIMEOUT_S = 7 * 24 * 3600  # for process 0's one-time work; a dead process 0 ends it sooner
 BARRIER_TIMEOUT_S = 600  # for barriers that every process reaches within seconds
 SHUTDOWN_TIMEOUT_S = 300  # JAX's exit barrier: a live process that is slow to finish gets this
-INIT_MIN_S = 60  # the shortest wait for every process of the job to join
 LEAVE_GRACE_S = 2.0  # process 0 outlives the others' exits by this much in `leave`
 _peer_timeout = PEER_TIMEOUT_S  # this job's, set by `initialize`
 
@@ -174,25 +172,19 @@ def _initialize(timeout: int) -> bool:
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
         if kw.get("process_id") == 0 and kw.get("coordinator_address"):
             _check_port_free(kw["coordinator_address"])
-        wait = max(timeout, INIT_MIN_S)
-        watchdog = _join_watchdog(alloc, kw, wait)
+        wait = max(timeout, joinwatch.INIT_MIN_S)  # the watchdog speaks before JAX aborts
         try:
-            jax.distributed.initialize(heartbeat_timeout_seconds=timeout,
-                                       # the others wait for process 0 this long at most (the
-                                       # watchdog speaks first: JAX's timeout is a C++ abort)
-                                       initialization_timeout=wait + 30,
-                                       # the exit barrier waits only for live processes: on a
-                                       # loaded machine a slow one must not become a SIGABRT
-                                       shutdown_timeout_seconds=max(timeout, SHUTDOWN_TIMEOUT_S),
-                                       **kw)
+            with joinwatch.bound(alloc, kw, wait):
+                # the exit barrier waits only for live processes: a slow one must not get SIGABRT
+                jax.distributed.initialize(
+                    heartbeat_timeout_seconds=timeout, initialization_timeout=wait + 30,
+                    shutdown_timeout_seconds=max(timeout, SHUTDOWN_TIMEOUT_S), **kw)
         except (RuntimeError, ValueError) as e:  # port taken, coordinator unreachable, ...
             where = kw.get("coordinator_address") or "the SLURM job's coordinator"
             raise DistributedError(
-                f"could not join the job at {where} within {max(timeout, 60)} s "
+                f"could not join the job at {where} within {wait} s "
                 f"({' '.join(str(e).split())[:300]}); check that process 0 runs and that its "
                 "port is free (another program may hold it), or raise --peer-timeout") from None
-        finally:
-            watchdog.cancel()
         joined = True
     hosts = _gather_hosts()
     nodes = len(set(hosts))
@@ -202,32 +194,6 @@ def _initialize(timeout: int) -> bool:
     _LAYOUT.update(allocation.layout(alloc, nodes, jax.process_count(),
                                      jax.local_device_count(), jax.device_count()), hosts=hosts)
     return joined
-
-
-def _join_watchdog(alloc, kw: dict, seconds: float) -> threading.Timer:
-    """A timer that ends this process with one line when the job is not joined in `seconds`:
-    JAX's own join timeout ends in a C++ abort with no word of which job waited for whom
-    (SLURM variables of a job step copied into a shell that srun did not start, say)."""
-    def fire() -> None:
-        job = os.environ.get("SLURM_JOB_ID")
-        what = (f"SLURM job {job}" if job and alloc.source != "jax_env" else
-                f"the job at {kw.get('coordinator_address')}")
-        others = ", ".join(str(i) for i in range(alloc.processes) if i != alloc.process_id)
-        fix = ("start every process with srun (a shell that srun did not start has no other "
-               "processes), or run one process with `env -u SLURM_NTASKS -u SLURM_STEP_NODELIST "
-               "cgpt ...`" if what.startswith("SLURM") else
-               "start every process (JAX_PROCESS_ID 0 .. JAX_NUM_PROCESSES-1) with the same "
-               "JAX_COORDINATOR_ADDRESS, or raise --peer-timeout")
-        cmd = sys.argv[1] if len(sys.argv) > 1 and not sys.argv[1].startswith("-") else ""
-        print(f"cgpt{' ' + cmd if cmd else ''}: error: {what}: process {alloc.process_id} "
-              f"waited {seconds:.0f} s and not all of its {alloc.processes} processes joined "
-              f"(the others are {others}); {fix}", file=sys.stderr, flush=True)
-        os._exit(2)
-
-    timer = threading.Timer(seconds, fire)
-    timer.daemon = True
-    timer.start()
-    return timer
 
 
 _LAYOUT: dict = {}  # this job's layout once initialize() checked it, with each process's host
