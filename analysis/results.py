@@ -18,7 +18,8 @@ import pandas as pd
 
 from cgpt import rundir  # the run and sweep directories' contract (JAX-free)
 
-from .schema import COLUMNS, NUMERIC, REQUIRED, STATUSES  # noqa: F401  (COLUMNS re-exported)
+from .schema import (COLUMNS, NUMERIC, REQUIRED, STATUSES, TEXT,  # noqa: F401  (re-exported)
+                     restore)
 
 PARAMS = {"total": "n_params", "nonembed": "n_params_nonembed"}
 FLOPS = {"counted": "flops", "6nd": "flops_6nd"}
@@ -49,6 +50,8 @@ def load_results(path: str | Path, finished_only: bool = False) -> pd.DataFrame:
     if twice:
         raise ValueError(f"{csv}: column(s) {twice} appear more than once in the header; "
                          "keep one of each (which one is meant cannot be guessed)")
+    for col in (c for c in TEXT if c in df.columns):  # a quote the writer put before "=..."
+        df[col] = df[col].map(restore)
     missing = [c for c in REQUIRED if c not in df.columns]
     if missing:
         raise ValueError(f"{csv}: missing required column(s) {missing}; "

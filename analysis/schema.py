@@ -24,3 +24,18 @@ STATUSES = ("done", "failed", "running", "pending")
 NUMERIC = ("seed", "n_params", "n_params_nonembed", "tokens", "flops_6nd", "flops", "train_loss",
            "val_loss", "wall_time_s", "tokens_per_s", "mfu", "epochs", "flops_budget",
            "peak_lr", *STEPS)
+# Text cells a spreadsheet would run as a formula (OWASP "CSV injection": = + - @ tab CR first)
+# are written with a leading single quote, as spreadsheets expect; a cell that begins with a
+# quote gets one more, so the reader strips exactly one and every value reads back as written.
+TEXT = ("run_id", "model", "error", "run_dir")
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r", "'")
+
+
+def neutralise(cell):
+    """A text cell as results.csv stores it (see FORMULA_START)."""
+    return "'" + cell if isinstance(cell, str) and cell.startswith(FORMULA_START) else cell
+
+
+def restore(cell):
+    """The value `neutralise` stored."""
+    return cell[1:] if isinstance(cell, str) and cell.startswith("'") else cell

@@ -139,7 +139,15 @@ def _read_bin(f: Path) -> dict[str, np.ndarray]:
     try:
         sd = torch.load(str(f), map_location="cpu", weights_only=True)
     except Exception as e:  # torch raises many types for corrupt or unsafe pickles
-        raise LoadError(f"{f}: not a loadable weights-only PyTorch file ({e})") from e
+        text = str(e)
+        code = re.search(r"GLOBAL (\S+)", text)
+        if code or "Weights only load failed" in text:  # torch's several lines of advice
+            what = f"it would call {code.group(1)}" if code else "it holds more than tensors"
+            raise LoadError(f"{f}: refused: {what}, and cgpt reads .bin files weights-only, "
+                            "running no code from them; if you trust the file, convert it to "
+                            "safetensors") from e
+        first = text.strip().splitlines()[0] if text.strip() else type(e).__name__
+        raise LoadError(f"{f}: not a loadable weights-only PyTorch file ({first})") from e
     if not isinstance(sd, dict):
         raise LoadError(f"{f}: expected a state dict of tensors, got {type(sd).__name__}")
     out = {}

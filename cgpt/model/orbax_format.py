@@ -78,11 +78,46 @@ def restore_newest(mngr, run_dir: Path, items: dict, fix: str,
                           f"({brief(e)}); falling back to step {step}{moved}", stacklevel=3)
         return step, out, [b for b, _ in bad]
     if bad:
+        why = _config_mismatch(run_dir, bad[0][0], items)
+        if why is not None:
+            raise LoadError(f"{run_dir / rundir.CONFIG_FILE}: does not describe the run's "
+                            f"checkpoints ({why}): it was edited after they were written; "
+                            "restore its model section")
         raise LoadError(
             f"{run_dir / rundir.CKPT_DIR}: none of the checkpoints {[b for b, _ in bad]} could "
             f"be restored (newest error: {brief(bad[0][1])}); nothing was changed. Fix the "
             f"cause, or {fix}")
     return None
+
+
+def _config_mismatch(run_dir: Path, step: int, items: dict) -> str | None:
+    """The first parameter whose shape in checkpoint `step` (its metadata) differs from the
+    one the config gives, or None (also when the metadata cannot be read)."""
+    import orbax.checkpoint as ocp
+    from etils import epath
+
+    if "params" not in items:
+        return None
+    try:
+        meta = ocp.StandardCheckpointHandler().metadata(
+            epath.Path(run_dir / rundir.CKPT_DIR / str(step) / "params"))
+    except Exception:  # damaged metadata: the restore's own error says more
+        return None
+
+    def shapes(tree) -> dict[str, tuple]:
+        return {"/".join(str(getattr(k, "key", k)) for k in path): tuple(getattr(v, "shape", ()))
+                for path, v in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+    want, have = shapes(items["params"]), shapes(meta)
+    for k, shape in want.items():
+        if k not in have:
+            return f"parameter {k} is not in checkpoint {step}"
+        if have[k] != shape:
+            return f"parameter {k}: shape {list(shape)} by config.yaml, {list(have[k])} in " \
+                   f"checkpoint {step}"
+    extra = sorted(set(have) - set(want))
+    return f"checkpoint {step} holds parameter {extra[0]}, which config.yaml lacks" if extra \
+        else None
 
 
 def load_run(run_dir: Path, compute_dtype: str = "float32"):

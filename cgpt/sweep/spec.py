@@ -226,6 +226,9 @@ def load_sweep(path: str | Path, sets: list[str] | None = None, _spec: dict | No
         from cgpt.sweep.suggest import with_runs
         return with_runs(spec_path, spec, sets, load_sweep)
     name = str(spec.get("name") or spec_path.stem)
+    if name in (".", "..") or any(c in name for c in "/\\\0"):  # it names runs/sweeps/<name>
+        raise ValueError(f"{spec_path}: name {name!r} must be one folder name (no '/', not "
+                         "'.' or '..'): the sweep's default --out is runs/sweeps/<name>")
     base = spec.get("base") or {}
     if not isinstance(base, dict):
         raise ValueError(f"{spec_path}: 'base' must be a run config mapping (preset/model/data/train)")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import yaml
 
-from analysis.schema import COLUMNS, FROM_SUMMARY  # the results contract `load_results` reads
+from analysis.schema import COLUMNS, FROM_SUMMARY, TEXT, neutralise  # the results contract `load_results` reads
 from cgpt import paths, rundir
 from cgpt.errors import RunDirError
 from cgpt.config.model import ModelConfig
@@ -85,7 +85,8 @@ def write_results(runs: list[Run], out: Path, failures: dict[str, str] | None = 
         with open(tmp, "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=COLUMNS)
             w.writeheader()
-            w.writerows(rows)
+            w.writerows({k: neutralise(v) if k in TEXT else v for k, v in r.items()}
+                        for r in rows)
 
     atomic_write(path, write)
     return path

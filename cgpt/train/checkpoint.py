@@ -49,7 +49,7 @@ class Checkpointer:
     before_commit = None
 
     def __init__(self, run_dir: Path, keep: int = 2):
-        self.run_dir = Path(run_dir)
+        self.run_dir, self.keep = Path(run_dir), keep
         self.mngr = manager(self.run_dir, keep, on_written=self._written)
         self._pending: tuple[int, float, float] | None = None  # (step, started, blocking s)
         self._holds = None
@@ -171,7 +171,17 @@ class Checkpointer:
         if bad:
             distributed.barrier(f"corrupt-aside-{step}")  # process 0 moved them; all reload
             self.mngr.reload()
+        self._prune(step)
         return step, out["params"], out["opt_state"]
+
+    def _prune(self, restored: int) -> None:
+        """Keep the newest `keep` checkpoints up to the one restored: Orbax prunes after a
+        save, so a kill between a save's commit and its pruning leaves one too many."""
+        if not self.keep or self.keep < 1:
+            return
+        old = sorted(s for s in self.mngr.all_steps() if s <= restored)[:-self.keep]
+        for s in old:
+            self.mngr.delete(s)
 
     def close(self) -> None:
         """Finish the save in flight, then release Orbax's threads (even if it failed)."""

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from cgpt import record, rundir
 from cgpt.errors import TrainError
-from cgpt.fileio import atomic_write_text
+from cgpt.fileio import atomic_write_text, probe_writable
 
 EXTRA = "pip install 'cgpt[wandb]'"
 GROUP_ENV = "WANDB_RUN_GROUP"  # W&B's variable for a run's group: the sweep sets it
@@ -43,6 +43,14 @@ def require(project: str | None):
     naming the extra, raised before anything is trained."""
     if project is None:
         return None
+    wandb_dir = os.environ.get("WANDB_DIR")
+    if wandb_dir:  # unwritable, W&B falls back to the system temp folder without a word
+        try:
+            probe_writable(wandb_dir)
+        except OSError as e:
+            raise TrainError(f"WANDB_DIR={wandb_dir}: cannot be written ({e.strerror or e}); "
+                             "W&B would put the run's files in the system temp folder "
+                             "instead: point WANDB_DIR at a writable folder, or unset it") from None
     try:
         import wandb
     except ImportError as e:
