@@ -165,3 +165,31 @@ def test_a_job_that_never_joins_ends_with_one_line_naming_it(tmp_path):
     assert r.returncode == 2 and len(lines) == 1, r.stderr[-2000:]
     assert lines[0].startswith("cgpt train: error: SLURM job 4242: process 1 waited 2 s"), lines
     assert "0, 2" in lines[0] and "srun" in lines[0], lines
+
+
+def test_a_killed_saves_temp_folder_is_removed_before_orbax_meets_it(tmp_path, caplog):
+    """A resume after a kill mid-checkpoint printed Orbax's warning about removing a temporary
+    directory 'which already exists' (13 of 42 resumes): read as an error."""
+    import logging
+
+    from cgpt.model.gpt import init_params
+    from cgpt.train import checkpoint
+
+    cfg = get_config("tiny-17k")
+    ck = checkpoint.Checkpointer(tmp_path, keep=3)
+    ck.save(1, init_params(cfg, 1), {"count": np.zeros((), np.int32)})
+    ck.close()
+    ckpts = tmp_path / "checkpoints"
+    for name in ("2.orbax-checkpoint-tmp", "2.orbax-checkpoint-tmp-1764351000123"):
+        (ckpts / name / "params").mkdir(parents=True)
+        (ckpts / name / "params" / "half").write_bytes(b"x")
+    (ckpts / "notes").mkdir()  # not Orbax's: left alone
+    with caplog.at_level(logging.WARNING):
+        ck = checkpoint.Checkpointer(tmp_path, keep=3)
+        try:
+            ck.restore_latest(init_params(cfg, 0), {"count": np.zeros((), np.int32)})
+            ck.save(2, init_params(cfg, 2), {"count": np.zeros((), np.int32)})
+        finally:
+            ck.close()
+    assert sorted(p.name for p in ckpts.iterdir()) == ["1", "2", "notes"]
+    assert not [r for r in caplog.records if "temporary" in r.getMessage()], caplog.text

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -20,6 +21,7 @@ from cgpt.model.orbax_format import manager, restore_newest
 from cgpt.sharding import distributed
 
 log = logging.getLogger(__name__)
+_ORBAX_TMP = re.compile(r"\d+\.orbax-checkpoint-tmp(-\d+)?$")  # Orbax's step.TMP_DIR_SUFFIX
 
 
 def _set_aside(run_dir: Path, src: Path, aside: Path) -> Path:
@@ -50,6 +52,11 @@ class Checkpointer:
 
     def __init__(self, run_dir: Path, keep: int = 2):
         self.run_dir, self.keep = Path(run_dir), keep
+        ckpts = self.run_dir / rundir.CKPT_DIR
+        if distributed.is_writer() and ckpts.is_dir():  # a killed save's temp folders: Orbax
+            for p in ckpts.iterdir():                   # warns when a save meets one
+                if _ORBAX_TMP.match(p.name):
+                    rundir.area(self.run_dir).remove(p)
         self.mngr = manager(self.run_dir, keep, on_written=self._written)
         self._pending: tuple[int, float, float] | None = None  # (step, started, blocking s)
         self._holds = None
