@@ -193,3 +193,30 @@ def test_a_killed_saves_temp_folder_is_removed_before_orbax_meets_it(tmp_path, c
             ck.close()
     assert sorted(p.name for p in ckpts.iterdir()) == ["1", "2", "notes"]
     assert not [r for r in caplog.records if "temporary" in r.getMessage()], caplog.text
+
+
+def test_a_worker_whose_sweep_was_killed_ends_quietly(tmp_path):
+    """Killing a `--parallel 2` sweep's parent left its workers printing BrokenPipeError
+    tracebacks when they reported their next result. Here the job is a stand-in that returns
+    at once, and the report pipe's reader is gone."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "from cgpt.sweep import worker\n"
+            "worker.run_job = lambda job, **k: [{'run_id': job.run_id, 'status': 'done'}]\n"
+            "worker._emulate_devices = lambda jobs: None\n"
+            "sys.exit(worker.main(['--report']))\n")
+    jobs = [{"run_id": f"r{i}", "run_dir": str(tmp_path / f"r{i}"), "resume": False}
+            for i in range(3)]
+    r, w = os.pipe()
+    os.close(r)  # the sweep is gone
+    try:
+        p = subprocess.run([sys.executable, "-c", code], input=json.dumps(jobs).encode(),
+                           stdout=w, stderr=subprocess.PIPE, timeout=300)
+    finally:
+        os.close(w)
+    assert p.returncode == 141 and b"Traceback" not in p.stderr and b"BrokenPipe" not in \
+        p.stderr, p.stderr.decode()[-2000:]
