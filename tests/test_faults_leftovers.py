@@ -2,9 +2,14 @@
 messages around a crash are one line naming the file, variable or job."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
+import pytest
 
 from cgpt.config.model import get_config
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def test_a_resume_prunes_to_keep_checkpoints(tmp_path):
@@ -220,3 +225,25 @@ def test_a_worker_whose_sweep_was_killed_ends_quietly(tmp_path):
         os.close(w)
     assert p.returncode == 141 and b"Traceback" not in p.stderr and b"BrokenPipe" not in \
         p.stderr, p.stderr.decode()[-2000:]
+
+
+@pytest.mark.parametrize("command", ["train", "sweep", "data"])
+def test_a_non_utf8_out_under_a_posix_locale_is_one_line(tmp_path, command):
+    """`--out` with a byte the POSIX locale cannot decode ended in tokenizers' codec error
+    (`'utf-8' codec can't encode character '\\udcff'`), after config.yaml was written."""
+    import os
+    import subprocess
+    import sys
+
+    out = os.fsdecode(os.fsencode(str(tmp_path)) + b"/out\xff")
+    argv = {"train": ["train", "--model", "tiny-17k", "--out", out],
+            "sweep": ["sweep", str(REPO / "sweeps" / "demo.yaml"), "--out", out],
+            "data": ["data", "prepare", str(tmp_path), "--tokenizer", "train", "--out", out]
+            }[command]
+    env = {**os.environ, "LC_ALL": "POSIX", "LANG": "", "PYTHONPATH": str(REPO)}
+    r = subprocess.run([sys.executable, "-m", "cgpt", *argv], env=env, capture_output=True,
+                       timeout=300)
+    lines = r.stderr.decode("utf-8", "replace").strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1, lines[-5:]
+    assert "not UTF-8" in lines[0] and "out\\xff" in lines[0], lines
+    assert list(tmp_path.iterdir()) == []

@@ -402,6 +402,9 @@ def cmd_prepare(args) -> int:
     import time
 
     t0 = time.perf_counter()
+    from cgpt.paths import check_utf8
+
+    check_utf8(args.out, "--out")
     out = Path(args.out).expanduser()
     if args.vocab_size < 1:
         raise DataError(f"--vocab-size {args.vocab_size}: must be positive (e.g. 4096)")
