@@ -150,12 +150,16 @@ class Checkpointer:
         raise OSError(cause.errno, cause.strerror, str(self.run_dir / rundir.CKPT_DIR / str(step))
                       ) from error
 
-    def discard_after(self, step: int) -> list[int]:
-        """Move the checkpoints newer than `step` to `discarded_checkpoints/` (a rewind)."""
+    def discard_after(self, step: int, remove: bool = False) -> list[int]:
+        """Move the checkpoints newer than `step` to `discarded_checkpoints/` (a rewind), or
+        delete them (`remove`: a fused group's realignment, which retrains them exactly)."""
         later = [s for s in self.steps() if s > step]
         for s in later:
-            _set_aside(self.run_dir, self.run_dir / rundir.CKPT_DIR / str(s),
-                       self.run_dir / rundir.DISCARDED_DIR / str(s))
+            src = self.run_dir / rundir.CKPT_DIR / str(s)
+            if remove and distributed.is_writer():
+                rundir.area(self.run_dir).remove(src)
+            elif not remove:
+                _set_aside(self.run_dir, src, self.run_dir / rundir.DISCARDED_DIR / str(s))
         if later:
             distributed.barrier(f"discard-after-{step}")  # process 0 moved them; all reload
             self.mngr.reload()
