@@ -90,16 +90,17 @@ class Area:
         shutil.move(str(src), str(dest))
 
 
-def check_utf8(out: str, flag: str) -> None:
+def check_utf8(out: str, flag: str) -> str:
     """Refuse a path that is not UTF-8 (bytes the locale could not decode, kept as surrogates),
     the working directory included: tokenizers and TensorStore take UTF-8 paths only, and
-    failed deep inside with a codec error."""
+    failed deep inside with a codec error. Returns `out`."""
     try:
         os.path.abspath(out).encode("utf-8")
     except UnicodeEncodeError:
         raise ValueError(f"{flag} {os.fsencode(os.path.abspath(out))!r}: not UTF-8 text; the "
                          "tokenizer and checkpoint libraries take UTF-8 paths only: choose a "
                          "name in UTF-8") from None
+    return out
 
 
 def check_destination(out: str, flag: str) -> None:
