@@ -32,6 +32,7 @@ _EXPORTS = {
     "batch_tradeoff": ("TradeoffFit", "fit_tradeoff", "measure_critical_batch"),
     "downstream": ("cerebras_gpt_downstream", "fit_downstream", "plot_downstream"),
     "design": ("suggest_runs", "fit_ls", "predict_loss_opt", "profile_loss_opt"),
+    "schedule_law": ("ScheduleLawFit", "fit_schedule_law", "read_schedule_curves"),
     "transfer": ("LrOptimum", "lr_optimum", "seed_optimum", "lr_sweep", "transfer_table",
                  "lr_drift", "lr_drift_ci", "plot_lr_transfer"),
 }

@@ -14,8 +14,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 MAX_LINES = 450
 # stages of cgpt, lowest first: a module may import its own stage and the ones below
-LAYERS = [("cgpt.errors", "cgpt.fileio", "cgpt.paths", "cgpt.rundir", "cgpt.record"),
-          ("cgpt.config",),
+LAYERS = [("cgpt.errors", "cgpt.fileio", "cgpt.paths", "cgpt.rundir", "cgpt.record",
+           "cgpt.stop"), ("cgpt.config",),
           ("cgpt.data", "cgpt.model"), ("cgpt.sharding",), ("cgpt.train",),
           ("cgpt.plan", "cgpt.eval"), ("cgpt.sweep",), ("cgpt.cli", "cgpt.__main__", "cgpt")]
 # what `analysis` may import of cgpt: the JAX-free contract of the run and sweep directories
