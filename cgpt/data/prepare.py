@@ -26,6 +26,7 @@ import multiprocessing as mp
 import os
 import queue as queue_mod
 import signal
+import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Iterator
@@ -35,6 +36,7 @@ from tqdm.auto import tqdm
 
 from cgpt.data import sources
 from cgpt.fileio import atomic_write, atomic_write_text
+from cgpt.paths import check_utf8
 from cgpt.data.sources import DataError, Unit
 from cgpt.data.store import (FORMAT, MANIFEST, PLAN, TokenStore, shard_name, token_dtype,
                               write_manifest)
@@ -428,10 +430,8 @@ def register(subparsers) -> None:
 
 
 def cmd_prepare(args) -> int:
-    import time
-
     t0 = time.perf_counter()
-    out = Path(args.out).expanduser()
+    out = Path(check_utf8(args.out, "--out")).expanduser()
     if args.vocab_size < 1:
         raise DataError(f"--vocab-size {args.vocab_size}: must be positive (e.g. 4096)")
     if args.tokenizer == "train" and args.vocab_size < 257:
@@ -443,7 +443,6 @@ def cmd_prepare(args) -> int:
 
 
 def _cmd_prepare(args, out: Path, corpus: Corpus, t0: float) -> int:
-    import time
     from cgpt.data.tokenizer import load_tokenizer, train_tokenizer, with_eot
 
     if args.tokenizer != "train":

@@ -374,7 +374,10 @@ def main(argv: list[str] | None = None) -> int:
             res = results[0] if not job.members else {
                 "run_id": job.run_id, "members": results,
                 "status": next((r["status"] for r in results if r["status"] != "done"), "done")}
-            os.write(channel, (RESULT + json.dumps(res) + "\n").encode())
+            try:
+                os.write(channel, (RESULT + json.dumps(res) + "\n").encode())
+            except BrokenPipeError:  # the sweep was killed: the run's files say what was done
+                os._exit(128 + 13)   # the shell's code for SIGPIPE, no traceback
         if any(r["status"] == "interrupted" for r in results):
             return 130
     return max((0 if r.get("status") == "done" else 1 for r in results), default=0) \
