@@ -20,11 +20,11 @@ def __getattr__(name: str):
     the presets load on first use too, so that `analysis`, which reads run directories through
     `cgpt.rundir`, loads no more of cgpt than that contract."""
     if name in ("LM", "load", "save_hf"):
-        from cgpt.eval import lm
+        from cgpt.eval import lm  # JAX: `import cgpt` stays light for the data tools
 
         return getattr(lm, name)
     if name in ("ModelConfig", "get_config", "list_configs"):
-        from cgpt.config import model
+        from cgpt.config import model  # `analysis` reads only the run-directory contract
 
         return getattr(model, name)
     raise AttributeError(f"module 'cgpt' has no attribute {name!r}")

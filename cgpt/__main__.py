@@ -3,8 +3,12 @@ first statement (`cgpt.stop.GUARD`; `python -m cgpt` installs it while the packa
 the CLI, which is the process's one edge for a stop or an error (`cgpt.cli.main`), then an
 end that no late signal or interpreter finalization turns into a traceback or a crash
 (`StopGuard.finish`)."""
+import os
 import sys
 
+from cgpt.cli import main
+from cgpt.config import backend
+from cgpt.sharding.allocation import gpus_present
 from cgpt.stop import GUARD
 
 
@@ -13,19 +17,12 @@ def run() -> None:
     GUARD.install(command)
     if command == "train":  # before JAX starts a thread: the steps' buffers stay mapped
         _keep_host_memory()
-    from cgpt.cli import main  # unarmed: a stop while it loads ends here with the line
-
     GUARD.finish(main())
 
 
 def _keep_host_memory() -> None:
     """glibc keeps a CPU training process's freed memory (`cgpt.config.backend`). Here, at the
     process's start, not in `cgpt.cli.main`: a library or test calling main keeps its own."""
-    import os
-
-    from cgpt.config import backend
-    from cgpt.sharding.allocation import gpus_present
-
     if backend.launch_platform(os.environ, gpus_present()) == "cpu":
         backend.keep_host_memory()
 

@@ -3,12 +3,27 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import sys
+import tempfile
 import traceback
 from pathlib import Path
 
-from cgpt import stop
+import cgpt
+from cgpt import stop, sweep
+from cgpt.config import backend, flops
+from cgpt.config.data import DataConfig
+from cgpt.config.model import get_config, list_configs
+from cgpt.config.overrides import apply_overrides, coerce_source, seed_overrides
+from cgpt.config.run import from_dict, load_yaml
+from cgpt.data import prepare
+from cgpt.data.batches import load_data
+from cgpt.eval import coordcheck
+from cgpt.paths import check_destination
+from cgpt.plan import command as plan
+from cgpt.rundir import TOKENIZER_FILE, json_line, read_config
+from cgpt.sharding.axes import mesh_size
 
 
 _OVERRIDE = re.compile(r"^(model|data|train)\.\w+=")
@@ -47,13 +62,9 @@ def _add_train(sub) -> None:
 
 
 def build_run(args):
-    from cgpt.config.overrides import apply_overrides, coerce_source, seed_overrides
-    from cgpt.config.run import from_dict, load_yaml
-
     raw = load_yaml(args.config) if args.config else {}
     if getattr(args, "branch_from", None) and not args.config:  # the parent's config by default
-        from cgpt.train.branch import parse_spec
-        from cgpt.rundir import read_config
+        from cgpt.train.branch import parse_spec  # loads JAX: only when this runs
 
         raw = read_config(parse_spec(args.branch_from)[0])
     if args.model:
@@ -80,16 +91,15 @@ def _emulate_cpu_devices(mesh_spec: str | None) -> None:
     """On a CPU host, expose as many (emulated) devices as --mesh asks for. Only the CPU
     backend reads this, and only if no JAX computation has started yet."""
     if mesh_spec:
-        from cgpt.sharding.distributed import devices_per_process
-        from cgpt.sharding import emulate_cpu_devices, mesh_size
+        from cgpt.sharding.distributed import devices_per_process  # loads JAX: only when this runs
+        from cgpt.sharding.mesh import emulate_cpu_devices  # loads JAX: only when this runs
 
         emulate_cpu_devices(devices_per_process(mesh_size(mesh_spec)))
 
 
 def cmd_train(args) -> int:
-    from cgpt.paths import check_destination
-    from cgpt.sharding import distributed
-    from cgpt.train.loop import train
+    from cgpt.sharding import distributed  # loads JAX: only when this runs
+    from cgpt.train.loop import train  # loads JAX: only when this runs
 
     if args.out is not None:
         check_destination(args.out, "--out")
@@ -102,6 +112,7 @@ def cmd_train(args) -> int:
     out = Path(args.out or f"runs/{run.model.name}")
     branch_from = None
     if args.branch_from:
+        # loads JAX: only when this runs
         from cgpt.train.branch import branch_run, parse_spec, precheck
 
         branch_from = parse_spec(args.branch_from)
@@ -120,9 +131,6 @@ def cmd_train(args) -> int:
 
 
 def cmd_list(args) -> int:
-    from cgpt.config import flops
-    from cgpt.config.model import get_config, list_configs
-
     print(f"{'name':14s} {'layers':>6s} {'d_model':>7s} {'heads':>5s} {'params':>15s} "
           f"{'non-emb':>15s} {'chinchilla D':>15s} {'FLOPs':>9s}")
     for n in list_configs():
@@ -134,11 +142,6 @@ def cmd_list(args) -> int:
 
 
 def cmd_generate(args) -> int:
-    import math
-
-    import cgpt
-    from cgpt.config import backend
-
     checks = (("--max-new-tokens", args.max_new_tokens, args.max_new_tokens >= 1, ">= 1"),
               ("--top-k", args.top_k, args.top_k is None or args.top_k >= 1, ">= 1"),
               ("--top-p", args.top_p, args.top_p is None or 0 < args.top_p <= 1, "in (0, 1]"),
@@ -175,21 +178,14 @@ def cmd_eval(args) -> int:
     if given and not args.tasks:  # never silently ignored: the user expects them to act
         raise ValueError(f"{', '.join(given)}: only with --tasks (lm-eval tasks); without it "
                          "eval reports the validation loss on --data")
-    from cgpt.config import backend
 
     backend.start_platform()
     if args.tasks:  # lm-evaluation-harness tasks: cgpt/eval/harness.py
         try:
-            from cgpt.eval.harness import run_tasks
+            from cgpt.eval.harness import run_tasks  # loads JAX, lm_eval: only when this runs
         except ImportError as e:
             raise ValueError(str(e)) from e
         return run_tasks(args)
-    import tempfile
-
-    import cgpt
-    from cgpt.data.batches import load_data
-    from cgpt.config.data import DataConfig
-    from cgpt.rundir import TOKENIZER_FILE, json_line
 
     for flag, v, low in (("--seq-len", args.seq_len, 2), ("--sequences", args.sequences, 1)):
         if v is not None and v < low:
@@ -284,10 +280,6 @@ def _main(argv: list[str]) -> int:
     e.add_argument("--output", help="--tasks: results JSON path")
     e.add_argument("--bootstrap-iters", type=int,
                    help="--tasks: bootstrap resamples for the stderr (default 100000; 0: none)")
-    from cgpt import sweep
-    from cgpt.eval import coordcheck
-    from cgpt.plan import command as plan
-    from cgpt.data import prepare
 
     sweep.register(sub)
     plan.register(sub)

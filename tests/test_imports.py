@@ -1,7 +1,8 @@
 """The import graph, read from the source with `ast` (function-level imports included): no
-cycles, stages import only the stages below them, `analysis` stays free of JAX and imports of
-cgpt only the directories' contract, `resolve` decides a run without importing JAX; and cgpt's
-code is not squeezed: no line over 100 characters, no statements joined on one line."""
+cycles, stages import only the stages below them, an import inside a function only where it
+avoids a real cost, `analysis` stays free of JAX and imports of cgpt only the directories'
+contract, `resolve` decides a run without importing JAX; and cgpt's code is not squeezed: no
+line over 100 characters, no statements joined on one line."""
 from __future__ import annotations
 
 import ast
@@ -170,6 +171,109 @@ def test_no_statements_joined_on_one_line():
 
 def test_joined_statements_are_found():
     assert _joined(ast.parse("a = 1; b = 2\nif a: b = 3\nfor x in y:\n    pass\n")) == [1, 2]
+
+
+# What an import inside a function may put off: JAX's start-up (and the libraries built on it),
+# the heavy optional dependencies, and the scientific stack a JAX-free path need not load.
+COSTLY = {"jax", "jaxlib", "flax", "optax", "orbax", "torch", "transformers", "wandb", "lm_eval",
+          "datasets", "pyarrow", "pandas", "scipy", "matplotlib", "tensorboardX", "submitit"}
+
+
+def _top_level_imports(path: Path) -> set[str]:
+    """What importing `path` runs: its imports outside functions (and TYPE_CHECKING blocks)."""
+    tree = ast.parse(path.read_text(), str(path))
+    inner = {id(n) for f in ast.walk(tree)
+             if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) for n in ast.walk(f)}
+    checking = {id(n) for i in ast.walk(tree) if isinstance(i, ast.If)
+                and "TYPE_CHECKING" in ast.unparse(i.test) for n in ast.walk(i)}
+    return {name for node in ast.walk(tree) if id(node) not in inner | checking
+            for name in _names(node)}
+
+
+def _names(node: ast.AST) -> list[str]:
+    """The modules an import statement loads (`from analysis import f`: f's home module)."""
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    if not isinstance(node, ast.ImportFrom) or not node.module or node.level:
+        return []
+    out = []
+    for a in node.names:
+        sub = f"{node.module}.{a.name}"
+        home = LAZY.get(node.module, {}).get(a.name)
+        out.append(f"{node.module}.{home}" if home else sub if sub in MODULES else node.module)
+    return out
+
+
+def _lazy_names(path: Path) -> dict[str, str]:
+    """A package that loads its names on first use (PEP 562: `_EXPORTS`, {module: names}):
+    name -> the submodule `from package import name` loads."""
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Assign) and ast.unparse(node.targets[0]) == "_EXPORTS":
+            return {n: m for m, names in ast.literal_eval(node.value).items() for n in names}
+    return {}
+
+
+LAZY = {m: _lazy_names(p) for m, p in MODULES.items() if p.name == "__init__.py"}
+
+
+TOP = {m: _top_level_imports(p) for m, p in MODULES.items()}
+
+
+def _costs(module: str, seen: frozenset = frozenset()) -> set[str]:
+    """The costly packages importing `module` loads (its parent packages run first)."""
+    if module.split(".")[0] not in ("cgpt", "analysis"):
+        return {module.split(".")[0]} & COSTLY
+    parts = module.split(".")
+    deps = TOP.get(module, set()) | {".".join(parts[:i]) for i in range(1, len(parts))}
+    return set().union(set(), *(_costs(d, seen | {module}) for d in deps
+                                if d not in seen and d != module))
+
+
+def _guarded(tree: ast.AST) -> set[int]:
+    """Imports inside `try: ... except ImportError`: an optional dependency, imported where it is
+    used so that its absence is one error there."""
+    return {id(n) for t in ast.walk(tree) if isinstance(t, ast.Try) and any(
+        "ImportError" in ast.unparse(h.type or ast.Constant(None)) for h in t.handlers)
+        for b in t.body for n in ast.walk(b) if isinstance(n, (ast.Import, ast.ImportFrom))}
+
+
+def _function_level_imports() -> list[tuple[str, ast.stmt, str]]:
+    """(module, import statement, its first line and the one above) for every import inside a
+    function, less the
+    guarded imports of optional dependencies (`_guarded`)."""
+    out = []
+    for m, p in MODULES.items():
+        if not m.startswith("cgpt"):
+            continue
+        lines, tree = p.read_text().splitlines(), ast.parse(p.read_text())
+        optional = _guarded(tree)
+        for f in ast.walk(tree):
+            if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                out += [(m, n, "\n".join(lines[n.lineno - 2:n.lineno])) for n in ast.walk(f)
+                        if isinstance(n, (ast.Import, ast.ImportFrom)) and id(n) not in optional]
+    return out
+
+
+def test_imports_inside_functions_avoid_a_cost_and_say_so():
+    """An import is at the top of its module, where a reader sees what the module depends on,
+    unless putting it off saves a real cost: a COSTLY package the module does not load anyway
+    (JAX in a JAX-free path such as `cgpt list`, `--dry-run` or `cgpt.rundir`; torch,
+    transformers, wandb, lm-eval only when used). Each such import says why in a comment (on
+    its line or the one above)."""
+    free = sorted({f"{m}:{n.lineno}" for m, n, _ in _function_level_imports()
+                   if not set().union(*(_costs(x) for x in _names(n))) - _costs(m)
+                   and m != "cgpt"})  # the package's own init: every path loads it, `analysis`
+    # too, so it loads even the presets on first use (test_analysis_loads_no_jax_...)
+    silent = sorted({f"{m}:{n.lineno}" for m, n, line in _function_level_imports()
+                     if "#" not in line})
+    assert free == [] and silent == []
+
+
+def test_the_cost_of_an_import_is_seen():
+    assert "jax" in _costs("cgpt.train.loop") and "jax" not in _costs("cgpt.rundir")
+    assert _costs("analysis.schema") == set() and "pandas" in _costs("analysis.results")
+    assert _names(ast.parse("from analysis import sweep_report").body[0]) == ["analysis.report"]
+    assert "jax" in _costs(_names(ast.parse("from cgpt.sharding import build_mesh").body[0])[0])
 
 
 @pytest.mark.parametrize("module", ["cgpt.rundir", "cgpt.record", "cgpt.paths",

@@ -33,6 +33,7 @@ import json
 import os
 import sys
 from dataclasses import asdict, dataclass
+from functools import cache
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -44,10 +45,10 @@ from cgpt.data import corpus
 from cgpt.fileio import atomic_write
 from cgpt.data.prepare import RECIPE, Corpus, prepare
 from cgpt.data.sources import DataError, file_sha256, list_files
-from cgpt.data.store import MANIFEST, TokenStore, is_store, read_windows
-from cgpt.data.store import token_dtype as _token_dtype
-from cgpt.data.tokenizer import EOT, load_tokenizer, train_tokenizer, with_eot
-from cgpt.data.tokenizer import sha256 as tokenizer_sha256
+from cgpt.data.store import (MANIFEST, TokenStore, is_store, read_windows,
+                             token_dtype as _token_dtype)
+from cgpt.data.tokenizer import (EOT, load_tokenizer, sha256 as tokenizer_sha256, train_tokenizer,
+                                 with_eot)
 from cgpt.rundir import TOKENIZER_FILE
 
 __all__ = [
@@ -76,8 +77,6 @@ class _Source:
 
 
 def _resolve_source(cfg: DataConfig, root: Path) -> _Source:
-    from functools import cache
-
     hf_cache = str(root / "datasets")
     column = cfg.text_column
     if cfg.source == "default":

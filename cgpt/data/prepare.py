@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Iterator
 
 import numpy as np
+from tokenizers import Tokenizer
 from tqdm.auto import tqdm
 
 from cgpt.data import sources
@@ -40,7 +41,8 @@ from cgpt.paths import check_utf8
 from cgpt.data.sources import DataError, Unit
 from cgpt.data.store import (FORMAT, MANIFEST, PLAN, TokenStore, shard_name, token_dtype,
                               write_manifest)
-from cgpt.data.tokenizer import EOT, TOKENIZER_FILE, sha256 as tokenizer_sha256
+from cgpt.data.tokenizer import (EOT, TOKENIZER_FILE, load_tokenizer, sha256 as tokenizer_sha256,
+                                 train_tokenizer, with_eot)
 
 RECIPE = "cgpt-data-v2"  # bump whenever tokenization changes the tokens
 MIN_UNIT, MAX_UNIT = 1 << 20, 1 << 28  # bytes of source per unit (shard)
@@ -159,8 +161,6 @@ class _Worker:
     """What one process needs to tokenize units: built once per process by `_init`."""
 
     def __init__(self, tok_json: str, files: list[Path], column: str, root: Path, hf, progress):
-        from tokenizers import Tokenizer
-
         self.tok = Tokenizer.from_str(tok_json)
         self.tok.add_special_tokens([EOT])
         self.tok.encode_special_tokens = True  # a literal "<|endoftext|>" in the text is just text
@@ -443,8 +443,6 @@ def cmd_prepare(args) -> int:
 
 
 def _cmd_prepare(args, out: Path, corpus: Corpus, t0: float) -> int:
-    from cgpt.data.tokenizer import load_tokenizer, train_tokenizer, with_eot
-
     if args.tokenizer != "train":
         tok = load_tokenizer(args.tokenizer)
     elif (out / PLAN).is_file() and (out / TOKENIZER_FILE).is_file():

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import importlib
 import io
 import json
 import os
@@ -20,6 +21,8 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
+
+import zstandard
 
 from cgpt.errors import DataError
 
@@ -45,8 +48,6 @@ HF_EXTRA = "pip install -r requirements-hf.txt (or pip install 'cgpt[hf]')"
 def optional(module: str, what: str):
     """Import `module`, an optional dependency (README command 1 installs without it); missing,
     one DataError saying what needs it and how to install it."""
-    import importlib
-
     try:
         return importlib.import_module(module)
     except ImportError:
@@ -186,8 +187,6 @@ class _Hashing(io.RawIOBase):
 
 def _open_compressed(path: Path, raw) -> io.BufferedReader:
     if path.name.lower().endswith(".zst"):
-        import zstandard
-
         # Files written with `zstd --long` need windows over the default limit: allow up to 2 GiB.
         dctx = zstandard.ZstdDecompressor(max_window_size=1 << 31)
         reader = dctx.stream_reader(raw, read_across_frames=True)
@@ -221,12 +220,11 @@ def _read_errors() -> tuple[type[BaseException], ...]:
     """What a damaged file raises while it is read: gzip/zlib, zstandard, pyarrow, the OS."""
     errors: list[type[BaseException]] = [EOFError, OSError, ValueError, zlib.error]
     try:
-        import zstandard
         errors.append(zstandard.ZstdError)
     except ImportError:
         pass
     try:
-        import pyarrow
+        import pyarrow  # loads pyarrow: only when this runs
         errors.append(pyarrow.ArrowException)
     except ImportError:
         pass

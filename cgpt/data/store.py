@@ -34,6 +34,7 @@ import numpy as np
 
 from cgpt.fileio import atomic_write_text
 from cgpt.data.sources import DataError
+from cgpt.data.tokenizer import EOT, load_tokenizer, sha256, with_eot
 from cgpt.rundir import TOKENIZER_FILE
 
 FORMAT = "cgpt-token-store-v1"
@@ -193,7 +194,6 @@ class TokenStore:
         if np.dtype(token_dtype(vocab)) != self.dtype:
             raise DataError(f"{path}: dtype {self.dtype.name} cannot be that of vocab_size "
                             f"{vocab} ({np.dtype(token_dtype(vocab)).name}); {again}")
-        from cgpt.data.tokenizer import EOT, load_tokenizer, sha256, with_eot
 
         tok_path = self.root / TOKENIZER_FILE
         if not tok_path.is_file():

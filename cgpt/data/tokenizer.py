@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable
 
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
 from cgpt.errors import LoadError
 from cgpt.data.sources import DataError
 from cgpt.rundir import TOKENIZER_FILE  # one name: a run's, a store's, an HF directory's
@@ -21,8 +23,6 @@ EOT = "<|endoftext|>"
 
 def train_tokenizer(batches: Iterable[list[str]], vocab_size: int) -> "tokenizers.Tokenizer":
     """Byte-level BPE (GPT-2 style: any byte string encodes, no <unk>) with <|endoftext|>."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -36,8 +36,6 @@ def train_tokenizer(batches: Iterable[list[str]], vocab_size: int) -> "tokenizer
 def load_tokenizer(path: str | os.PathLike) -> "tokenizers.Tokenizer":
     """A tokenizer.json file, or a directory with tokenizer.json or GPT-2 vocab.json and
     merges.txt."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-
     path = Path(path).expanduser()
     try:
         if path.is_file():

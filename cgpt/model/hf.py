@@ -17,10 +17,13 @@ import re
 from pathlib import Path
 
 import numpy as np
+from safetensors import SafetensorError, safe_open
+from safetensors.numpy import save_file
 
 from cgpt.config.model import ModelConfig
 from cgpt.config.values import typed
 from cgpt.errors import LoadError  # noqa: F401 - re-exported (`from cgpt.model.hf import ...`)
+from cgpt.model.export import write_export
 from cgpt.rundir import TOKENIZER_FILE
 
 # HF GPT-2 names follow from cgpt's parameter tree (`model.param_specs`) by one rule: the
@@ -37,7 +40,7 @@ def _hf_name(path: tuple[str, ...]) -> str:
 def key_map(cfg: ModelConfig) -> tuple[dict[str, tuple], dict[str, tuple]]:
     """({top-level HF name: param path},
     {per-layer HF name (after `h.<i>.`): path in params["h"]})."""
-    from cgpt.model.gpt import param_specs
+    from cgpt.model.gpt import param_specs  # loads JAX: only when this runs
 
     paths = list(param_specs(cfg))
     top = {_hf_name(p): p for p in paths if p[0] != "h"}
@@ -122,7 +125,6 @@ def config_to_hf(cfg: ModelConfig, eot_id: int | None = None) -> dict:
 
 # ---- tensor files --------------------------------------------------------------------------
 def _read_safetensors(f: Path) -> dict[str, np.ndarray]:
-    from safetensors import SafetensorError, safe_open
     try:
         with safe_open(str(f), framework="numpy") as fh:
             return {k: fh.get_tensor(k) for k in fh.keys()}
@@ -218,7 +220,7 @@ def read_state_dict(files: list[Path]) -> tuple[dict[str, np.ndarray], dict[str,
 def params_from_state_dict(sd: dict[str, np.ndarray], origin: dict[str, Path],
                            cfg: ModelConfig, where: Path) -> dict:
     """Rename and stack HF tensors into cgpt's param tree, checking every name and shape."""
-    from cgpt.model.gpt import param_specs
+    from cgpt.model.gpt import param_specs  # loads JAX: only when this runs
 
     shapes = {path: shape for path, (shape, _) in param_specs(cfg).items()}
     top_keys, layer_keys = key_map(cfg)
@@ -408,10 +410,6 @@ def load_hf_dir(d: Path, compute_dtype: str = "float32") -> tuple[ModelConfig, d
 def save_hf_dir(params: dict, cfg: ModelConfig, out: Path, tokenizer=None) -> Path:
     """Write an HF GPT-2 directory, replacing only an earlier export (`model.export`); a μP
     model is written with its multipliers folded into the weights (`fold_mup`)."""
-    from safetensors.numpy import save_file
-
-    from cgpt.model.export import write_export
-
     def write(tmp: Path) -> None:
         eot = tokenizer.token_to_id("<|endoftext|>") if tokenizer is not None else None
         (tmp / "config.json").write_text(json.dumps(config_to_hf(cfg, eot), indent=2))

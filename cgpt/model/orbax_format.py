@@ -14,9 +14,12 @@ from pathlib import Path
 from typing import Callable
 
 import jax
+import numpy as np
+from etils import epath
 
 from cgpt import rundir
 from cgpt.config.model import ModelConfig
+from cgpt.data.tokenizer import load_checkpoint_tokenizer
 from cgpt.errors import CheckpointsChanged, LoadError
 from cgpt.model import orbax_quiet as quiet
 
@@ -32,8 +35,6 @@ def brief(e: BaseException, limit: int = 160) -> str:
 
 def nonfinite_tensor(params) -> str | None:
     """The name ('h/attn/w_qkv') of the first parameter holding NaN or inf, or None."""
-    import numpy as np
-
     for path, x in jax.tree_util.tree_flatten_with_path(params)[0]:
         if not np.isfinite(np.asarray(x, np.float32)).all():
             return "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
@@ -42,7 +43,7 @@ def nonfinite_tensor(params) -> str | None:
 
 def manager(run_dir: Path, keep: int | None = None, create: bool = True, on_written=None):
     """Orbax's manager; asynchronous when `on_written` (called before each commit) is given."""
-    import orbax.checkpoint as ocp
+    import orbax.checkpoint as ocp  # loads JAX: only when this runs
 
     opts = ocp.CheckpointManagerOptions(
         max_to_keep=keep, create=create, enable_async_checkpointing=on_written is not None,
@@ -60,7 +61,7 @@ def restore_newest(mngr, run_dir: Path, items: dict, fix: str,
     When every checkpoint fails: a LoadError naming `fix`, and nothing is changed (a run
     whose checkpoints are all unreadable is never silently restarted). CheckpointsChanged
     when one vanished while it was read (list them again)."""
-    import orbax.checkpoint as ocp
+    import orbax.checkpoint as ocp  # loads JAX: only when this runs
 
     bad = []
     for step in sorted(mngr.all_steps(), reverse=True):
@@ -93,8 +94,7 @@ def restore_newest(mngr, run_dir: Path, items: dict, fix: str,
 def _config_mismatch(run_dir: Path, step: int, items: dict) -> str | None:
     """The first parameter whose shape in checkpoint `step` (its metadata) differs from the
     one the config gives, or None (also when the metadata cannot be read)."""
-    import orbax.checkpoint as ocp
-    from etils import epath
+    import orbax.checkpoint as ocp  # loads JAX: only when this runs
 
     if "params" not in items:
         return None
@@ -122,8 +122,7 @@ def _config_mismatch(run_dir: Path, step: int, items: dict) -> str | None:
 
 def load_run(run_dir: Path, compute_dtype: str = "float32"):
     """(ModelConfig, params, tokenizer) from the newest good checkpoint of a cgpt run."""
-    from cgpt.model.gpt import init_params
-    from cgpt.data.tokenizer import load_checkpoint_tokenizer
+    from cgpt.model.gpt import init_params  # loads JAX: only when this runs
 
     raw = rundir.read_config(run_dir)
     try:

@@ -26,9 +26,11 @@ from typing import Callable, NoReturn, TypeVar
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 
 from cgpt.errors import DistributedError
 from cgpt.config import backend
+from cgpt.config.backend import gpu_allocator, gpu_xla_flags, launch_platform
 from cgpt.sharding import allocation, joinwatch
 
 T = TypeVar("T")
@@ -158,8 +160,6 @@ def _backends_up() -> bool:
 
 
 def _initialize(timeout: int) -> bool:
-    from cgpt.config.backend import gpu_allocator, gpu_xla_flags, launch_platform
-
     gpu_allocator(os.environ)  # before JAX creates its GPU client
     gpu_xla_flags(os.environ, launch_platform(os.environ, allocation.gpus_present()))
     alloc = allocation.allocation_from_env(os.environ, allocation.gpus_present())
@@ -392,7 +392,6 @@ def smallest_mib(nbytes: int) -> int:
     byte counts would overflow."""
     if jax.process_count() == 1:
         return nbytes
-    from jax.experimental import multihost_utils
 
     mib = multihost_utils.process_allgather(np.int32(min(nbytes >> 20, 2**31 - 1)))
     return int(np.min(mib)) << 20

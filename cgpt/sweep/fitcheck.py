@@ -13,6 +13,7 @@ import sys
 
 from cgpt.config.model import remat_value
 from cgpt.config.units import fmt_bytes
+from cgpt.plan.command import plan_many
 from cgpt.sweep.spec import Run, Sweep
 
 
@@ -26,7 +27,6 @@ def fit_results(sweep: Sweep, runs: list[Run]) -> tuple[list[dict] | None, str]:
         return None, (f"fit: not checked; set estimate.device_memory (e.g. 80GB) in "
                       f"{sweep.path} or --set estimate.device_memory=80GB to compile each "
                       "run's step for its devices")
-    from cgpt.plan.command import plan_many
 
     print(f"fit: compiling each run's train step for its devices ({len(runs)} runs, emulated "
           "CPU devices, one process)...", file=sys.stderr, flush=True)

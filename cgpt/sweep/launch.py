@@ -9,20 +9,24 @@ import fcntl
 import math
 import os
 import sys
+import threading
 from pathlib import Path
 
 import yaml
+from tqdm.auto import tqdm
 
 from cgpt import rundir
 from cgpt.config import backend
 from cgpt.config.run import cadence
+from cgpt.data.batches import load_data
 from cgpt.fileio import atomic_write_text, probe_writable
 from cgpt.paths import check_destination
 from cgpt.sweep.executors import Job, run_submitit
 from cgpt.sweep.groups import group_jobs, plan_groups
 from cgpt.sweep.spec import Run, Sweep, fmt_count, fmt_time, missing_required, select
-from cgpt.sweep.state import config_change, prepare_run_dir, run_files, supersede, write_results
-from cgpt.sweep.state import area as sweep_area
+from cgpt.sweep.state import (area as sweep_area, config_change, prepare_run_dir, run_files,
+                              supersede, write_results)
+from cgpt.sweep.worker import GroupTask, run_one_process, run_workers
 from cgpt.train import wandb_log
 
 EXECUTORS = ("local", "slurm", "submitit-local")
@@ -179,10 +183,6 @@ def prepare_ahead(runs: list[Run]) -> None:
     the others wait. Returns once this process holds the first data's preparer lock, so the
     workers wait for it rather than prepare; they compile ahead meanwhile. A failure here is
     left to the runs: each fails with its own error when it loads the data."""
-    import threading
-
-    from cgpt.data.batches import load_data
-
     held = threading.Event()
     configs = list(dict.fromkeys(r.config.data for r in runs))
 
@@ -213,8 +213,6 @@ def launch(sweep: Sweep, out: Path, parallel: int | None = None, executor: str =
     ("default": the user's, `cgpt.config.backend.compile_cache_dir()`, so a later sweep
     reuses these programs too), or None for none.
     """
-    from tqdm.auto import tqdm
-
     if executor not in EXECUTORS:
         raise ValueError(f"--executor {executor!r}; use one of {', '.join(EXECUTORS)}")
     if on_change not in ON_CHANGE:
@@ -299,13 +297,10 @@ def launch(sweep: Sweep, out: Path, parallel: int | None = None, executor: str =
             record()
             bar.set_postfix(failed=len(failures), refresh=True)
 
-        from cgpt.sweep.worker import GroupTask
         try:
             if executor == "local" and (parallel or 1) == 1:
-                from cgpt.sweep.worker import run_one_process
                 run_one_process(jobs, finished)  # one process: no start-up per run
             elif executor == "local":
-                from cgpt.sweep.worker import run_workers
                 prepare_ahead(todo)
                 secs = {r.run_id: sweep.estimate.seconds(r.steps, r.flops) for r in todo}
                 run_workers(jobs, parallel, finished, {

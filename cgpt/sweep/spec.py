@@ -12,7 +12,7 @@ import hashlib
 import itertools
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from cgpt.config import flops as flops_mod
@@ -21,6 +21,7 @@ from cgpt.config.overrides import SECTIONS, check_key, coerce_source, seed_overr
     split_override
 from cgpt.config.run import RunConfig, from_dict, identity, load_yaml, parse_bytes
 from cgpt.errors import TrainError
+from cgpt.sweep.suggest import with_runs
 from cgpt.train.resolve import resolve
 from cgpt.sweep.validate import check_estimate, check_slurm, check_spec
 
@@ -223,7 +224,6 @@ def load_sweep(path: str | Path, sets: list[str] | None = None, _spec: dict | No
     spec_path = Path(path)
     spec = read_spec(spec_path) if _spec is None else _spec
     if spec.get("runs"):  # explicit extra runs {model, tokens, seed} (`--suggest K --write`)
-        from cgpt.sweep.suggest import with_runs
         return with_runs(spec_path, spec, sets, load_sweep)
     name = str(spec.get("name") or spec_path.stem)
     if name in (".", "..") or any(c in name for c in "/\\\0"):  # it names runs/sweeps/<name>
@@ -408,9 +408,7 @@ def _with_branches(runs: list[Run], fractions: list[float], spec_path: Path) -> 
     """`grid.branches`: each run becomes a WSD parent plus one cooldown branch per fraction of
     its budget (cgpt.train.branch.plan_branches); parents first, so they start before their
     branches."""
-    from dataclasses import replace
-
-    from cgpt.train.branch import plan_branches
+    from cgpt.train.branch import plan_branches  # loads JAX: only when this runs
     parents, branches = [], []
     for r in runs:
         cfg, planned = plan_branches(r.config, fractions, f"{spec_path}: grid.branches")

@@ -100,7 +100,7 @@ def precheck(branch_from: tuple[Path, int], run: RunConfig) -> None:
 
 def restore(parent: Path, step: int, abstract_params, abstract_opt_state):
     """(params, opt_state) of the parent's checkpoint at `step`."""
-    import orbax.checkpoint as ocp
+    import orbax.checkpoint as ocp  # loads JAX: only when this runs
 
     mngr = orbax_format.manager(parent, create=False)
     try:

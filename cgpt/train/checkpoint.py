@@ -77,7 +77,7 @@ class Checkpointer:
         """Start writing checkpoint `step` and return; the previous save is finished first.
         If the storage refuses (disk full, quota, read-only), the error names the
         checkpoint's path and the failure's aftermath is not printed."""
-        import orbax.checkpoint as ocp
+        import orbax.checkpoint as ocp  # loads JAX: only when this runs
 
         self.wait()
         t0 = time.monotonic()

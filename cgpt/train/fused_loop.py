@@ -21,13 +21,16 @@ import contextlib
 import math
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from tqdm.auto import tqdm
 
+from cgpt.config import backend
 from cgpt.config.units import fmt_bytes
 from cgpt.config.model import remat_value
 from cgpt.config.run import RunConfig
@@ -125,10 +128,6 @@ def compile_group(runs: Sequence[RunConfig]) -> list[str]:
     when one is set: a sweep's worker calls this in a background thread for its next group
     while the current job trains (`cgpt.sweep.worker`). Returns the names compiled; nothing
     is written to a run directory."""
-    from dataclasses import replace
-
-    from cgpt.config import backend
-
     memory, spread = setup.device_memory(runs[0].train), default_spread()
     res = [resolve_member(replace(r, model=backend.resolve(r.model)), memory)  # as
            for r in runs]  # resume.check_config resolves a fresh run's model
@@ -280,8 +279,6 @@ def _loop(group: list[Lifecycle], start: int, state: list, step_fn, prepared, la
     alone): each member's record, guard and saves are its own (`Lifecycle`); a member that
     fails stops alone. `prepared`: (the group's evaluation, its stacked Hyper or None).
     Returns (throughput, the final params)."""
-    from tqdm.auto import tqdm
-
     evaluate, hyper = prepared
     r0 = group[0].res
     total, B, T = r0.total_steps, r0.batch_size, r0.seq_len

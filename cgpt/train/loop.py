@@ -15,6 +15,8 @@ import sys
 import time
 from pathlib import Path
 
+from tqdm.auto import tqdm
+
 from cgpt import rundir
 from cgpt.config.run import RunConfig
 from cgpt.errors import Preempted, TrainError
@@ -50,8 +52,6 @@ def train(run: RunConfig, out: str | Path, resume: bool = False, progress: bool 
 
 def _train(life: Lifecycle, progress: bool, from_step: int | None,
            branch_from: tuple[Path, int] | None) -> dict:
-    from tqdm.auto import tqdm
-
     # ---- set up: the resolved run, its compiled step, data, state --------------------------
     wall0 = time.perf_counter()
     out, writer, resuming = life.out, life.writer, life.resuming

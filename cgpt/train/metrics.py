@@ -5,9 +5,11 @@ Which field goes where is the step record's (`cgpt.record`)."""
 from __future__ import annotations
 
 import sys
+import threading
 from pathlib import Path
 
 from cgpt import record
+from cgpt.fileio import storage_oserror
 from cgpt.rundir import EVENTS_DIR, METRICS_FILE, json_line
 
 
@@ -73,10 +75,6 @@ def _quiet_tb_thread() -> None:
     """tensorboardX writes events from its own thread: a full disk there would print a thread
     traceback beside the run's one error line (the checkpoint or metrics.jsonl write on the
     same storage reports it), so storage errors of that thread are dropped."""
-    import threading
-
-    from cgpt.fileio import storage_oserror
-
     prev = threading.excepthook
     if getattr(prev, "_cgpt_tb", False):
         return

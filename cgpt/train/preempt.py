@@ -52,11 +52,11 @@ class CheckpointTriggers:
         due = self.interval_s is not None and time.monotonic() - self.last >= self.interval_s
         signum = self.signum
         if self._agree is None:
-            import jax
+            import jax  # loads JAX: only when this runs
 
             if jax.process_count() == 1:
                 return due or bool(signum), signum
-            from cgpt.sharding.distributed import StepAgreement
+            from cgpt.sharding.distributed import StepAgreement  # loads JAX: only when this runs
 
             self._agree = StepAgreement()
         if step is None:

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 
 from cgpt.config import backend
 from cgpt.config.run import RunConfig
+from cgpt.data.batches import load_data
 from cgpt.train.background import Background
 
 
@@ -35,8 +36,7 @@ def compile_run(run: RunConfig) -> list[str]:
     returns their names in the order compiled. The start-up is train's own
     (`cgpt.train.setup.start_up`). One process only (a multi-process job agrees on its memory
     with a collective, which must not run off the main thread)."""
-    from cgpt.data.batches import load_data
-    from cgpt.train import evaluation, setup
+    from cgpt.train import evaluation, setup  # loads JAX: only when this runs
 
     if jax.process_count() != 1:
         return []
