@@ -33,8 +33,11 @@ def lrs(kind: str, frac: float = 0.2, end: float = 0.1) -> np.ndarray:
 
 
 def truth(form, params, eta):
-    return _curve(form, np.array(params, float), _features(eta / PEAK, np.arange(eta.size),
+    """The law's loss at each logged step (step 1, before any update, copies step 2's)."""
+    loss = _curve(form, np.array(params, float), _features(eta / PEAK, np.arange(eta.size),
                                                            0.999))
+    assert np.isnan(loss[0])
+    return np.concatenate([loss[1:2], loss[1:]])
 
 
 def simulate(form, params, kinds, sigma, seed=0) -> pd.DataFrame:
@@ -78,7 +81,8 @@ def test_multipower_recovered_from_three_schedules():
     for kind, eta in {"linear": lrs("linear"), "wsd10": lrs("wsd", 0.1)}.items():
         want = truth("multipower", MULTIPOWER, eta)
         pred = fit.predict(eta)
-        assert len(pred) == T and (pred["lo"] <= pred["hi"]).all()
+        assert len(pred) == T and pred["loss"].isna().tolist() == [True] + [False] * (T - 1)
+        assert (pred["lo"] <= pred["hi"])[1:].all()
         after = slice(WARM, None)
         assert np.max(np.abs(pred["loss"].to_numpy()[after] / want[after] - 1)) < 0.003
         est, lo, hi = fit.final_loss(eta)
