@@ -273,14 +273,16 @@ class ScheduleLawFit:
 
 def fit_schedule_law(curves, form: str = "multipower", *, lam: float = LAMBDA,
                      n_boot: int = 200, resample: str = "blocks", block: int | None = None,
-                     max_points: int = 400, seed: int = 0,
+                     max_points: int = 400, start: int | None = None, seed: int = 0,
                      level: float = 0.95) -> ScheduleLawFit:
     """Fit `form` ("tissue" | "multipower") to the loss curves of one model size.
 
     curves: a DataFrame with columns run_id, step, lr, loss (every step from 1), or run
     directories (read with read_schedule_curves). At least one curve must anneal (its LR fall
     after its peak): a constant LR says nothing of the annealing term. max_points: the loss
-    records per run fitted, evenly spaced after the peak (the areas use every step).
+    records per run fitted, evenly spaced after the peak (the areas use every step). start:
+    the first logged step fitted (default: the first after the peak, as the papers do; a later
+    one leaves out an early phase the law does not describe).
     resample: "blocks" (moving blocks of `block` residuals per curve, default a tenth of it)
     or "runs" (whole runs, with replacement; needs >= 3 runs).
     """
@@ -293,6 +295,8 @@ def fit_schedule_law(curves, form: str = "multipower", *, lam: float = LAMBDA,
     level = check_level(level)
     n_boot = check_count(n_boot)
     max_points = check_count(max_points, "max_points", 5)
+    if start is not None:
+        start = check_count(start, "start", 1)
     if not isinstance(curves, pd.DataFrame):
         curves = read_schedule_curves(curves)
     runs = _check_curves(curves)
@@ -303,10 +307,13 @@ def fit_schedule_law(curves, form: str = "multipower", *, lam: float = LAMBDA,
     feats, ys = {}, {}
     for rid, g in runs.items():
         eta = g["lr"].to_numpy(float) / scale
-        after = np.arange(int(np.argmax(eta)) + 1, eta.size)
+        first = int(np.argmax(eta)) + 1 if start is None else max(int(np.argmax(eta)) + 1,
+                                                                    start - 1)
+        after = np.arange(first, eta.size)
         if after.size < 5:
             raise ValueError(f"curves: run {rid!r} has {after.size} step(s) after its LR peak "
-                             "(the end of warmup); the law is fitted to the steps after it")
+                             f"(the end of warmup){'' if start is None else f' and step {start}'}"
+                             "; the law is fitted to those steps: lower start or pass longer runs")
         at = after[np.unique(np.linspace(0, after.size - 1, min(max_points, after.size))
                              .round().astype(int))]
         feats[rid] = _features(eta, at, lam)

@@ -58,6 +58,8 @@ def test_tissue_recovered_from_constant_and_wsd():
     curves = simulate("tissue", TISSUE, {"constant": lrs("constant"), "wsd": lrs("wsd")}, 0.005)
     fit = fit_schedule_law(curves, "tissue", n_boot=40)
     got = fit.params
+    late = fit_schedule_law(curves, "tissue", n_boot=0, start=150)
+    assert late.n_points == 2 * (T - 149) and late.params["C"] == pytest.approx(0.004, rel=0.1)
     assert got["L0"] == pytest.approx(3.0, abs=0.02)
     assert got["alpha"] == pytest.approx(0.5, abs=0.05)
     assert got["C"] == pytest.approx(0.004, rel=0.05)
@@ -143,6 +145,8 @@ def test_bad_input_is_one_clear_error(tmp_path):
         fit_schedule_law(good, resample="runs")
     with pytest.raises(ValueError, match="level=95"):
         fit_schedule_law(good, level=95)
+    with pytest.raises(ValueError, match="step 299; the law is fitted to those steps"):
+        fit_schedule_law(good, start=299)
     with pytest.raises(FileNotFoundError, match="no metrics.jsonl"):
         fit_schedule_law([tmp_path / "nope"])
     _write_run(tmp_path / "nolr", [{"step": 1, "loss": 5.0}])
