@@ -4,9 +4,9 @@ import sys as _sys
 if _sys.argv[:1] == ["-m"] and "-m" in _sys.orig_argv:  # `python -m cgpt CMD`, being located:
     _m = _sys.orig_argv.index("-m")  # Ctrl-C or a scheduler's signal is one line from here on
     if _sys.orig_argv[_m + 1:_m + 2] == ["cgpt"]:
-        from cgpt.train import preempt as _preempt
+        from cgpt.stop import GUARD as _GUARD
 
-        _preempt.install_process((_sys.orig_argv[_m + 2:_m + 3] or [""])[0])
+        _GUARD.install((_sys.orig_argv[_m + 2:_m + 3] or [""])[0])
 from cgpt.errors import CgptError, LoadError, TrainError
 
 __all__ = ["ModelConfig", "get_config", "list_configs", "CgptError", "LoadError", "TrainError",

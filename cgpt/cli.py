@@ -3,11 +3,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
-import signal
 import sys
+import traceback
 from pathlib import Path
+
+from cgpt import stop
 
 
 _OVERRIDE = re.compile(r"^(model|data|train)\.\w+=")
@@ -30,9 +31,11 @@ def _add_train(sub) -> None:
     p.add_argument("--from-step", type=int, metavar="STEP",
                    help="with --resume: continue from the kept checkpoint at STEP; later ones "
                    "move to discarded_checkpoints/")
-    p.add_argument("--mode", help="single | data_parallel | weight_streaming | layer_pipelined | auto")
+    p.add_argument("--mode",
+                   help="single | data_parallel | weight_streaming | layer_pipelined | auto")
     p.add_argument("--mesh", help="device mesh, e.g. data=2,stage=4")
-    p.add_argument("--seed", type=int, help="replicate seed: sets train.seed (init) and data.seed (data order)")
+    p.add_argument("--seed", type=int,
+                   help="replicate seed: sets train.seed (init) and data.seed (data order)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--branch-from", metavar="RUN@STEP",
                    help="cooldown branch: start from a WSD run's stable-phase checkpoint at STEP "
@@ -212,24 +215,44 @@ def cmd_eval(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The process's edge (`python -m cgpt` runs it; a test or library may call it): the one
+    place a stop or an error becomes one line and an exit status (`cgpt.stop.status`). Ctrl-C
+    anywhere, a scheduler's signal before the loop: one line, not a traceback or a silent
+    death (`python -m cgpt` installed the handlers from its first statement already). In a
+    multi-process job a failed process leaves with the others, a bug's traceback printed."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    from cgpt.errors import Preempted, Stopped
-    from cgpt.train import preempt
-
-    # Ctrl-C anywhere, a scheduler's signal before the loop: one line, not a traceback or a
-    # silent death (`python -m cgpt` installed these from its first statement already)
     command = argv[0] if argv else ""
-    old = preempt.defer_early(command)
+    old: dict = {}
     try:
-        return _main(argv)
-    except (Preempted, Stopped) as e:  # before _main's own handler took over
-        print(f"cgpt {command}: {e}", file=sys.stderr)
-        return e.exit_code
-    except KeyboardInterrupt:  # also while the modules load
-        print(preempt.stop_line(signal.SIGINT, command), file=sys.stderr)
-        return 130
+        try:
+            old = stop.GUARD.defer(command)
+            code = _main(argv)
+        except BaseException as e:  # noqa: BLE001 - `status` picks what it ends
+            code = stop.status(e, command)
+            if code is None:  # SystemExit (argparse, --help), a bug: as Python would end
+                if _job() is None:
+                    raise
+                if isinstance(e, SystemExit):
+                    code = e.code if isinstance(e.code, int) else 1
+                else:
+                    traceback.print_exc()  # unexpected: the traceback, then leave with the rest
+                    code = 1
+        if code and _job() is not None:
+            from cgpt.sharding import distributed  # imports JAX: only once a job was joined
+
+            distributed.leave(code)  # no JAX exit barrier on the error path (see there)
+        return code
     finally:
-        preempt.restore(old)
+        stop.GUARD.restore(old)
+
+
+def _job() -> tuple[int, int] | None:
+    """The multi-process job this process joined, if any (JAX started: never starts it)."""
+    if "jax" not in sys.modules:
+        return None
+    from cgpt.sharding import distributed  # JAX is imported already: nothing to start
+
+    return distributed.joined()
 
 
 def _main(argv: list[str]) -> int:
@@ -275,49 +298,8 @@ def _main(argv: list[str]) -> int:
         argv = [a for a, o in zip(argv, is_override) if not o] + \
             [a for a, o in zip(argv, is_override) if o]
     args = ap.parse_args(argv)
-    from cgpt.sharding import distributed
-
     handlers = {"train": cmd_train, "list": cmd_list, "generate": cmd_generate, "eval": cmd_eval}
-    try:
-        code = _run_command(args, handlers)
-    except SystemExit as e:
-        if distributed.joined() is None:
-            raise
-        code = e.code if isinstance(e.code, int) else 1
-    except BaseException:
-        if distributed.joined() is None:
-            raise
-        import traceback
-        traceback.print_exc()  # unexpected: the traceback, then leave with the others
-        code = 1
-    if code and distributed.joined() is not None:
-        distributed.leave(code)  # no JAX exit barrier on the error path (see there)
-    return code
-
-
-def _run_command(args, handlers) -> int:
-    from cgpt.errors import CgptError, Preempted, Stopped
-    from cgpt.train.preempt import stop_line
-
-    try:
-        return args.func(args) if hasattr(args, "func") else handlers[args.command](args)
-    except (Preempted, Stopped) as e:  # checkpointed on SIGTERM/SIGUSR1/SIGUSR2, or before
-        print(f"cgpt {args.command}: {e}", file=sys.stderr)  # the loop (cgpt.train.preempt)
-        return e.exit_code
-    except (ValueError, CgptError) as e:  # the config readers raise ValueError
-        print(f"cgpt {args.command}: error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(stop_line(signal.SIGINT, args.command), file=sys.stderr)
-        return 130
-    except BrokenPipeError:  # `cgpt list | head`: the reader stopped; nothing is wrong
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush
-        return 0
-    except OSError as e:  # a file or directory that cannot be used: name it, no traceback
-        what = f"{e.filename}: " if e.filename else ""
-        print(f"cgpt {args.command}: error: {what}{e.strerror or e}; fix or remove it and "
-              "rerun", file=sys.stderr)
-        return 2
+    return args.func(args) if hasattr(args, "func") else handlers[args.command](args)
 
 
 if __name__ == "__main__":

@@ -2,9 +2,14 @@
 messages around a crash are one line naming the file, variable or job."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
+import pytest
 
 from cgpt.config.model import get_config
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def test_a_resume_prunes_to_keep_checkpoints(tmp_path):
@@ -165,3 +170,80 @@ def test_a_job_that_never_joins_ends_with_one_line_naming_it(tmp_path):
     assert r.returncode == 2 and len(lines) == 1, r.stderr[-2000:]
     assert lines[0].startswith("cgpt train: error: SLURM job 4242: process 1 waited 2 s"), lines
     assert "0, 2" in lines[0] and "srun" in lines[0], lines
+
+
+def test_a_killed_saves_temp_folder_is_removed_before_orbax_meets_it(tmp_path, caplog):
+    """A resume after a kill mid-checkpoint printed Orbax's warning about removing a temporary
+    directory 'which already exists' (13 of 42 resumes): read as an error."""
+    import logging
+
+    from cgpt.model.gpt import init_params
+    from cgpt.train import checkpoint
+
+    cfg = get_config("tiny-17k")
+    ck = checkpoint.Checkpointer(tmp_path, keep=3)
+    ck.save(1, init_params(cfg, 1), {"count": np.zeros((), np.int32)})
+    ck.close()
+    ckpts = tmp_path / "checkpoints"
+    for name in ("2.orbax-checkpoint-tmp", "2.orbax-checkpoint-tmp-1764351000123"):
+        (ckpts / name / "params").mkdir(parents=True)
+        (ckpts / name / "params" / "half").write_bytes(b"x")
+    (ckpts / "notes").mkdir()  # not Orbax's: left alone
+    with caplog.at_level(logging.WARNING):
+        ck = checkpoint.Checkpointer(tmp_path, keep=3)
+        try:
+            ck.restore_latest(init_params(cfg, 0), {"count": np.zeros((), np.int32)})
+            ck.save(2, init_params(cfg, 2), {"count": np.zeros((), np.int32)})
+        finally:
+            ck.close()
+    assert sorted(p.name for p in ckpts.iterdir()) == ["1", "2", "notes"]
+    assert not [r for r in caplog.records if "temporary" in r.getMessage()], caplog.text
+
+
+def test_a_worker_whose_sweep_was_killed_ends_quietly(tmp_path):
+    """Killing a `--parallel 2` sweep's parent left its workers printing BrokenPipeError
+    tracebacks when they reported their next result. Here the job is a stand-in that returns
+    at once, and the report pipe's reader is gone."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "from cgpt.sweep import worker\n"
+            "worker.run_job = lambda job, **k: [{'run_id': job.run_id, 'status': 'done'}]\n"
+            "worker._emulate_devices = lambda jobs: None\n"
+            "sys.exit(worker.main(['--report']))\n")
+    jobs = [{"run_id": f"r{i}", "run_dir": str(tmp_path / f"r{i}"), "resume": False}
+            for i in range(3)]
+    r, w = os.pipe()
+    os.close(r)  # the sweep is gone
+    try:
+        p = subprocess.run([sys.executable, "-c", code], input=json.dumps(jobs).encode(),
+                           stdout=w, stderr=subprocess.PIPE, timeout=300)
+    finally:
+        os.close(w)
+    assert p.returncode == 141 and b"Traceback" not in p.stderr and b"BrokenPipe" not in \
+        p.stderr, p.stderr.decode()[-2000:]
+
+
+@pytest.mark.parametrize("command", ["train", "sweep", "data"])
+def test_a_non_utf8_out_under_a_posix_locale_is_one_line(tmp_path, command):
+    """`--out` with a byte the POSIX locale cannot decode ended in tokenizers' codec error
+    (`'utf-8' codec can't encode character '\\udcff'`), after config.yaml was written."""
+    import os
+    import subprocess
+    import sys
+
+    out = os.fsdecode(os.fsencode(str(tmp_path)) + b"/out\xff")
+    argv = {"train": ["train", "--model", "tiny-17k", "--out", out],
+            "sweep": ["sweep", str(REPO / "sweeps" / "demo.yaml"), "--out", out],
+            "data": ["data", "prepare", str(tmp_path), "--tokenizer", "train", "--out", out]
+            }[command]
+    env = {**os.environ, "LC_ALL": "POSIX", "LANG": "", "PYTHONPATH": str(REPO)}
+    r = subprocess.run([sys.executable, "-m", "cgpt", *argv], env=env, capture_output=True,
+                       timeout=300)
+    lines = r.stderr.decode("utf-8", "replace").strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1, lines[-5:]
+    assert "not UTF-8" in lines[0] and "out\\xff" in lines[0], lines
+    assert list(tmp_path.iterdir()) == []

@@ -7,7 +7,7 @@ import re
 import sys
 from pathlib import Path
 
-from cgpt.errors import CgptError
+from cgpt import stop
 from cgpt.sweep.fitcheck import fit_results, print_fit
 from cgpt.sweep.groups import fit_groups, plan_groups, print_groups
 from cgpt.sweep.launch import EXECUTORS, ON_CHANGE, launch, print_table
@@ -138,12 +138,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m cgpt.sweep ...`: parses and runs the sweep command (errors: one line, rc 2)."""
+    """`python -m cgpt.sweep ...`, the same as `python -m cgpt sweep ...`: its process's edge
+    (`cgpt.stop.edge`: a stop or an error is one line and an exit status)."""
     ap = argparse.ArgumentParser(prog="cgpt sweep")
     add_arguments(ap)
     args = ap.parse_args(sys.argv[1:] if argv is None else argv)
-    try:
-        return cmd_sweep(args)
-    except (ValueError, CgptError) as e:
-        print(f"cgpt sweep: error: {e}", file=sys.stderr)
-        return 2
+    return stop.edge("sweep", lambda: cmd_sweep(args))

@@ -29,7 +29,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from cgpt import rundir
+from cgpt import rundir, stop
 from cgpt.errors import RunDirError
 from cgpt.sweep.executors import _LAUNCH, Job, RunTask, _live, _live_lock, _stopping, \
     _wait_for_parent, await_requeue, device_share, execute_run, outcome, prepare_job, \
@@ -203,30 +203,10 @@ def run_workers(jobs: list[Job], parallel: int, finished, seconds: dict[str, flo
 
 
 # ---- worker side --------------------------------------------------------------------------
-def _errors_as_lines(fn) -> int:
-    """Run `fn`, mapping its errors to `cgpt train`'s exit codes and one-line messages."""
-    from cgpt.errors import CgptError, Preempted
-
-    try:
-        fn()
-        return 0
-    except Preempted as e:
-        print(f"cgpt train: {e}", file=sys.stderr)
-        return e.exit_code
-    except (ValueError, CgptError) as e:
-        print(f"cgpt train: error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("cgpt train: interrupted; rerun with --resume to continue", file=sys.stderr)
-        return 130
-    except OSError as e:
-        print(f"cgpt train: error: {e.filename + ': ' if e.filename else ''}"
-              f"{e.strerror or e}; fix or remove it and rerun", file=sys.stderr)
-        return 2
-    except Exception:  # noqa: BLE001 - one job's crash fails that job, the others go on
-        import traceback
-        traceback.print_exc()
-        return 1
+def _train_edge(job: Job) -> int:
+    """Train `job` here with `cgpt train`'s exit status and one-line messages: the per-run
+    edge (`cgpt.stop.edge`), where one job's crash fails that job and the others go on."""
+    return stop.edge("train", lambda: _train_here(job) or 0, job=True)
 
 
 def _config(job: Job):
@@ -313,9 +293,9 @@ def run_job(job: Job, redirect: bool, note: str = "") -> list[dict]:
                 return [{"run_id": job.run_id, "status": "failed", "returncode": None,
                          "error": f"parent {job.branch_from} did not produce its checkpoint"}]
             with _output_to(log):
-                rc = _errors_as_lines(lambda: _train_here(job))
+                rc = _train_edge(job)
         else:
-            rc = _errors_as_lines(lambda: _train_here(job))
+            rc = _train_edge(job)
         return [outcome(m, rc, t0, log) for m in members]
     finally:
         for fd in locks:
@@ -394,7 +374,10 @@ def main(argv: list[str] | None = None) -> int:
             res = results[0] if not job.members else {
                 "run_id": job.run_id, "members": results,
                 "status": next((r["status"] for r in results if r["status"] != "done"), "done")}
-            os.write(channel, (RESULT + json.dumps(res) + "\n").encode())
+            try:
+                os.write(channel, (RESULT + json.dumps(res) + "\n").encode())
+            except BrokenPipeError:  # the sweep was killed: the run's files say what was done
+                os._exit(128 + 13)   # the shell's code for SIGPIPE, no traceback
         if any(r["status"] == "interrupted" for r in results):
             return 130
     return max((0 if r.get("status") == "done" else 1 for r in results), default=0) \

@@ -11,8 +11,9 @@ last good state (the step masks its update), fails at step k with the advice a s
 the step after next on (its scalars are read a step late, `cgpt.train.ahead`); the others go
 on. Nothing non-finite reaches the disk: every save is behind `fused.members_finite`.
 Relaunching a killed group with `resume=True` restarts every member from the newest checkpoint
-step they all kept (later ones are moved to `discarded_checkpoints/`, as `--from-step` does):
-batches are a pure function of the step, so the rewound members retrain exactly what they had.
+step they all kept (later ones are deleted, not kept in `discarded_checkpoints/` as
+`--from-step` does): batches are a pure function of the step, so the rewound members retrain
+exactly what they had.
 """
 from __future__ import annotations
 
