@@ -31,9 +31,11 @@ def _add_train(sub) -> None:
     p.add_argument("--from-step", type=int, metavar="STEP",
                    help="with --resume: continue from the kept checkpoint at STEP; later ones "
                    "move to discarded_checkpoints/")
-    p.add_argument("--mode", help="single | data_parallel | weight_streaming | layer_pipelined | auto")
+    p.add_argument("--mode",
+                   help="single | data_parallel | weight_streaming | layer_pipelined | auto")
     p.add_argument("--mesh", help="device mesh, e.g. data=2,stage=4")
-    p.add_argument("--seed", type=int, help="replicate seed: sets train.seed (init) and data.seed (data order)")
+    p.add_argument("--seed", type=int,
+                   help="replicate seed: sets train.seed (init) and data.seed (data order)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--branch-from", metavar="RUN@STEP",
                    help="cooldown branch: start from a WSD run's stable-phase checkpoint at STEP "

@@ -106,7 +106,8 @@ def check_utf8(out: str, flag: str) -> str:
 def check_destination(out: str, flag: str) -> None:
     """Refuse an output directory no run should fill (`flag`: the option that named it): a `~`
     the shell did not expand (it would make a folder named `~` here), the filesystem root,
-    the home directory itself, or a path that is not UTF-8 (bytes the locale cannot decode). A ValueError naming what was typed and the fix."""
+    the home directory itself, or a path that is not UTF-8 (bytes the locale cannot decode).
+    A ValueError naming what was typed and the fix."""
     text = str(out)
     check_utf8(text, flag)
     if text.startswith("~"):

@@ -1,7 +1,7 @@
 """The import graph, read from the source with `ast` (function-level imports included): no
-cycles, stages import only the stages below them, modules stay readable, `analysis` stays free
-of JAX and imports of cgpt only the directories' contract, and `resolve` decides a run without
-importing JAX."""
+cycles, stages import only the stages below them, `analysis` stays free of JAX and imports of
+cgpt only the directories' contract, `resolve` decides a run without importing JAX; and cgpt's
+code is not squeezed: no line over 100 characters, no statements joined on one line."""
 from __future__ import annotations
 
 import ast
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-MAX_LINES = 450
+MAX_CHARS = 100  # a line, as most Python style guides (nanoGPT and MaxText fit in it)
 # stages of cgpt, lowest first: a module may import its own stage and the ones below
 LAYERS = [("cgpt.errors", "cgpt.fileio", "cgpt.paths", "cgpt.rundir", "cgpt.record",
            "cgpt.stop"), ("cgpt.config",),
@@ -138,9 +138,38 @@ def test_analysis_loads_no_jax_and_no_more_of_cgpt_than_the_contract():
     assert set(p.stdout.split()) == {"cgpt", "cgpt.errors", "cgpt.paths", *CONTRACT}
 
 
-def test_modules_stay_readable():
-    long = {m: n for m, p in MODULES.items() if (n := len(p.read_text().splitlines())) > MAX_LINES}
-    assert long == {}
+def test_no_line_over_100_characters():
+    """Readable without squeezing: no cap on a module's length (one concept per module is a
+    reviewer's call, and a cap only made code wider and denser to stay under it), but no line
+    wider than `MAX_CHARS`."""
+    wide = [f"{p.relative_to(ROOT)}:{i}" for m, p in MODULES.items() if m.startswith("cgpt")
+            for i, line in enumerate(p.read_text().splitlines(), 1) if len(line) > MAX_CHARS]
+    assert wide == []
+
+
+def _joined(tree: ast.AST) -> list[int]:
+    """Lines holding two statements: `a; b`, or a compound statement's body on its header."""
+    lines = []
+    for node in ast.walk(tree):
+        for field in ("body", "orelse", "finalbody", "handlers"):
+            body = getattr(node, field, None)
+            if not isinstance(body, list) or not body:
+                continue
+            if (isinstance(node, (ast.stmt, ast.excepthandler)) and field == "body"
+                    and body[0].lineno == node.lineno):
+                lines.append(body[0].lineno)
+            lines += [b.lineno for a, b in zip(body, body[1:]) if b.lineno == a.end_lineno]
+    return sorted(set(lines))
+
+
+def test_no_statements_joined_on_one_line():
+    joined = [f"{p.relative_to(ROOT)}:{i}" for m, p in MODULES.items() if m.startswith("cgpt")
+              for i in _joined(ast.parse(p.read_text()))]
+    assert joined == []
+
+
+def test_joined_statements_are_found():
+    assert _joined(ast.parse("a = 1; b = 2\nif a: b = 3\nfor x in y:\n    pass\n")) == [1, 2]
 
 
 @pytest.mark.parametrize("module", ["cgpt.rundir", "cgpt.record", "cgpt.paths",

@@ -5,7 +5,8 @@ Layout of a store directory::
     manifest.json      written last, atomically: the store is complete iff it exists
     tokenizer.json     the tokenizer that produced the tokens
     plan.json          the work units (written first; a resumed prepare must match it)
-    shards/000000.bin  raw uint16 (vocabulary <= 65535) or uint32 tokens, <|endoftext|> after each document
+    shards/000000.bin  raw uint16 (vocabulary <= 65535) or uint32 tokens, <|endoftext|> after
+                       each document
     shards/000000.json the shard's record (written after its .bin): unit, counts, checksums
 
 The token stream is the shards concatenated in order. Readers need only the manifest: the
@@ -118,7 +119,8 @@ class ShardedTokens:
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     def windows(self, starts: np.ndarray, length: int) -> np.ndarray:
-        """[len(starts), length]: row i = tokens[starts[i] : starts[i] + length] (reads only those)."""
+        """[len(starts), length]: row i = tokens[starts[i] : starts[i] + length] (reads only
+        those)."""
         out = np.empty((len(starts), length), self.dtype)
         for i, s in enumerate(np.asarray(starts, np.int64)):
             out[i] = self.read(int(s), int(s) + length)
@@ -152,8 +154,9 @@ class TokenStore:
         self.root = Path(root).expanduser()
         path = self.root / MANIFEST
         if not path.is_file():
-            hint = (" It holds an unfinished prepare: rerun `python -m cgpt data prepare` with the same "
-                    "arguments to finish it." if (self.root / PLAN).is_file() else "")
+            hint = (
+                " It holds an unfinished prepare: rerun `python -m cgpt data prepare` with the "
+                "same arguments to finish it." if (self.root / PLAN).is_file() else "")
             raise DataError(f"{self.root} is not a prepared token store (no {MANIFEST}).{hint}")
         raw = path.read_bytes()
         try:
@@ -165,9 +168,10 @@ class TokenStore:
             raise DataError(f"{path}: format {m.get('format')!r}, expected {FORMAT!r}; "
                             "prepare the store again with this version of cgpt")
         shards = m.get("shards")
-        if not (isinstance(shards, list) and all(isinstance(s, dict) and isinstance(
-                s.get("file"), str) and isinstance(s.get("num_tokens"), int) for s in shards)
-                and isinstance(m.get("num_tokens"), int) and m.get("dtype") in ("uint16", "uint32")):
+        if not (isinstance(shards, list) and all(
+                isinstance(s, dict) and isinstance(s.get("file"), str) and
+                isinstance(s.get("num_tokens"), int) for s in shards) and
+                isinstance(m.get("num_tokens"), int) and m.get("dtype") in ("uint16", "uint32")):
             raise DataError(f"{path} is damaged (its dtype, num_tokens or shards list is "
                             "missing or malformed); prepare the store again")
         self.sha256 = hashlib.sha256(raw).hexdigest()
@@ -266,8 +270,9 @@ class TokenStore:
             with open(path, "rb") as f:
                 got = hashlib.file_digest(f, "sha256").hexdigest()
             if got != shard["sha256"]:
-                raise DataError(f"{path}: sha256 {got} differs from the manifest's {shard['sha256']}; "
-                                "the shard is damaged, prepare the store again")
+                raise DataError(
+                    f"{path}: sha256 {got} differs from the manifest's {shard['sha256']}; "
+                    "the shard is damaged, prepare the store again")
 
 
 def read_windows(tokens, starts: np.ndarray, length: int) -> np.ndarray:

@@ -4,12 +4,12 @@
     import cgpt.eval.harness; lm_eval.simple_evaluate(model="cgpt",
         model_args="pretrained=runs/x,dtype=float32,batch_size=16", tasks=["hellaswag"])
 
-(lm-eval knows the name `cgpt` once this module is imported.) `pretrained` is anything `cgpt.load` reads: a run directory, a Hugging Face GPT-2
-directory or a hub id. Requests are scored the way lm-eval's own `hf` model scores them
-(same truncation to the last n_ctx + 1 tokens, same rolling windows, same stop sequences),
-so the two agree to float precision; they run batched, longest first, padded to a few
-bucket lengths so that XLA compiles a handful of shapes. Optional dependency:
-`pip install lm-eval==0.4.13`.
+(lm-eval knows the name `cgpt` once this module is imported.) `pretrained` is anything `cgpt.load`
+reads: a run directory, a Hugging Face GPT-2 directory or a hub id. Requests are scored the way
+lm-eval's own `hf` model scores them (same truncation to the last n_ctx + 1 tokens, same rolling
+windows, same stop sequences), so the two agree to float precision; they run batched, longest first,
+padded to a few bucket lengths so that XLA compiles a handful of shapes. Optional dependency: `pip
+install lm-eval==0.4.13`.
 """
 from __future__ import annotations
 

@@ -35,7 +35,8 @@ def _hf_name(path: tuple[str, ...]) -> str:
 
 
 def key_map(cfg: ModelConfig) -> tuple[dict[str, tuple], dict[str, tuple]]:
-    """({top-level HF name: param path}, {per-layer HF name (after `h.<i>.`): path in params["h"]})."""
+    """({top-level HF name: param path},
+    {per-layer HF name (after `h.<i>.`): path in params["h"]})."""
     from cgpt.model.gpt import param_specs
 
     paths = list(param_specs(cfg))

@@ -141,7 +141,8 @@ def crossing_note(r: dict) -> str:
     if r.get("nodes", 1) <= 1:
         return "one node: no axis crosses nodes"
     bad = [a for a in cross if a not in ("data", "stage")]
-    text = f"{', '.join(cross) or 'none'} cross{'es' if len(cross) == 1 else ''} the {r['nodes']} nodes"
+    verb = "crosses" if len(cross) == 1 else "cross"
+    text = f"{', '.join(cross) or 'none'} {verb} the {r['nodes']} nodes"
     if bad:
         text += (f"; WARNING: {', '.join(bad)} crosses nodes (its gathers/reductions use the "
                  "inter-node network every layer): the batch leaves no layout with only "

@@ -70,9 +70,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seq-len", type=int, help="tokens per sequence (default: n_ctx)")
     p.add_argument("--dtype", help="compute dtype: float32 | bfloat16 (default: the "
                    "--platform's, as train chooses there)")
-    p.add_argument("--platform", default="gpu", choices=("gpu", "tpu", "rocm", "cpu"),
-                   help="the devices planned for (default gpu): their dtype, attention and "
-                        "vocabulary padding (cgpt.config.backend); compiled on emulated CPU devices")
+    p.add_argument(
+        "--platform", default="gpu", choices=("gpu", "tpu", "rocm", "cpu"),
+        help="the devices planned for (default gpu): their dtype, attention and "
+        "vocabulary padding (cgpt.config.backend); compiled on emulated CPU devices")
     p.add_argument("--remat", choices=("on", "off", *REMATS),
                    help="a rung of the remat ladder (on = full, off = save_dots; default: the "
                         "first of the platform's ladder whose step fits, as train chooses)")

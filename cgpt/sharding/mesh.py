@@ -27,7 +27,8 @@ from cgpt.sharding import distributed
 
 
 def maybe_initialize_distributed() -> bool:
-    """Join a multi-host job when its environment says there is one (`cgpt.sharding.distributed`)."""
+    """Join a multi-host job when its environment says there is one
+    (`cgpt.sharding.distributed`)."""
     return distributed.initialize()
 
 

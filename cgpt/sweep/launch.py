@@ -58,8 +58,8 @@ def print_table(sweep: Sweep, out: Path | None, runs: list[Run], parallel: int =
     e = sweep.estimate
     cluster = e.mfu is not None and e.device_flops is not None
     hdr = (f"{'run_id':34s} {'state':>11s} {'N':>8s} {'D':>8s} {'D/N':>6s} {'batch':>5s} "
-           f"{'steps':>7s} {'FLOPs':>9s} {'6ND':>9s} {'est':>7s}"
-           + (f" {'devices':>7s} {'limit':>7s} {'jobs':>4s} {'ckpt/limit':>10s}" if cluster else ""))
+           f"{'steps':>7s} {'FLOPs':>9s} {'6ND':>9s} {'est':>7s}" +
+           (f" {'devices':>7s} {'limit':>7s} {'jobs':>4s} {'ckpt/limit':>10s}" if cluster else ""))
     print(f"sweep {sweep.name} ({sweep.path}): {len(runs)} runs"
           + (f" (of {len(sweep.runs)}, --only)" if len(runs) != len(sweep.runs) else "")
           + (f"; {sweep.dropped} grid points dropped by filter:" if sweep.dropped else ""),
@@ -73,12 +73,13 @@ def print_table(sweep: Sweep, out: Path | None, runs: list[Run], parallel: int =
         left_s += 0 if state in ("done", "running") else est
         limit = float(r.slurm.get("timeout_min", 0)) * 60
         per_limit = checkpoints_per_limit(r, est, limit)
-        print(f"{r.run_id:34s} {state:>11s} {fmt_count(r.n_params):>8s} "
-              f"{fmt_count(r.tokens):>8s} {r.tokens / r.n_params:6.1f} {r.batch_size:5d} "
-              f"{r.steps:7d} {r.flops:9.2e} {r.flops_6nd:9.2e} {fmt_time(est):>7s}"
-              + (f" {r.devices:7d} {fmt_time(limit) if limit else '-':>7s} "
-                 f"{math.ceil(est / limit) if limit else 1:4d} {per_limit:10.0f}" if cluster else ""),
-              file=file)
+        print(
+            f"{r.run_id:34s} {state:>11s} {fmt_count(r.n_params):>8s} "
+            f"{fmt_count(r.tokens):>8s} {r.tokens / r.n_params:6.1f} {r.batch_size:5d} "
+            f"{r.steps:7d} {r.flops:9.2e} {r.flops_6nd:9.2e} {fmt_time(est):>7s}" +
+            (f" {r.devices:7d} {fmt_time(limit) if limit else '-':>7s} "
+             f"{math.ceil(est / limit) if limit else 1:4d} {per_limit:10.0f}" if cluster else ""),
+            file=file)
     fl = [r.flops for r in runs]
     rate = (f"MFU {e.mfu:.0%} of {e.device_flops:.3g} FLOP/s per device" if cluster
             else f"{e.flops_per_s:.3g} FLOP/s")

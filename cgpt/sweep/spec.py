@@ -67,7 +67,7 @@ class Run:
     config: RunConfig
     n_params: int
     n_params_nonembed: int
-    tokens: int  # actually trained: steps x batch x seq_len (the budget rounded down to whole steps)
+    tokens: int  # trained: steps x batch x seq_len (the budget rounded down to whole steps)
     batch_size: int
     steps: int
     flops: float  # counted (cgpt.config.flops.train_flops), at the run's seq_len
@@ -231,7 +231,8 @@ def load_sweep(path: str | Path, sets: list[str] | None = None, _spec: dict | No
                          "'.' or '..'): the sweep's default --out is runs/sweeps/<name>")
     base = spec.get("base") or {}
     if not isinstance(base, dict):
-        raise ValueError(f"{spec_path}: 'base' must be a run config mapping (preset/model/data/train)")
+        raise ValueError(
+            f"{spec_path}: 'base' must be a run config mapping (preset/model/data/train)")
     bad = sorted(set(base) - {"preset", *SECTIONS})
     if bad:
         raise ValueError(f"{spec_path}: unknown base key(s) {bad}; use model, data, train")
@@ -287,7 +288,8 @@ def load_sweep(path: str | Path, sets: list[str] | None = None, _spec: dict | No
 
     per_model = spec.get("per_model") or {}
     if not isinstance(per_model, dict):
-        raise ValueError(f"{spec_path}: 'per_model' maps a grid.model name to {{section.key: value}}")
+        raise ValueError(
+            f"{spec_path}: 'per_model' maps a grid.model name to {{section.key: value}}")
     stray = sorted(set(per_model) - set(models))
     if stray:
         raise ValueError(f"{spec_path}: per_model names {stray} that are not in grid.model")
@@ -372,7 +374,8 @@ def load_sweep(path: str | Path, sets: list[str] | None = None, _spec: dict | No
                       f"{value:g} tok/param" if kind == "tpp" else "fixed")
             idpart = f"d{fmt_count(plan.tokens)}"
         seed_val = cfg.train.seed
-        rid = f"{_safe(m)}_{idpart}_s{seed_val}" + (f"_{olabel}" if label_overrides and olabel else "")
+        label = f"_{olabel}" if label_overrides and olabel else ""
+        rid = f"{_safe(m)}_{idpart}_s{seed_val}{label}"
         runs.append(Run(
             run_id=rid, model=cfg.model.name, seed=seed_val, budget=budget, config=cfg,
             n_params=n, n_params_nonembed=cfg.model.num_params(embedding=False),
@@ -403,7 +406,8 @@ def load_sweep(path: str | Path, sets: list[str] | None = None, _spec: dict | No
 
 def _with_branches(runs: list[Run], fractions: list[float], spec_path: Path) -> list[Run]:
     """`grid.branches`: each run becomes a WSD parent plus one cooldown branch per fraction of
-    its budget (cgpt.train.branch.plan_branches); parents first, so they start before their branches."""
+    its budget (cgpt.train.branch.plan_branches); parents first, so they start before their
+    branches."""
     from dataclasses import replace
 
     from cgpt.train.branch import plan_branches

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import yaml
 
-from analysis.schema import COLUMNS, FROM_SUMMARY, TEXT, neutralise  # the results contract `load_results` reads
+# the results contract `load_results` reads
+from analysis.schema import COLUMNS, FROM_SUMMARY, TEXT, neutralise
 from cgpt import paths, rundir
 from cgpt.errors import RunDirError
 from cgpt.config.model import ModelConfig

@@ -4,8 +4,9 @@ has just queued; the one step schedule of both loops (`cgpt.train.loop`, a run a
 
 `run` dispatches step k+1 before it reads step k's scalars (one transfer for all of the step
 record's device fields, `cgpt.record`): while the device runs k+1 the host logs k, loads the
-next batch and polls the checkpoint triggers. Only a step whose updated state is needed at once (an evaluation, a
-checkpoint, a stop, the last step: `Lifecycle.needs_state`) is read before the next dispatch.
+next batch and polls the checkpoint triggers. Only a step whose updated state is needed at
+once (an evaluation, a checkpoint, a stop, the last step: `Lifecycle.needs_state`) is read
+before the next dispatch.
 A non-finite step k is noticed after k+1 was queued. A run alone then stops: k+1's result is
 dropped unread, nothing was written for either, and no checkpoint can have been taken in
 between (checkpoint steps are read at once), so it stops at the same step with the same kept

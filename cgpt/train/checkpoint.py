@@ -125,7 +125,8 @@ class Checkpointer:
         # at any time until the save is waited for: held back until then
         held, unraisable, prev_hook = quiet.HoldErrors(), [], sys.unraisablehook
         logging.getLogger("absl").addFilter(held)
-        sys.unraisablehook = lambda u: unraisable.append(u) if quiet.closed_loop(u) else prev_hook(u)
+        sys.unraisablehook = (lambda u: unraisable.append(u) if quiet.closed_loop(u)
+                              else prev_hook(u))
         self._holds = (held, unraisable, prev_hook)
 
     def _release(self, step: int, error: BaseException | None) -> None:
@@ -171,11 +172,11 @@ class Checkpointer:
         A checkpoint that fails to restore (corrupted on disk) is skipped with a warning, set
         aside (so that its step can be rewritten) and the previous one is used.
         """
-        found = restore_newest(self.mngr, self.run_dir,
-                               {"params": abstract_params, "opt_state": abstract_opt_state},
-                               "move the checkpoints away to start over",
-                               lambda s: _set_aside(self.run_dir, self.run_dir / rundir.CKPT_DIR / str(s),
-                                                    self.run_dir / rundir.CORRUPT_DIR / str(s)))
+        found = restore_newest(
+            self.mngr, self.run_dir, {"params": abstract_params, "opt_state": abstract_opt_state},
+            "move the checkpoints away to start over",
+            lambda s: _set_aside(self.run_dir, self.run_dir / rundir.CKPT_DIR / str(s),
+                                 self.run_dir / rundir.CORRUPT_DIR / str(s)))
         if found is None:
             return None
         step, out, bad = found

@@ -3,12 +3,13 @@
 A sweep's worker trains its jobs one after another (`cgpt.sweep.worker`), and each new model
 shape costs XLA compiles before its first step (measured on the 2-core CPU: ~15 s per demo
 shape: the train step, the fresh state's init and the evaluation). `compile_run` runs the
-start-up of `cgpt.train.loop` (`cgpt.train.setup.start_up`) up to those compiles, on `jax.ShapeDtypeStruct`s (nothing is
-allocated, no file is written), so a background thread can compile the next job's programs
-while the current job trains. The executables land in JAX's persistent compilation cache
-(the sweep always sets one); the job itself then traces and lowers as before and loads them
-from the cache: the same programs, so the same results, bit for bit. A failed ahead-compile is
-dropped: the job compiles for itself and fails, if it must, with its own one-line error.
+start-up of `cgpt.train.loop` (`cgpt.train.setup.start_up`) up to those compiles, on
+`jax.ShapeDtypeStruct`s (nothing is allocated, no file is written), so a background thread can
+compile the next job's programs while the current job trains. The executables land in JAX's
+persistent compilation cache (the sweep always sets one); the job itself then traces and lowers as
+before and loads them from the cache: the same programs, so the same results, bit for bit. A failed
+ahead-compile is dropped: the job compiles for itself and fails, if it must, with its own one-line
+error.
 """
 from __future__ import annotations
 
