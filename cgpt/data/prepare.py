@@ -38,7 +38,8 @@ from cgpt.data import sources
 from cgpt.fileio import atomic_write, atomic_write_text
 from cgpt.paths import check_utf8
 from cgpt.data.sources import DataError, Unit
-from cgpt.data.store import FORMAT, MANIFEST, PLAN, TokenStore, discard_stale, shard_name, token_dtype, write_manifest
+from cgpt.data.store import (FORMAT, MANIFEST, PLAN, TokenStore, discard_stale, shard_name,
+                              token_dtype, write_manifest)
 from cgpt.data.tokenizer import EOT, TOKENIZER_FILE, sha256 as tokenizer_sha256
 
 RECIPE = "cgpt-data-v2"  # bump whenever tokenization changes the tokens
