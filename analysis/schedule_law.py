@@ -15,18 +15,19 @@ S1(s) = Σ_{i=1}^{s} η_i over every step, warmup included (Luo et al.'s S1 + S_
   LD(t) = B·Σ_{k=1}^{t} (η_{k−1} − η_k)·G(η_k^(−γ)·S_k(t)), G(x) = 1 − (C·x + 1)^(−β),
   S_k(t) = Σ_{τ=k}^{t} η_τ, the sum over the steps after the peak (η_p the peak LR).
 
-Conventions: LRs enter in units of `lr_scale` (the largest LR of the fitted curves), so S1
-and S2 are in steps x peak LR and A, C, B are in those units; the loss logged at step s is
-modelled with η_1..η_s (the papers' indexing). Only steps after the peak are fitted (the
-papers fit from the end of warmup). Parameters linear in the law (L0, A, C; L0, A, B) are
-solved exactly for each value of the others (variable projection), the rest by least
-squares from a few starts. The bootstrap resamples blocks of each curve's residuals (moving
-blocks, so the residuals' correlation along a curve is kept) or whole runs, and refits: its
-intervals are for the law's expected curve, not for one more run's seed-to-seed scatter.
+Conventions: LRs enter in units of `lr_scale` (the largest LR of the fitted curves), so S1 and
+S2 are in steps x peak LR and A, C, B are in those units. η_i is the LR metrics.jsonl logs at
+step i (the LR of step i's update); the loss logged at step s, computed before that step's
+update, is the papers' L(s−1): its areas sum η_1..η_{s−1}. Only steps after the peak are fitted
+(the papers fit from the end of warmup). Parameters linear in the law (L0, A, C; L0, A, B) are
+solved exactly for each value of the others (variable projection), the rest by least squares
+from a few starts. The bootstrap resamples blocks of each curve's residuals (moving blocks, so
+the residuals' correlation along a curve is kept) or whole runs, and refits: its intervals are for the law's expected curve, not for one more run's seed-to-seed scatter.
 """
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -113,33 +114,36 @@ class _Features:
 
 
 def _features(eta: np.ndarray, at: np.ndarray, lam: float) -> _Features:
+    """`eta[i]`: the LR of step i+1's update, as metrics.jsonl logs it; `at`: 0-based logged
+    steps. The loss logged at step s is computed before that step's update, on the weights of
+    updates 1..s-1: the papers' L(s-1), so its areas sum the LRs of steps < s."""
     peak = int(np.argmax(eta))
-    cum = np.cumsum(eta)
+    before = np.concatenate([[0.0], np.cumsum(eta)])   # before[i] = Σ_{τ<i} eta[τ]
     d = np.zeros_like(eta)
     d[peak + 1:] = eta[peak:-1] - eta[peak + 1:]
     m = np.zeros_like(eta)
     for i in range(peak + 1, len(eta)):
         m[i] = lam * m[i - 1] + d[i]
-    s2 = np.cumsum(m)
+    s2 = np.concatenate([[0.0], np.cumsum(m)])
     k = np.flatnonzero(d)
-    before = np.concatenate([[0.0], cum])[k]           # Σ_{τ<k} η_τ
-    live = k[None, :] <= at[:, None]
-    s_k = np.where(live, cum[at][:, None] - before[None, :], 0.0)
-    return _Features(eta, cum[at], s2[at], d[k], eta[k], s_k, live)
+    live = k[None, :] < at[:, None]
+    s_k = np.where(live, before[at][:, None] - before[k][None, :], 0.0)
+    return _Features(eta, before[at], s2[at], d[k], eta[k], s_k, live)
 
 
 def _design(form: str, f: _Features, nl: np.ndarray) -> np.ndarray:
     """Columns multiplying the linear parameters (L0, A, C) or (L0, A, B) given the others."""
     one = np.ones_like(f.s1)
+    with np.errstate(divide="ignore"):
+        power = np.where(f.s1 > 0, f.s1, np.nan) ** -nl[0]   # no update yet: no prediction
     if form == "tissue":
-        (alpha,) = nl
-        return np.column_stack([one, f.s1 ** -alpha, -f.s2])
+        return np.column_stack([one, power, -f.s2])
     alpha, c, beta, gamma = nl
     with np.errstate(divide="ignore", over="ignore"):
         x = np.where(f.eta_k > 0, f.eta_k ** -gamma, np.inf)[None, :] * f.s_k
         g = np.where(np.isfinite(x), 1.0 - (c * x + 1.0) ** -beta, 1.0)
     g[~f.live] = 0.0
-    return np.column_stack([one, f.s1 ** -alpha, -(g * f.drop[None, :]).sum(axis=1)])
+    return np.column_stack([one, power, -(g * f.drop[None, :]).sum(axis=1)])
 
 
 def _full(form: str, lin: np.ndarray, nl: np.ndarray) -> np.ndarray:
@@ -154,7 +158,8 @@ def _split(form: str, p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return p[[0, 1, 3]], p[[2, 4, 5, 6]]
 
 
-_BOUNDS = {"tissue": ([1e-3], [5.0]),
+# the search range of the parameters the law is not linear in (alpha; alpha, C, beta, gamma)
+_BOUNDS = {"tissue": ([0.02], [4.0]),
            "multipower": ([1e-3, 1e-4, 1e-3, 0.0], [5.0, 1e4, 10.0, 3.0])}
 _STARTS = {"tissue": [],
            "multipower": [[a, c, b, g] for a in (0.3, 1.0) for c in (0.5, 5.0)
@@ -171,7 +176,7 @@ def _solve(form: str, feats: list[_Features], ys: list[np.ndarray], x0=None) -> 
         return lin, y - x @ lin
 
     if form == "tissue":
-        grid = np.geomspace(0.02, 4.0, 40)
+        grid = np.geomspace(_BOUNDS[form][0][0], _BOUNDS[form][1][0], 40)
         rss = [float(np.sum(linear([a])[1] ** 2)) for a in grid]
         i = int(np.argmin(rss))
         lo, hi = grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)]
@@ -219,15 +224,19 @@ class ScheduleLawFit:
         return _features(eta / self.lr_scale, np.arange(eta.size), self.lam)
 
     def predict(self, lrs) -> pd.DataFrame:
-        """The law's loss at every step of the LR sequence `lrs` (step 1 first), with the
-        bootstrap percentile interval at `level`: columns step, lr, loss, lo, hi."""
+        """The law's loss at every step of the LR sequence `lrs` (step 1 first; NaN at step 1,
+        before any update), with the bootstrap percentile interval at `level`: columns step,
+        lr, loss, lo, hi."""
         f = self._features(lrs)
         p = np.array([self.params[k] for k in PARAMS[self.form]])
         loss = _curve(self.form, p, f)
         lo = hi = np.full_like(loss, np.nan)
         if len(self.boot):
             b = np.array([_curve(self.form, q, f) for q in self.boot])
-            lo, hi = np.nanpercentile(b, [50 * (1 - self.level), 50 * (1 + self.level)], axis=0)
+            with warnings.catch_warnings():  # step 1 (no update yet) is NaN in every resample
+                warnings.simplefilter("ignore", RuntimeWarning)
+                lo, hi = np.nanpercentile(b, [50 * (1 - self.level), 50 * (1 + self.level)],
+                                          axis=0)
         return pd.DataFrame({"step": np.arange(1, f.eta.size + 1), "lr": f.eta * self.lr_scale,
                              "loss": loss, "lo": lo, "hi": hi})
 
@@ -246,6 +255,20 @@ class ScheduleLawFit:
         lo, hi = np.nanpercentile(b, [50 * (1 - self.level), 50 * (1 + self.level)])
         return est, float(lo), float(hi)
 
+    def _warnings(self) -> str:
+        """What the curves did not pin: a parameter at the end of its search range, L0 < 0."""
+        names = [k for k in PARAMS[self.form] if k not in ("L0", "A", "B")
+                 and not (self.form == "tissue" and k == "C")]
+        lb, ub = _BOUNDS[self.form]
+        stuck = [k for k, a, b in zip(names, lb, ub)
+                 if np.isclose(self.params[k], a, rtol=1e-3) or np.isclose(self.params[k], b,
+                                                                            rtol=1e-3)]
+        out = [f"{', '.join(stuck)} at the end of the search range"] if stuck else []
+        if self.params["L0"] < 0:
+            out.append(f"L0 = {self.params['L0']:.3g} < 0")
+        return (f"NOT PINNED by these curves ({'; '.join(out)}): read its predictions with "
+                "care. ") if out else ""
+
     def summary(self) -> str:
         name = {"tissue": "Tissue et al. 2024 L0 + A*S1^-alpha - C*S2 (lambda "
                           f"{self.lam:g})",
@@ -256,7 +279,7 @@ class ScheduleLawFit:
             ci = (f" [{np.nanpercentile(self.boot[:, i], lo):.4g}, "
                   f"{np.nanpercentile(self.boot[:, i], hi):.4g}]") if len(self.boot) else ""
             parts.append(f"{k} = {self.params[k]:.4g}{ci}")
-        return (f"{name} on {len(self.runs)} run(s) ({', '.join(self.runs)}), "
+        return (self._warnings() + f"{name} on {len(self.runs)} run(s) ({', '.join(self.runs)}), "
                 f"{self.n_points} loss records after warmup, rmse {self.rmse:.4g}; LRs in units "
                 f"of {self.lr_scale:g}; " + ", ".join(parts) +
                 (f" ({self.level:.0%} intervals from {len(self.boot)} {self.resample} "
@@ -265,14 +288,16 @@ class ScheduleLawFit:
 
 def fit_schedule_law(curves, form: str = "multipower", *, lam: float = LAMBDA,
                      n_boot: int = 200, resample: str = "blocks", block: int | None = None,
-                     max_points: int = 400, seed: int = 0,
+                     max_points: int = 400, start: int | None = None, seed: int = 0,
                      level: float = 0.95) -> ScheduleLawFit:
     """Fit `form` ("tissue" | "multipower") to the loss curves of one model size.
 
     curves: a DataFrame with columns run_id, step, lr, loss (every step from 1), or run
     directories (read with read_schedule_curves). At least one curve must anneal (its LR fall
     after its peak): a constant LR says nothing of the annealing term. max_points: the loss
-    records per run fitted, evenly spaced after the peak (the areas use every step).
+    records per run fitted, evenly spaced after the peak (the areas use every step). start:
+    the first logged step fitted (default: the first after the peak, as the papers do; a later
+    one leaves out an early phase the law does not describe).
     resample: "blocks" (moving blocks of `block` residuals per curve, default a tenth of it)
     or "runs" (whole runs, with replacement; needs >= 3 runs).
     """
@@ -285,6 +310,8 @@ def fit_schedule_law(curves, form: str = "multipower", *, lam: float = LAMBDA,
     level = check_level(level)
     n_boot = check_count(n_boot)
     max_points = check_count(max_points, "max_points", 5)
+    if start is not None:
+        start = check_count(start, "start", 1)
     if not isinstance(curves, pd.DataFrame):
         curves = read_schedule_curves(curves)
     runs = _check_curves(curves)
@@ -295,10 +322,13 @@ def fit_schedule_law(curves, form: str = "multipower", *, lam: float = LAMBDA,
     feats, ys = {}, {}
     for rid, g in runs.items():
         eta = g["lr"].to_numpy(float) / scale
-        after = np.arange(int(np.argmax(eta)) + 1, eta.size)
+        first = int(np.argmax(eta)) + 1 if start is None else max(int(np.argmax(eta)) + 1,
+                                                                    start - 1)
+        after = np.arange(first, eta.size)
         if after.size < 5:
             raise ValueError(f"curves: run {rid!r} has {after.size} step(s) after its LR peak "
-                             "(the end of warmup); the law is fitted to the steps after it")
+                             f"(the end of warmup){'' if start is None else f' and step {start}'}"
+                             "; the law is fitted to those steps: lower start or pass longer runs")
         at = after[np.unique(np.linspace(0, after.size - 1, min(max_points, after.size))
                              .round().astype(int))]
         feats[rid] = _features(eta, at, lam)

@@ -33,8 +33,11 @@ def lrs(kind: str, frac: float = 0.2, end: float = 0.1) -> np.ndarray:
 
 
 def truth(form, params, eta):
-    return _curve(form, np.array(params, float), _features(eta / PEAK, np.arange(eta.size),
+    """The law's loss at each logged step (step 1, before any update, copies step 2's)."""
+    loss = _curve(form, np.array(params, float), _features(eta / PEAK, np.arange(eta.size),
                                                            0.999))
+    assert np.isnan(loss[0])
+    return np.concatenate([loss[1:2], loss[1:]])
 
 
 def simulate(form, params, kinds, sigma, seed=0) -> pd.DataFrame:
@@ -55,6 +58,8 @@ def test_tissue_recovered_from_constant_and_wsd():
     curves = simulate("tissue", TISSUE, {"constant": lrs("constant"), "wsd": lrs("wsd")}, 0.005)
     fit = fit_schedule_law(curves, "tissue", n_boot=40)
     got = fit.params
+    late = fit_schedule_law(curves, "tissue", n_boot=0, start=150)
+    assert late.n_points == 2 * (T - 149) and late.params["C"] == pytest.approx(0.004, rel=0.1)
     assert got["L0"] == pytest.approx(3.0, abs=0.02)
     assert got["alpha"] == pytest.approx(0.5, abs=0.05)
     assert got["C"] == pytest.approx(0.004, rel=0.05)
@@ -64,6 +69,7 @@ def test_tissue_recovered_from_constant_and_wsd():
         assert abs(est / want - 1) < 0.005  # the issue's 0.5%
         assert lo <= want <= hi
     assert "Tissue" in fit.summary() and "C = " in fit.summary()
+    assert "NOT PINNED" not in fit.summary()
 
 
 def test_multipower_recovered_from_three_schedules():
@@ -78,7 +84,8 @@ def test_multipower_recovered_from_three_schedules():
     for kind, eta in {"linear": lrs("linear"), "wsd10": lrs("wsd", 0.1)}.items():
         want = truth("multipower", MULTIPOWER, eta)
         pred = fit.predict(eta)
-        assert len(pred) == T and (pred["lo"] <= pred["hi"]).all()
+        assert len(pred) == T and pred["loss"].isna().tolist() == [True] + [False] * (T - 1)
+        assert (pred["lo"] <= pred["hi"])[1:].all()
         after = slice(WARM, None)
         assert np.max(np.abs(pred["loss"].to_numpy()[after] / want[after] - 1)) < 0.003
         est, lo, hi = fit.final_loss(eta)
@@ -93,6 +100,8 @@ def test_the_two_laws_differ_where_they_should():
     tissue = fit_schedule_law(curves, "tissue", n_boot=0)
     multi = fit_schedule_law(curves, "multipower", n_boot=0)
     assert multi.rmse < 0.0012 < tissue.rmse
+    flat = curves.assign(loss=3.0 + 0.001 * np.random.default_rng(1).standard_normal(len(curves)))
+    assert "NOT PINNED" in fit_schedule_law(flat, "tissue", n_boot=0).summary()
 
 
 def test_resampling_runs(tmp_path):
@@ -139,6 +148,8 @@ def test_bad_input_is_one_clear_error(tmp_path):
         fit_schedule_law(good, resample="runs")
     with pytest.raises(ValueError, match="level=95"):
         fit_schedule_law(good, level=95)
+    with pytest.raises(ValueError, match="step 299; the law is fitted to those steps"):
+        fit_schedule_law(good, start=299)
     with pytest.raises(FileNotFoundError, match="no metrics.jsonl"):
         fit_schedule_law([tmp_path / "nope"])
     _write_run(tmp_path / "nolr", [{"step": 1, "loss": 5.0}])

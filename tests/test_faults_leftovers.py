@@ -247,3 +247,34 @@ def test_a_non_utf8_out_under_a_posix_locale_is_one_line(tmp_path, command):
     assert r.returncode == 2 and len(lines) == 1, lines[-5:]
     assert "not UTF-8" in lines[0] and "out\\xff" in lines[0], lines
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_killed_prepare_of_other_data_is_started_over(tmp_path, capsys):
+    """A killed `data prepare` left plan.json behind, and a prepare of other data into the same
+    --out was refused until the user deleted it: the unfinished store's own files are replaced
+    (a note says so), and a finished store is still refused."""
+    import json
+
+    from cgpt.cli import main as cli_main
+    from cgpt.data.tokenizer import train_tokenizer
+
+    src = tmp_path / "src"
+    src.mkdir()
+    docs = [f"document {i} about shards and tokens and stores" * 20 for i in range(40)]
+    (src / "a.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in docs))
+    train_tokenizer([docs], 280).save(str(tmp_path / "tok.json"))
+    out = tmp_path / "store"
+    argv = ["data", "prepare", str(src), "--tokenizer", str(tmp_path / "tok.json"), "--out",
+            str(out), "--no-progress", "--num-proc", "1"]
+    assert cli_main(argv) == 0
+    (out / "manifest.json").unlink()  # as if killed before its manifest
+    (src / "a.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in docs[::2]))
+    capsys.readouterr()
+    assert cli_main(argv) == 0
+    assert "unfinished prepare of other data (sources differ); starting over" in \
+        capsys.readouterr().err
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["num_documents"] == 20
+    (src / "a.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in docs))
+    assert cli_main(argv) == 2  # a finished store of other data: refused, kept
+    assert json.loads((out / "manifest.json").read_text()) == m

@@ -39,8 +39,8 @@ from cgpt.data import sources
 from cgpt.fileio import atomic_write, atomic_write_text
 from cgpt.paths import check_utf8
 from cgpt.data.sources import DataError, Unit
-from cgpt.data.store import (FORMAT, MANIFEST, PLAN, TokenStore, shard_name, token_dtype,
-                              write_manifest)
+from cgpt.data.store import (FORMAT, MANIFEST, PLAN, TokenStore, discard_stale, shard_name,
+                             token_dtype, write_manifest)
 from cgpt.data.tokenizer import (EOT, TOKENIZER_FILE, load_tokenizer, sha256 as tokenizer_sha256,
                                  train_tokenizer, with_eot)
 
@@ -443,6 +443,8 @@ def cmd_prepare(args) -> int:
 
 
 def _cmd_prepare(args, out: Path, corpus: Corpus, t0: float) -> int:
+    discard_stale(out, {"source": args.source, "text_column": args.text_column,
+                        "split": args.split, "sources": corpus.identity})  # a killed prepare
     if args.tokenizer != "train":
         tok = load_tokenizer(args.tokenizer)
     elif (out / PLAN).is_file() and (out / TOKENIZER_FILE).is_file():

@@ -56,6 +56,37 @@ def shard_name(index: int) -> str:
     return f"shards/{index:06d}"
 
 
+def discard_stale(root: Path, identity: dict) -> bool:
+    """Remove an unfinished store in `root` (a killed prepare's plan.json, tokenizer.json and
+    shards, no manifest) whose plan is of other data than `identity` (plan keys -> values), so
+    that a new prepare starts there instead of being refused. Only the store's own files go
+    (anything else stays, and the prepare then refuses the folder). True when one was removed."""
+    import re
+    import sys
+
+    if (root / MANIFEST).exists() or not (root / PLAN).is_file():
+        return False
+    try:
+        plan = json.loads((root / PLAN).read_bytes())
+    except (OSError, ValueError, RecursionError):
+        return False  # a damaged plan.json: the prepare names it
+    diff = [k for k, v in identity.items() if not isinstance(plan, dict) or plan.get(k) != v]
+    if not diff:
+        return False
+    print(f"note: {root} held an unfinished prepare of other data ({', '.join(diff)} differ); "
+          "starting over", file=sys.stderr)
+    for p in sorted((root / "shards").glob("*")) if (root / "shards").is_dir() else ():
+        if re.fullmatch(r"\d{6}\.(bin|json)(\..*\.tmp)?", p.name) and p.is_file():
+            p.unlink()
+    for p in (root / TOKENIZER_FILE, root / PLAN):
+        p.unlink(missing_ok=True)
+    try:
+        (root / "shards").rmdir()
+    except OSError:
+        pass  # not empty (not only ours) or absent
+    return True
+
+
 def write_manifest(root: Path, manifest: dict) -> None:
     atomic_write_text(root / MANIFEST, json.dumps(manifest, indent=1) + "\n")
 
