@@ -27,7 +27,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import stat
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -61,9 +63,6 @@ def discard_stale(root: Path, identity: dict) -> bool:
     shards, no manifest) whose plan is of other data than `identity` (plan keys -> values), so
     that a new prepare starts there instead of being refused. Only the store's own files go
     (anything else stays, and the prepare then refuses the folder). True when one was removed."""
-    import re
-    import sys
-
     if (root / MANIFEST).exists() or not (root / PLAN).is_file():
         return False
     try:
