@@ -92,7 +92,7 @@ def _emulate_cpu_devices(mesh_spec: str | None) -> None:
     backend reads this, and only if no JAX computation has started yet."""
     if mesh_spec:
         from cgpt.sharding.distributed import devices_per_process  # loads JAX: only when this runs
-        from cgpt.sharding.mesh import emulate_cpu_devices  # loads JAX: only when this runs
+        from cgpt.sharding import emulate_cpu_devices  # loads JAX: only when this runs
 
         emulate_cpu_devices(devices_per_process(mesh_size(mesh_spec)))
 

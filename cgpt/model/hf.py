@@ -17,8 +17,8 @@ import re
 from pathlib import Path
 
 import numpy as np
+import safetensors.numpy
 from safetensors import SafetensorError, safe_open
-from safetensors.numpy import save_file
 
 from cgpt.config.model import ModelConfig
 from cgpt.config.values import typed
@@ -414,8 +414,8 @@ def save_hf_dir(params: dict, cfg: ModelConfig, out: Path, tokenizer=None) -> Pa
         eot = tokenizer.token_to_id("<|endoftext|>") if tokenizer is not None else None
         (tmp / "config.json").write_text(json.dumps(config_to_hf(cfg, eot), indent=2))
         sd = state_dict_from_params(params, cfg)
-        save_file(fold_mup(sd, cfg) if cfg.mup else sd, str(tmp / "model.safetensors"),
-                  metadata={"format": "pt"})
+        safetensors.numpy.save_file(fold_mup(sd, cfg) if cfg.mup else sd,
+                                    str(tmp / "model.safetensors"), metadata={"format": "pt"})
         if tokenizer is not None:
             tokenizer.save(str(tmp / TOKENIZER_FILE))
 

@@ -145,7 +145,7 @@ def _cpu_devices(n: int):
     already up with fewer devices, returns None (the caller re-runs itself in a subprocess)."""
     import jax  # loads JAX: only when this runs
 
-    from cgpt.sharding.mesh import emulate_cpu_devices  # loads JAX: only when this runs
+    from cgpt.sharding import emulate_cpu_devices  # loads JAX: only when this runs
 
     emulate_cpu_devices(n)
     cpu = jax.devices("cpu")

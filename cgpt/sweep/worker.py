@@ -344,7 +344,7 @@ def _emulate_devices(jobs: list[Job]) -> None:
     compile-ahead): expose those the largest `train.mesh` asks for, as `cgpt train` does for
     its one run. A config that does not read is left to its job, which fails with its error."""
     from cgpt.sharding.distributed import devices_per_process  # loads JAX: only when this runs
-    from cgpt.sharding.mesh import emulate_cpu_devices  # loads JAX: only when this runs
+    from cgpt.sharding import emulate_cpu_devices  # loads JAX: only when this runs
 
     sizes = [1]
     for job in jobs:
