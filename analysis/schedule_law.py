@@ -158,7 +158,8 @@ def _split(form: str, p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return p[[0, 1, 3]], p[[2, 4, 5, 6]]
 
 
-_BOUNDS = {"tissue": ([1e-3], [5.0]),
+# the search range of the parameters the law is not linear in (alpha; alpha, C, beta, gamma)
+_BOUNDS = {"tissue": ([0.02], [4.0]),
            "multipower": ([1e-3, 1e-4, 1e-3, 0.0], [5.0, 1e4, 10.0, 3.0])}
 _STARTS = {"tissue": [],
            "multipower": [[a, c, b, g] for a in (0.3, 1.0) for c in (0.5, 5.0)
@@ -175,7 +176,7 @@ def _solve(form: str, feats: list[_Features], ys: list[np.ndarray], x0=None) -> 
         return lin, y - x @ lin
 
     if form == "tissue":
-        grid = np.geomspace(0.02, 4.0, 40)
+        grid = np.geomspace(_BOUNDS[form][0][0], _BOUNDS[form][1][0], 40)
         rss = [float(np.sum(linear([a])[1] ** 2)) for a in grid]
         i = int(np.argmin(rss))
         lo, hi = grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)]
@@ -254,6 +255,20 @@ class ScheduleLawFit:
         lo, hi = np.nanpercentile(b, [50 * (1 - self.level), 50 * (1 + self.level)])
         return est, float(lo), float(hi)
 
+    def _warnings(self) -> str:
+        """What the curves did not pin: a parameter at the end of its search range, L0 < 0."""
+        names = [k for k in PARAMS[self.form] if k not in ("L0", "A", "B")
+                 and not (self.form == "tissue" and k == "C")]
+        lb, ub = _BOUNDS[self.form]
+        stuck = [k for k, a, b in zip(names, lb, ub)
+                 if np.isclose(self.params[k], a, rtol=1e-3) or np.isclose(self.params[k], b,
+                                                                            rtol=1e-3)]
+        out = [f"{', '.join(stuck)} at the end of the search range"] if stuck else []
+        if self.params["L0"] < 0:
+            out.append(f"L0 = {self.params['L0']:.3g} < 0")
+        return (f"NOT PINNED by these curves ({'; '.join(out)}): read its predictions with "
+                "care. ") if out else ""
+
     def summary(self) -> str:
         name = {"tissue": "Tissue et al. 2024 L0 + A*S1^-alpha - C*S2 (lambda "
                           f"{self.lam:g})",
@@ -264,7 +279,7 @@ class ScheduleLawFit:
             ci = (f" [{np.nanpercentile(self.boot[:, i], lo):.4g}, "
                   f"{np.nanpercentile(self.boot[:, i], hi):.4g}]") if len(self.boot) else ""
             parts.append(f"{k} = {self.params[k]:.4g}{ci}")
-        return (f"{name} on {len(self.runs)} run(s) ({', '.join(self.runs)}), "
+        return (self._warnings() + f"{name} on {len(self.runs)} run(s) ({', '.join(self.runs)}), "
                 f"{self.n_points} loss records after warmup, rmse {self.rmse:.4g}; LRs in units "
                 f"of {self.lr_scale:g}; " + ", ".join(parts) +
                 (f" ({self.level:.0%} intervals from {len(self.boot)} {self.resample} "

@@ -69,6 +69,7 @@ def test_tissue_recovered_from_constant_and_wsd():
         assert abs(est / want - 1) < 0.005  # the 0.5%
         assert lo <= want <= hi
     assert "Tissue" in fit.summary() and "C = " in fit.summary()
+    assert "NOT PINNED" not in fit.summary()
 
 
 def test_multipower_recovered_from_three_schedules():
@@ -99,6 +100,8 @@ def test_the_two_laws_differ_where_they_should():
     tissue = fit_schedule_law(curves, "tissue", n_boot=0)
     multi = fit_schedule_law(curves, "multipower", n_boot=0)
     assert multi.rmse < 0.0012 < tissue.rmse
+    flat = curves.assign(loss=3.0 + 0.001 * np.random.default_rng(1).standard_normal(len(curves)))
+    assert "NOT PINNED" in fit_schedule_law(flat, "tissue", n_boot=0).summary()
 
 
 def test_resampling_runs(tmp_path):
