@@ -1,12 +1,13 @@
-"""Scaling-law analysis for cgpt sweeps. Pure numpy/scipy/pandas/matplotlib: never imports jax
-or cgpt, so it runs anywhere a results.csv can be read.
+"""Scaling-law analysis for cgpt sweeps. numpy/scipy/pandas/matplotlib, and of cgpt only the
+JAX-free contract of its directories (`cgpt.rundir`: the file names and their readers), so it
+runs anywhere a sweep directory can be read, without JAX.
 
 Conventions (see analysis.results and docs/analysis.md): parameters are total (embeddings
 included) and compute is counted FLOPs (attention included) unless params="nonembed" or
 flops="6nd" is passed.
 
 The names below load on first use (PEP 562), so `import analysis.schema` (the results.csv
-columns, which `cgpt sweep` writes with) costs nothing and pulls neither pandas nor scipy.
+columns, which `cgpt sweep` writes with) pulls neither pandas nor scipy.
 """
 from __future__ import annotations
 
@@ -24,11 +25,14 @@ _EXPORTS = {
                   "KAPLAN_D", "KAPLAN_C", "KAPLAN_BCRIT", "cerebras_gpt_table",
                   "cerebras_gpt_batches"),
     "plots": ("plot_loss_vs_compute", "plot_isoflop", "plot_mup_vs_sp", "plot_envelope",
-              "plot_curves", "plot_critical_batch"),
+              "plot_curves", "plot_critical_batch", "plot_batch_tradeoff"),
     "report": ("sweep_report",),
-    "gns": ("read_noise", "critical_batch", "noise_table", "fit_critical_batch"),
+    "gns": ("read_noise", "critical_batch", "noise_table", "fit_critical_batch",
+            "BcritScaling", "fit_bcrit_scaling"),
+    "batch_tradeoff": ("TradeoffFit", "fit_tradeoff", "measure_critical_batch"),
     "downstream": ("cerebras_gpt_downstream", "fit_downstream", "plot_downstream"),
     "design": ("suggest_runs", "fit_ls", "predict_loss_opt", "profile_loss_opt"),
+    "schedule_law": ("ScheduleLawFit", "fit_schedule_law", "read_schedule_curves"),
     "transfer": ("LrOptimum", "lr_optimum", "seed_optimum", "lr_sweep", "transfer_table",
                  "lr_drift", "lr_drift_ci", "plot_lr_transfer"),
 }

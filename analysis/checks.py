@@ -52,16 +52,31 @@ def as_numbers(v, name: str) -> np.ndarray:
 
 def check_xy(x, y, name_x: str = "x", name_y: str = "y") -> tuple[np.ndarray, np.ndarray]:
     """Finite, positive 1-d arrays of equal length, or a ValueError saying which one is wrong."""
+    labels = [_labels(v) for v in (x, y)]
     x, y = as_numbers(x, name_x), as_numbers(y, name_y)
     if x.shape != y.shape:
         raise ValueError(f"{name_x} and {name_y} differ in length ({x.size} vs {y.size})")
     if x.size == 0:
         raise ValueError(f"{name_x} and {name_y} are empty: no finished runs to fit")
-    for name, v in ((name_x, x), (name_y, y)):
-        if not np.all(np.isfinite(v)) or np.any(v <= 0):
-            raise ValueError(f"{name} must be finite and > 0 for a log-space fit; "
-                             "drop unfinished runs first (analysis.finished)")
+    for name, v, (col, rows) in ((name_x, x, labels[0]), (name_y, y, labels[1])):
+        bad = ~(np.isfinite(v) & (v > 0))
+        if bad.any():
+            at = np.flatnonzero(bad)
+            rows = rows if rows is not None else np.arange(v.size)
+            raise ValueError(
+                f"{name}{f' (column {col!r})' if col else ''} must be finite and > 0 for a "
+                f"log-space fit: {v[at[:5]].tolist()} at row(s) {rows[at[:5]].tolist()}"
+                f"{' ...' if at.size > 5 else ''}; drop unfinished runs first "
+                "(analysis.finished) and fix or remove those rows")
     return x, y
+
+
+def _labels(v) -> tuple[str | None, np.ndarray | None]:
+    """A pandas Series' column name and index labels, to name the rows a check refuses."""
+    name, index = getattr(v, "name", None), getattr(v, "index", None)
+    if index is None or not hasattr(v, "to_numpy"):
+        return None, None
+    return (str(name) if name is not None else None), np.asarray(index).ravel()
 
 
 def fmt_bound(v: float, ref: float) -> str:

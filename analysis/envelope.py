@@ -22,8 +22,9 @@ from scipy.stats import linregress
 from .checks import check_count, check_level
 from .fit import percentile_ci
 from .isoflop import Allocation
-from .results import FLOPS, PARAMS, finished, load_results
-from .runlog import LOG, read_log, run_dir
+from cgpt import rundir
+
+from .results import FLOPS, PARAMS, finished, load_results, locate_run
 
 
 @dataclass
@@ -65,16 +66,12 @@ def read_curves(sweep_dir: str | Path, *, metric: str = "loss", flops: str = "co
     src = Path(df.attrs.get("source", sweep_dir))
     out = []
     for r in df.itertuples():
-        log = run_dir(r, src) / LOG
-        if not log.is_file():
-            raise FileNotFoundError(f"{log}: no training curve for run {r.run_id!r} (results.csv "
-                                    f"row {r.Index}); approach 1 needs each run's metrics.jsonl")
-        m = read_log(log, numeric=("tokens", metric))
+        why = f"approach 1 needs each run's training curve (results.csv row {r.Index})"
+        log = locate_run(df, r, rundir.METRICS_FILE, why) / rundir.METRICS_FILE
+        m = pd.DataFrame(rundir.read_metrics(log))
+        if metric not in m or "tokens" not in m:
+            raise ValueError(f"{log}: needs columns 'tokens' and {metric!r}")
         m = m[["tokens", metric]].dropna().sort_values("tokens")
-        if m.empty:
-            raise ValueError(f"{log}: no logged step has both 'tokens' and {metric!r} (all "
-                             "null); restore the run's log or mark the run failed in "
-                             "results.csv")
         loss = m[metric].rolling(smooth, min_periods=1, center=True).mean() \
             if metric == "loss" and smooth > 1 else m[metric]
         m = m.assign(loss=loss)
@@ -100,16 +97,24 @@ def fit_envelope(sweep_dir: str | Path, *, n_grid: int = 200, metric: str = "los
     are n_grid readings of a few runs, so a regression standard error over them shrinks with
     n_grid and says nothing about the runs.
     """
-    level, n_boot = check_level(level), check_count(n_boot)
     curves = read_curves(sweep_dir, metric=metric, flops=flops, params=params, smooth=smooth,
                          skip_frac=skip_frac)
+    return envelope_fit(curves, n_grid=n_grid, n_boot=n_boot, seed=seed, level=level,
+                        source=str(sweep_dir))
+
+
+def envelope_fit(curves: pd.DataFrame, *, n_grid: int = 200, n_boot: int = 200, seed: int = 0,
+                 level: float = 0.95, source: str = "curves") -> EnvelopeFit:
+    """Approach 1 on training curves already read (columns run_id, N, C, D, loss; one row per
+    logged step, as read_curves returns them): fit_envelope without the sweep directory."""
+    level, n_boot = check_level(level), check_count(n_boot)
     spans = curves.groupby("run_id")["C"].agg(["min", "max"])
     if len(spans) < 2:
-        raise ValueError(f"{sweep_dir}: approach 1 needs at least 2 runs of different sizes")
+        raise ValueError(f"{source}: approach 1 needs at least 2 runs of different sizes")
     lo = np.sort(spans["min"].to_numpy())[1]
     hi = np.sort(spans["max"].to_numpy())[-2]
     if not lo < hi:
-        raise ValueError(f"{sweep_dir}: no compute range is covered by two runs' curves; "
+        raise ValueError(f"{source}: no compute range is covered by two runs' curves; "
                          "train the runs longer (or more sizes) so their curves overlap")
     grid = np.geomspace(lo, hi, n_grid)
     runs = list(spans.index)
@@ -128,7 +133,7 @@ def fit_envelope(sweep_dir: str | Path, *, n_grid: int = 200, metric: str = "los
                         "N": [float(n_of[runs[w]]) for w in win],
                         "D": tokens[win, np.arange(grid.size)]})
     if env["N"].nunique() < 2:
-        raise ValueError(f"{sweep_dir}: one size ({env['N'].iloc[0]:.3g} parameters) wins at "
+        raise ValueError(f"{source}: one size ({env['N'].iloc[0]:.3g} parameters) wins at "
                          "every compute, so N_opt(C) has no slope; add smaller and larger runs")
     lc = np.log(env["C"].to_numpy())
     fn = linregress(lc, np.log(env["N"].to_numpy()))

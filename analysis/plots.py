@@ -85,24 +85,32 @@ def plot_loss_vs_compute(x, y, fit: PowerLawFit | None = None, *, overlays=(CERE
 
 
 def plot_isoflop(iso: IsoFlopFit, *, path=None, title: str | None = None) -> Figure:
-    """Left: loss vs N per budget with the fitted parabolas and minima.
-    Right: N_opt and D_opt against C with the fitted power laws."""
+    """Left: loss vs N per budget with each fitted parabola (over the sizes it was fitted to)
+    and its minimum. Right: N_opt and D_opt against C with the fitted power laws; minima left
+    out of the fit are hollow."""
     fig, (ax, ax2) = _figure(2)
+    m = iso.minima.set_index("budget")
     for i, (key, g) in enumerate(iso.data.groupby("budget", sort=False)):
-        c2, c1, c0 = iso.parabolas[key]
-        u = np.linspace(np.log(g["N"].min()) - 0.3, np.log(g["N"].max()) + 0.3, 100)
         ax.scatter(g["N"], g["loss"], s=14, color=f"C{i % 10}")
-        ax.plot(np.exp(u), c2 * u ** 2 + c1 * u + c0, color=f"C{i % 10}",
-                label=f"C={g['C'].median():.2g}")
-    m = iso.minima
-    ax.scatter(m["N_opt"], m["loss_opt"], marker="*", s=80, color="k", zorder=3, label="minima")
+        row = m.loc[key]
+        if np.isfinite(row["N_opt"]):
+            c2, c1, c0 = iso.parabolas[key]
+            u = np.linspace(np.log(row["N_lo"]) - 0.15, np.log(row["N_hi"]) + 0.15, 100)
+            ax.plot(np.exp(u), c2 * u ** 2 + c1 * u + c0, color=f"C{i % 10}",
+                    label=f"C={g['C'].median():.2g}" + ("" if row["used"] else " (left out)"))
+    used, out = iso.minima[iso.minima["used"]], iso.minima[~iso.minima["used"]]
+    ax.scatter(used["N_opt"], used["loss_opt"], marker="*", s=80, color="k", zorder=3,
+               label="minima")
+    ax.scatter(out["N_opt"], out["loss_opt"], marker="*", s=80, facecolor="none",
+               edgecolor="k", zorder=3, label="left out")
     ax.set(xscale="log", xlabel="parameters N", ylabel="loss", title=title or "isoFLOP profiles")
     ax.legend(fontsize=7)
-    cc = _grid(m["C"], 0.5, 2.0)
-    ax2.scatter(m["C"], m["N_opt"], color="C0")
-    ax2.plot(cc, iso.n_opt(cc), color="C0", label=f"N_opt ~ C^{iso.a:.3f}")
-    ax2.scatter(m["C"], m["D_opt"], color="C1")
-    ax2.plot(cc, iso.d_opt(cc), color="C1", label=f"D_opt ~ C^{iso.b:.3f}")
+    cc = _grid(used["C"], 0.5, 2.0)
+    for col, fn, exp, color in (("N_opt", iso.n_opt, iso.a, "C0"),
+                                ("D_opt", iso.d_opt, iso.b, "C1")):
+        ax2.scatter(used["C"], used[col], color=color)
+        ax2.scatter(out["C"], out[col], facecolor="none", edgecolor=color)
+        ax2.plot(cc, fn(cc), color=color, label=f"{col} ~ C^{exp:.3f}")
     ax2.set(xscale="log", yscale="log", xlabel="compute C (FLOPs)", ylabel="N_opt, D_opt")
     ax2.legend(fontsize=8)
     return _save(fig, path)
@@ -208,6 +216,46 @@ def plot_critical_batch(table, fit_loss: PowerLawFit | None = None,
     ax.xaxis.set_minor_formatter(FormatStrFormatter("%.3g"))
     ax2.set(xscale="log", yscale="log", xlabel="training FLOPs (counted)",
             ylabel="batch (tokens)", title="critical batch vs compute")
+    for a in (ax, ax2):
+        a.legend(fontsize=7)
+    return _save(fig, path)
+
+
+def plot_batch_tradeoff(measured, fits: dict, *, path=None, title: str | None = None) -> Figure:
+    """The critical batch measured from a batch-size sweep (`analysis.batch_tradeoff.
+    measure_critical_batch`'s table and fits). Left: steps against examples (sequences) to
+    reach each target loss, one point per batch size (its best LR), the fitted trade-off
+    (S/S_min - 1)(E/E_min - 1) = 1 as a line and B = B_crit as a cross. Right: the measured
+    B_crit (with its interval) and the noise scale B_simple of the same runs against the target
+    loss, the band where B_simple is within 2x of B_crit shaded."""
+    fig, (ax, ax2) = _figure(2)
+    for i, ((n, target), fit) in enumerate(fits.items()):
+        color = f"C{i % 10}"
+        ax.scatter(fit.steps * fit.batch, fit.steps, color=color, zorder=3,
+                   label=f"loss {target:g}: B_crit {fit.b_crit:.3g}")
+        bb = np.geomspace(fit.batch.min() / 2, fit.batch.max() * 2, 100)
+        s = fit.predict(bb)
+        ax.plot(s * bb, s, color=color, lw=1)
+        ax.plot(2 * fit.e_min, 2 * fit.s_min, "x", color=color, ms=8)
+        for b, si in zip(fit.batch, fit.steps):
+            ax.annotate(f"{b:g}", (si * b, si), fontsize=6, xytext=(3, 3),
+                        textcoords="offset points")
+    ax.set(xscale="log", yscale="log", xlabel="examples E (sequences) to the target",
+           ylabel="steps S to the target",
+           title=title or "steps vs examples per batch size (x: B = B_crit)")
+    t = measured.sort_values("target")
+    x = t["target"].to_numpy(float)
+    ax2.errorbar(x, t["b_crit"], yerr=[t["b_crit"] - t["b_crit_lo"], t["b_crit_hi"] - t["b_crit"]],
+                 fmt="o", color="k", capsize=3, label="B_crit measured (E_min / S_min)")
+    ax2.errorbar(x * 1.002, t["b_simple"],
+                 yerr=[t["b_simple"] - t["b_simple_lo"], t["b_simple_hi"] - t["b_simple"]],
+                 fmt="s", color="C3", capsize=3, label="B_simple (noise scale, same runs)")
+    ax2.fill_between(x, t["b_crit"] / 2, t["b_crit"] * 2, color="0.85",
+                     label="within 2x of B_crit")
+    ax2.set(yscale="log", xlabel="target training loss (nats/token)",
+            ylabel="batch (sequences)", title="measured vs predicted critical batch")
+    _plain_y(ax2)
+    ax2.invert_xaxis()
     for a in (ax, ax2):
         a.legend(fontsize=7)
     return _save(fig, path)

@@ -10,12 +10,16 @@ Defaults are total params and counted FLOPs, the convention behind the Cerebras-
 from __future__ import annotations
 
 import csv as _csv
+import warnings
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from .schema import COLUMNS, NUMERIC, REQUIRED, STATUSES  # noqa: F401  (COLUMNS re-exported)
+from cgpt import rundir  # the run and sweep directories' contract (JAX-free)
+
+from .schema import (COLUMNS, NUMERIC, REQUIRED, STATUSES, TEXT,  # noqa: F401  (re-exported)
+                     restore)
 
 PARAMS = {"total": "n_params", "nonembed": "n_params_nonembed"}
 FLOPS = {"counted": "flops", "6nd": "flops_6nd"}
@@ -28,7 +32,7 @@ def load_results(path: str | Path, finished_only: bool = False) -> pd.DataFrame:
     finished_only=True keeps runs with status "done" and a finite val_loss (see `finished`).
     """
     path = Path(path)
-    csv = path / "results.csv" if path.is_dir() else path
+    csv = path / rundir.RESULTS_FILE if path.is_dir() else path
     if not csv.is_file():
         raise FileNotFoundError(f"no results file at {csv}: pass a sweep directory containing "
                                 "results.csv, or the path of the CSV itself")
@@ -46,6 +50,8 @@ def load_results(path: str | Path, finished_only: bool = False) -> pd.DataFrame:
     if twice:
         raise ValueError(f"{csv}: column(s) {twice} appear more than once in the header; "
                          "keep one of each (which one is meant cannot be guessed)")
+    for col in (c for c in TEXT if c in df.columns):  # a quote the writer put before "=..."
+        df[col] = df[col].map(restore)
     missing = [c for c in REQUIRED if c not in df.columns]
     if missing:
         raise ValueError(f"{csv}: missing required column(s) {missing}; "
@@ -59,22 +65,92 @@ def load_results(path: str | Path, finished_only: bool = False) -> pd.DataFrame:
             df[col] = pd.to_numeric(df[col])
         except (ValueError, TypeError) as e:
             raise ValueError(f"{csv}: column '{col}' must be numeric ({e})") from None
-    done = df["status"] == "done"
-    for col in ("val_loss",):  # what the fits read: a cross-entropy, never negative; a finished
-        bad = (df[col] < 0) | (done & (df[col] <= 0)) if col in df.columns else []  # run: > 0
-        if len(bad) and bad.any():
-            raise ValueError(f"{csv}: column '{col}' is negative (or 0 for a finished run) "
-                             f"for run(s) {df.loc[bad, 'run_id'].tolist()[:5]}; fix or remove "
-                             "those rows")
+    _check_rows(df, csv)
     df["mup"] = df["mup"].map(_as_bool)
     df.attrs["source"] = str(csv)
     return finished(df) if finished_only else df
 
 
+# A finished run's counts: finite and > 0 (a fit takes their logs).
+COUNTS = ("n_params", "tokens", "flops", "flops_6nd")
+# flops / (6 * n_params * tokens) of a GPT: attention and the head move it by a few x at most,
+# a unit (PFLOPs, GFLOPs) by 1e3 or more. A row outside FLOPS_RATIO, or SPREAD x from the
+# column's median, is in another unit than the runs' sizes and tokens imply.
+FLOPS_RATIO, SPREAD = (1e-2, 1e2), 30.0
+
+def _runs(df: pd.DataFrame, bad) -> str:
+    ids = df.loc[bad, "run_id"].astype(str).tolist()
+    lines = (np.flatnonzero(np.asarray(bad)) + 2).tolist()  # the header is line 1
+    more = f" and {len(ids) - 5} more" if len(ids) > 5 else ""
+    return f"run(s) {ids[:5]}{more} (line(s) {lines[:5]})"
+
+
+def _check_rows(df: pd.DataFrame, csv: Path) -> None:
+    """What cannot be a loss or a count, refused naming the column and the runs: a run listed
+    twice (fitted twice), a negative loss, a finished run's count that is not finite and > 0,
+    a FLOPs column in other units than the runs' sizes imply."""
+    ids = df["run_id"].astype(str)
+    twice = ids.duplicated(keep=False) & df["run_id"].notna()
+    if twice.any():
+        raise ValueError(f"{csv}: column 'run_id' lists {_runs(df, twice)} more than once; a "
+                         "sweep lists each run once and a fit would count them twice: keep one "
+                         "row per run (df.drop_duplicates('run_id', keep='last') for copies)")
+    done = df["status"] == "done"
+    for col in ("val_loss", "train_loss"):  # cross-entropies: never negative, > 0 when done
+        if col not in df.columns:
+            continue
+        bad = (df[col] < 0) | (done & (df[col] == 0))
+        if bad.any():
+            raise ValueError(f"{csv}: column '{col}' is negative (or 0 for a finished run) for "
+                             f"{_runs(df, bad)}; a cross-entropy is > 0: fix or remove those rows")
+    for col in COUNTS:
+        v = df[col].astype(float)
+        bad = done & ~(np.isfinite(v) & (v > 0))
+        if bad.any():
+            raise ValueError(f"{csv}: column '{col}' must be > 0 for a finished run, got "
+                             f"{', '.join(f'{x:g}' for x in v[bad][:5])} for {_runs(df, bad)}; "
+                             "fix those rows, or mark them failed")
+    nd = 6 * df["n_params"].astype(float) * df["tokens"].astype(float)
+    lo, hi = FLOPS_RATIO
+    for col in ("flops", "flops_6nd"):
+        r = df[col].astype(float) / nd
+        med = float(np.median(r[done])) if done.any() else 1.0
+        bad = done & ((r < lo) | (r > hi) | (r > SPREAD * med) | (r < med / SPREAD))
+        if bad.any():
+            raise ValueError(
+                f"{csv}: column '{col}' is {float(r[bad].iloc[0]):.3g} x 6·n_params·tokens for "
+                f"{_runs(df, bad)}, {med:.3g} x for the median run (a GPT's FLOPs are a few x "
+                "at most): mixed units (PFLOPs, GFLOPs?) or another column; write every row "
+                "in FLOPs")
+
+
+def locate_run(df: pd.DataFrame, row, need: str, why: str) -> Path:
+    """The directory of `row` (a row of `df`, as `load_results` read it) that holds the file
+    `need` (a `cgpt.rundir` name): first DIR/<run_id> beside the results.csv read, where the
+    sweep keeps each run (so a sweep directory moved or copied elsewhere still finds its runs),
+    then the run_dir the sweep recorded. Neither: FileNotFoundError naming both and `why` (what
+    the caller reads from the file)."""
+    source = df.attrs.get("source")
+    tried = ([Path(source).parent / str(row.run_id)] if source else []) + [Path(str(row.run_dir))]
+    for d in tried:
+        if (d / need).is_file():
+            return d
+    raise FileNotFoundError(f"no {need} for run {row.run_id!r} (looked in "
+                            f"{' and '.join(map(str, dict.fromkeys(tried)))}); {why}")
+
+
 def finished(df: pd.DataFrame) -> pd.DataFrame:
-    """Runs that completed and have a validation loss: the only rows a fit should see."""
-    keep = (df["status"] == "done") & np.isfinite(df["val_loss"].astype(float))
-    return df.loc[keep].reset_index(drop=True)
+    """Runs that completed and have a validation loss: the only rows a fit should see. A done
+    run whose val_loss is not finite (a diverged run) is left out with a warning naming it."""
+    done = df["status"] == "done"
+    finite = np.isfinite(df["val_loss"].astype(float))
+    if (done & ~finite).any():
+        bad = done & ~finite
+        ids = df.loc[bad, "run_id"].astype(str).tolist()
+        warnings.warn(f"{df.attrs.get('source', 'results')}: left out {len(ids)} finished "
+                      f"run(s) whose val_loss is not finite (diverged?): {ids[:10]}"
+                      f"{' ...' if len(ids) > 10 else ''}", stacklevel=2)
+    return df.loc[done & finite].reset_index(drop=True)
 
 
 def n_params(df: pd.DataFrame, params: str = "total") -> np.ndarray:

@@ -20,17 +20,19 @@ spread Cerebras-GPT reports). A minimum on the edge of the grid has no interval 
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import yaml
 from matplotlib.ticker import NullFormatter
+
+from cgpt import rundir
 
 from .plots import _figure, _plain_y, _save
 from .checks import check_count
-from .results import finished, load_results
+from .results import finished, load_results, locate_run
 
 SEED_REL_STD = 0.0035  # Cerebras-GPT §3.3: run-to-run std of the loss is ~0.35%
 
@@ -71,6 +73,31 @@ def _vertex(coef: np.ndarray, xlo: float, xhi: float) -> float:
     return xlo if np.polyval(coef, xlo) <= np.polyval(coef, xhi) else xhi
 
 
+def _finite_losses(who: str, lr, loss) -> np.ndarray:
+    """Which points a curve keeps: an LR must be finite and > 0 and a loss > 0 (else an error
+    naming the rows); a non-finite loss (a diverged run) is left out with a warning naming
+    them, since the interval then rests on fewer points."""
+    labels = np.asarray(loss.index) if isinstance(loss, pd.Series) else np.arange(len(loss))
+    lr_a, loss_a = np.asarray(lr, float), np.asarray(loss, float)
+    if lr_a.shape != loss_a.shape or lr_a.ndim != 1:
+        raise ValueError(f"lr and loss must be 1-d and of one length, got {lr_a.shape} and "
+                         f"{loss_a.shape}")
+    bad = ~(np.isfinite(lr_a) & (lr_a > 0))  # a typo, not a diverged run: never dropped
+    if bad.any():
+        raise ValueError(f"{who}: lr must be finite and > 0, got {lr_a[bad].tolist()} at "
+                         f"row(s) {labels[bad].tolist()}")
+    bad = np.isfinite(loss_a) & (loss_a <= 0)
+    if bad.any():
+        raise ValueError(f"{who}: loss must be > 0 (a cross-entropy), got "
+                         f"{loss_a[bad].tolist()} at row(s) {labels[bad].tolist()}")
+    keep = np.isfinite(loss_a)
+    if not keep.all():
+        warnings.warn(f"{who}: left out {int((~keep).sum())} point(s) whose loss is not finite "
+                      f"(diverged?): row(s) {labels[~keep].tolist()} at lr "
+                      f"{lr_a[~keep].tolist()}", stacklevel=3)
+    return keep
+
+
 def lr_optimum(lr, loss, window: int = 2, rel_noise: float = SEED_REL_STD,
                n_boot: int = 2000, seed: int = 0) -> LrOptimum:
     """The loss-optimal LR of one curve with a 95% parametric-bootstrap interval."""
@@ -78,14 +105,8 @@ def lr_optimum(lr, loss, window: int = 2, rel_noise: float = SEED_REL_STD,
         raise ValueError(f"window={window!r}: the LRs on each side of the best one that the "
                          "parabola is fit through, a whole number >= 1 (default 2)")
     n_boot = check_count(n_boot, "n_boot", minimum=1)
-    lr, loss = np.asarray(lr, float), np.asarray(loss, float)
-    if lr.shape != loss.shape or lr.ndim != 1:
-        raise ValueError(f"lr and loss must be 1-d and of one length, got {lr.shape} and "
-                         f"{loss.shape}")
-    if not np.all(np.isfinite(lr) & (lr > 0)):  # a typo, not a diverged run: never dropped
-        raise ValueError(f"lr must be finite and > 0, got {lr[~(np.isfinite(lr) & (lr > 0))]}")
-    keep = np.isfinite(loss)  # a diverged run (NaN/inf loss) is left out of the parabola
-    lr, loss = lr[keep], loss[keep]
+    keep = _finite_losses("lr_optimum", lr, loss)
+    lr, loss = np.asarray(lr, float)[keep], np.asarray(loss, float)[keep]
     if len(np.unique(lr)) < 3:
         raise ValueError(f"lr_optimum needs finite losses at >= 3 distinct LRs, got "
                          f"{len(np.unique(lr))} distinct of {len(lr)}")
@@ -139,8 +160,10 @@ def seed_optimum(lr, loss, seed, window: int = 2, level: float = 0.95) -> LrOpti
                          "parabola is fit through, a whole number >= 1 (default 2)")
     if not 0 < level < 1:
         raise ValueError(f"level={level!r}: the interval's coverage, between 0 and 1 (e.g. 0.95)")
+    keep = _finite_losses("seed_optimum", lr, loss)
     lr, loss, seed = np.asarray(lr, float), np.asarray(loss, float), np.asarray(seed)
-    keep = np.isfinite(loss) & (lr > 0)
+    if seed.shape != lr.shape:
+        raise ValueError(f"seed must be one per point, got {seed.shape} for {lr.shape}")
     lr, loss, seed = lr[keep], loss[keep], seed[keep]
     seeds = np.unique(seed)
     if len(seeds) < 2:
@@ -178,31 +201,20 @@ def seed_optimum(lr, loss, seed, window: int = 2, level: float = 0.95) -> LrOpti
                      tuple(float(math.exp(v)) for v in verts), seed_edges)
 
 
-def _run_config(sweep_dir: Path, row) -> dict:
-    """A run's config.yaml: DIR/<run_id>/ first (the sweep may have moved), else run_dir."""
-    for d in (sweep_dir / str(row.run_id), Path(str(row.run_dir))):
-        f = d / "config.yaml"
-        if f.is_file():
-            return yaml.safe_load(f.read_text())
-    raise FileNotFoundError(f"{sweep_dir}: no config.yaml for run {row.run_id!r} (looked in "
-                            f"{sweep_dir / str(row.run_id)} and {row.run_dir}); the peak LR "
-                            "and width of each run are read from it")
-
-
 def lr_sweep(path: str | Path, loss: str = "val_loss") -> pd.DataFrame:
     """One row per finished run of an LR x width sweep: parametrization ("μP"/"SP"), width
     (d_model), peak_lr, seed (train.seed) and the loss, from results.csv and each run's
     config.yaml."""
-    path = Path(path)
     df = finished(load_results(path))
-    sweep_dir = path if path.is_dir() else path.parent
     rows = []
     for r in df.itertuples():
-        cfg = _run_config(sweep_dir, r)
+        d = locate_run(df, r, rundir.CONFIG_FILE, "the peak LR and width of each run are "
+                       "read from it")
+        cfg = rundir.read_config(d)
         lr = cfg["train"].get("peak_lr")
         if lr is None:
-            raise ValueError(f"{sweep_dir / str(r.run_id)}/config.yaml: train.peak_lr is unset; "
-                             "an LR sweep must set it in every run")
+            raise ValueError(f"{d / rundir.CONFIG_FILE}: train.peak_lr is unset; an LR sweep "
+                             "must set it in every run")
         rows.append({"run_id": r.run_id, "param": "μP" if cfg["model"]["mup"] else "SP",
                      "width": int(cfg["model"]["d_model"]), "peak_lr": float(lr),
                      "seed": int(cfg["train"].get("seed", 0)), "loss": float(getattr(r, loss))})

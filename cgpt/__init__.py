@@ -4,10 +4,9 @@ import sys as _sys
 if _sys.argv[:1] == ["-m"] and "-m" in _sys.orig_argv:  # `python -m cgpt CMD`, being located:
     _m = _sys.orig_argv.index("-m")  # Ctrl-C or a scheduler's signal is one line from here on
     if _sys.orig_argv[_m + 1:_m + 2] == ["cgpt"]:
-        from cgpt.train import preempt as _preempt
+        from cgpt.stop import GUARD as _GUARD
 
-        _preempt.install_process((_sys.orig_argv[_m + 2:_m + 3] or [""])[0])
-from cgpt.config.model import ModelConfig, get_config, list_configs
+        _GUARD.install((_sys.orig_argv[_m + 2:_m + 3] or [""])[0])
 from cgpt.errors import CgptError, LoadError, TrainError
 
 __all__ = ["ModelConfig", "get_config", "list_configs", "CgptError", "LoadError", "TrainError",
@@ -17,9 +16,15 @@ __version__ = "0.1.0"
 
 def __getattr__(name: str):
     """`cgpt.LM`, `cgpt.load`, `cgpt.save_hf` import jax on first use only, so that the data
-    tools (`cgpt.data.batches`, and `cgpt data prepare`'s worker processes) start fast and small."""
+    tools (`cgpt.data.batches`, and `cgpt data prepare`'s worker processes) start fast and small;
+    the presets load on first use too, so that `analysis`, which reads run directories through
+    `cgpt.rundir`, loads no more of cgpt than that contract."""
     if name in ("LM", "load", "save_hf"):
-        from cgpt.eval import lm
+        from cgpt.eval import lm  # JAX: `import cgpt` stays light for the data tools
 
         return getattr(lm, name)
+    if name in ("ModelConfig", "get_config", "list_configs"):
+        from cgpt.config import model  # `analysis` reads only the run-directory contract
+
+        return getattr(model, name)
     raise AttributeError(f"module 'cgpt' has no attribute {name!r}")

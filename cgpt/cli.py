@@ -3,11 +3,27 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
+import math
 import re
-import signal
 import sys
+import tempfile
+import traceback
 from pathlib import Path
+
+import cgpt
+from cgpt import stop, sweep
+from cgpt.config import backend, flops
+from cgpt.config.data import DataConfig
+from cgpt.config.model import get_config, list_configs
+from cgpt.config.overrides import apply_overrides, coerce_source, seed_overrides
+from cgpt.config.run import from_dict, load_yaml
+from cgpt.data import prepare
+from cgpt.data.batches import load_data
+from cgpt.eval import coordcheck
+from cgpt.paths import check_destination
+from cgpt.plan import command as plan
+from cgpt.rundir import TOKENIZER_FILE, json_line, read_config
+from cgpt.sharding.axes import mesh_size
 
 
 _OVERRIDE = re.compile(r"^(model|data|train)\.\w+=")
@@ -30,9 +46,11 @@ def _add_train(sub) -> None:
     p.add_argument("--from-step", type=int, metavar="STEP",
                    help="with --resume: continue from the kept checkpoint at STEP; later ones "
                    "move to discarded_checkpoints/")
-    p.add_argument("--mode", help="single | data_parallel | weight_streaming | layer_pipelined | auto")
+    p.add_argument("--mode",
+                   help="single | data_parallel | weight_streaming | layer_pipelined | auto")
     p.add_argument("--mesh", help="device mesh, e.g. data=2,stage=4")
-    p.add_argument("--seed", type=int, help="replicate seed: sets train.seed (init) and data.seed (data order)")
+    p.add_argument("--seed", type=int,
+                   help="replicate seed: sets train.seed (init) and data.seed (data order)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--branch-from", metavar="RUN@STEP",
                    help="cooldown branch: start from a WSD run's stable-phase checkpoint at STEP "
@@ -44,13 +62,9 @@ def _add_train(sub) -> None:
 
 
 def build_run(args):
-    from cgpt.config.overrides import apply_overrides, coerce_source, seed_overrides
-    from cgpt.config.run import from_dict, load_yaml
-
     raw = load_yaml(args.config) if args.config else {}
     if getattr(args, "branch_from", None) and not args.config:  # the parent's config by default
-        from cgpt.train.branch import parse_spec
-        from cgpt.rundir import read_config
+        from cgpt.train.branch import parse_spec  # loads JAX: only when this runs
 
         raw = read_config(parse_spec(args.branch_from)[0])
     if args.model:
@@ -77,16 +91,15 @@ def _emulate_cpu_devices(mesh_spec: str | None) -> None:
     """On a CPU host, expose as many (emulated) devices as --mesh asks for. Only the CPU
     backend reads this, and only if no JAX computation has started yet."""
     if mesh_spec:
-        from cgpt.sharding.distributed import devices_per_process
-        from cgpt.sharding import emulate_cpu_devices, mesh_size
+        from cgpt.sharding.distributed import devices_per_process  # loads JAX: only when this runs
+        from cgpt.sharding import emulate_cpu_devices  # loads JAX: only when this runs
 
         emulate_cpu_devices(devices_per_process(mesh_size(mesh_spec)))
 
 
 def cmd_train(args) -> int:
-    from cgpt.paths import check_destination
-    from cgpt.sharding import distributed
-    from cgpt.train.loop import train
+    from cgpt.sharding import distributed  # loads JAX: only when this runs
+    from cgpt.train.loop import train  # loads JAX: only when this runs
 
     if args.out is not None:
         check_destination(args.out, "--out")
@@ -99,6 +112,7 @@ def cmd_train(args) -> int:
     out = Path(args.out or f"runs/{run.model.name}")
     branch_from = None
     if args.branch_from:
+        # loads JAX: only when this runs
         from cgpt.train.branch import branch_run, parse_spec, precheck
 
         branch_from = parse_spec(args.branch_from)
@@ -117,9 +131,6 @@ def cmd_train(args) -> int:
 
 
 def cmd_list(args) -> int:
-    from cgpt.config import flops
-    from cgpt.config.model import get_config, list_configs
-
     print(f"{'name':14s} {'layers':>6s} {'d_model':>7s} {'heads':>5s} {'params':>15s} "
           f"{'non-emb':>15s} {'chinchilla D':>15s} {'FLOPs':>9s}")
     for n in list_configs():
@@ -131,11 +142,6 @@ def cmd_list(args) -> int:
 
 
 def cmd_generate(args) -> int:
-    import math
-
-    import cgpt
-    from cgpt.config import backend
-
     checks = (("--max-new-tokens", args.max_new_tokens, args.max_new_tokens >= 1, ">= 1"),
               ("--top-k", args.top_k, args.top_k is None or args.top_k >= 1, ">= 1"),
               ("--top-p", args.top_p, args.top_p is None or 0 < args.top_p <= 1, "in (0, 1]"),
@@ -172,21 +178,14 @@ def cmd_eval(args) -> int:
     if given and not args.tasks:  # never silently ignored: the user expects them to act
         raise ValueError(f"{', '.join(given)}: only with --tasks (lm-eval tasks); without it "
                          "eval reports the validation loss on --data")
-    from cgpt.config import backend
 
     backend.start_platform()
     if args.tasks:  # lm-evaluation-harness tasks: cgpt/eval/harness.py
         try:
-            from cgpt.eval.harness import run_tasks
+            from cgpt.eval.harness import run_tasks  # loads JAX, lm_eval: only when this runs
         except ImportError as e:
             raise ValueError(str(e)) from e
         return run_tasks(args)
-    import tempfile
-
-    import cgpt
-    from cgpt.data.batches import load_data
-    from cgpt.config.data import DataConfig
-    from cgpt.rundir import TOKENIZER_FILE, json_line
 
     for flag, v, low in (("--seq-len", args.seq_len, 2), ("--sequences", args.sequences, 1)):
         if v is not None and v < low:
@@ -212,24 +211,44 @@ def cmd_eval(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The process's edge (`python -m cgpt` runs it; a test or library may call it): the one
+    place a stop or an error becomes one line and an exit status (`cgpt.stop.status`). Ctrl-C
+    anywhere, a scheduler's signal before the loop: one line, not a traceback or a silent
+    death (`python -m cgpt` installed the handlers from its first statement already). In a
+    multi-process job a failed process leaves with the others, a bug's traceback printed."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    from cgpt.errors import Preempted, Stopped
-    from cgpt.train import preempt
-
-    # Ctrl-C anywhere, a scheduler's signal before the loop: one line, not a traceback or a
-    # silent death (`python -m cgpt` installed these from its first statement already)
     command = argv[0] if argv else ""
-    old = preempt.defer_early(command)
+    old: dict = {}
     try:
-        return _main(argv)
-    except (Preempted, Stopped) as e:  # before _main's own handler took over
-        print(f"cgpt {command}: {e}", file=sys.stderr)
-        return e.exit_code
-    except KeyboardInterrupt:  # also while the modules load
-        print(preempt.stop_line(signal.SIGINT, command), file=sys.stderr)
-        return 130
+        try:
+            old = stop.GUARD.defer(command)
+            code = _main(argv)
+        except BaseException as e:  # noqa: BLE001 - `status` picks what it ends
+            code = stop.status(e, command)
+            if code is None:  # SystemExit (argparse, --help), a bug: as Python would end
+                if _job() is None:
+                    raise
+                if isinstance(e, SystemExit):
+                    code = e.code if isinstance(e.code, int) else 1
+                else:
+                    traceback.print_exc()  # unexpected: the traceback, then leave with the rest
+                    code = 1
+        if code and _job() is not None:
+            from cgpt.sharding import distributed  # imports JAX: only once a job was joined
+
+            distributed.leave(code)  # no JAX exit barrier on the error path (see there)
+        return code
     finally:
-        preempt.restore(old)
+        stop.GUARD.restore(old)
+
+
+def _job() -> tuple[int, int] | None:
+    """The multi-process job this process joined, if any (JAX started: never starts it)."""
+    if "jax" not in sys.modules:
+        return None
+    from cgpt.sharding import distributed  # JAX is imported already: nothing to start
+
+    return distributed.joined()
 
 
 def _main(argv: list[str]) -> int:
@@ -261,10 +280,6 @@ def _main(argv: list[str]) -> int:
     e.add_argument("--output", help="--tasks: results JSON path")
     e.add_argument("--bootstrap-iters", type=int,
                    help="--tasks: bootstrap resamples for the stderr (default 100000; 0: none)")
-    from cgpt import sweep
-    from cgpt.eval import coordcheck
-    from cgpt.plan import command as plan
-    from cgpt.data import prepare
 
     sweep.register(sub)
     plan.register(sub)
@@ -275,49 +290,8 @@ def _main(argv: list[str]) -> int:
         argv = [a for a, o in zip(argv, is_override) if not o] + \
             [a for a, o in zip(argv, is_override) if o]
     args = ap.parse_args(argv)
-    from cgpt.sharding import distributed
-
     handlers = {"train": cmd_train, "list": cmd_list, "generate": cmd_generate, "eval": cmd_eval}
-    try:
-        code = _run_command(args, handlers)
-    except SystemExit as e:
-        if distributed.joined() is None:
-            raise
-        code = e.code if isinstance(e.code, int) else 1
-    except BaseException:
-        if distributed.joined() is None:
-            raise
-        import traceback
-        traceback.print_exc()  # unexpected: the traceback, then leave with the others
-        code = 1
-    if code and distributed.joined() is not None:
-        distributed.leave(code)  # no JAX exit barrier on the error path (see there)
-    return code
-
-
-def _run_command(args, handlers) -> int:
-    from cgpt.errors import CgptError, Preempted, Stopped
-    from cgpt.train.preempt import stop_line
-
-    try:
-        return args.func(args) if hasattr(args, "func") else handlers[args.command](args)
-    except (Preempted, Stopped) as e:  # checkpointed on SIGTERM/SIGUSR1/SIGUSR2, or before
-        print(f"cgpt {args.command}: {e}", file=sys.stderr)  # the loop (cgpt.train.preempt)
-        return e.exit_code
-    except (ValueError, CgptError) as e:  # the config readers raise ValueError
-        print(f"cgpt {args.command}: error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(stop_line(signal.SIGINT, args.command), file=sys.stderr)
-        return 130
-    except BrokenPipeError:  # `cgpt list | head`: the reader stopped; nothing is wrong
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush
-        return 0
-    except OSError as e:  # a file or directory that cannot be used: name it, no traceback
-        what = f"{e.filename}: " if e.filename else ""
-        print(f"cgpt {args.command}: error: {what}{e.strerror or e}; fix or remove it and "
-              "rerun", file=sys.stderr)
-        return 2
+    return args.func(args) if hasattr(args, "func") else handlers[args.command](args)
 
 
 if __name__ == "__main__":

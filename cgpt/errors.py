@@ -21,6 +21,11 @@ class LoadError(CgptError):
     """A checkpoint could not be loaded; the message names the file, the key and the fix."""
 
 
+class ExportError(CgptError, ValueError):
+    """A model cannot be written where asked (a folder save_hf did not write, a read-only or
+    full disk); the message names the path and the fix."""
+
+
 class TrainError(CgptError, RuntimeError):
     """A run cannot start or continue as configured; the message says why and what to do."""
 

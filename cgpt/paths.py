@@ -90,11 +90,26 @@ class Area:
         shutil.move(str(src), str(dest))
 
 
+def check_utf8(out: str, flag: str) -> str:
+    """Refuse a path that is not UTF-8 (bytes the locale could not decode, kept as surrogates),
+    the working directory included: tokenizers and TensorStore take UTF-8 paths only, and
+    failed deep inside with a codec error. Returns `out`."""
+    try:
+        os.path.abspath(out).encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"{flag} {os.fsencode(os.path.abspath(out))!r}: not UTF-8 text; the "
+                         "tokenizer and checkpoint libraries take UTF-8 paths only: choose a "
+                         "name in UTF-8") from None
+    return out
+
+
 def check_destination(out: str, flag: str) -> None:
     """Refuse an output directory no run should fill (`flag`: the option that named it): a `~`
     the shell did not expand (it would make a folder named `~` here), the filesystem root,
-    or the home directory itself. A ValueError naming what was typed and the fix."""
+    the home directory itself, or a path that is not UTF-8 (bytes the locale cannot decode).
+    A ValueError naming what was typed and the fix."""
     text = str(out)
+    check_utf8(text, flag)
     if text.startswith("~"):
         user, _, rest = text[1:].partition("/")
         fix = ("$HOME" + (f"/{rest}" if rest else "")) if not user else "the full path"

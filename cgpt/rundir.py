@@ -21,6 +21,12 @@ A run directory (one training run) holds:
 
 Its state (`state`): done (a summary.json that parses), running (the lock is held),
 failed (failed.json), interrupted (config.yaml, no summary: `--resume` continues it), or new.
+
+A sweep directory holds one run directory per run, `DIR/<run_id>/`, beside `results.csv` (one
+row per run, its columns `analysis.schema`'s), `sweep.yaml` (the spec it ran), `.sweep.lock`
+and `.superseded/` (run directories whose config changed). `analysis` reads both kinds of
+directory through this module, which imports neither JAX nor more of cgpt than its errors
+and path rule (`cgpt.errors`, `cgpt.paths`).
 """
 from __future__ import annotations
 
@@ -54,6 +60,12 @@ DISCARDED_DIR = "discarded_checkpoints"  # rewound past (`--from-step`, a fused 
 CORRUPT_DIR = "corrupt_checkpoints"  # set aside: they would not restore
 WANDB_FILE = "wandb.json"  # {"id": the W&B run's id} (`cgpt.train.wandb_log`)
 WANDB_DIR = "wandb"  # where W&B writes its files when given the run directory
+# a sweep directory's own names, beside its run directories
+RESULTS_FILE = "results.csv"
+SWEEP_SPEC_FILE = "sweep.yaml"  # the spec the sweep ran
+SWEEP_LOCK_FILE = ".sweep.lock"
+SUPERSEDED_DIR = ".superseded"  # run directories whose config changed (--on-change rerun)
+SWEEP_NAMES = (RESULTS_FILE, SWEEP_SPEC_FILE, SWEEP_LOCK_FILE, SUPERSEDED_DIR)
 # what each name cgpt writes in a run directory must be
 KINDS = {**dict.fromkeys((CONFIG_FILE, IDENTITY_FILE, RUN_FILE, LOG_FILE, TOKENIZER_FILE,
                           METRICS_FILE, CHANGES_FILE, BRANCH_FILE, SUMMARY_FILE, FAILED_FILE,
@@ -281,15 +293,15 @@ def train_loss_window(total_steps: int) -> int:
     return max(1, min(50, total_steps // 20))
 
 
-def train_loss(path: str | os.PathLike, total_steps: int) -> float:
-    """The summary's train_loss: the mean logged loss of the last `train_loss_window` steps."""
+def window_mean(path: str | os.PathLike, total_steps: int, field: str, key: str) -> float:
+    """The summary's `key` (a "mean" field of `cgpt.record`: train_loss): the mean logged
+    `field` of the last `train_loss_window` steps."""
     first = total_steps - train_loss_window(total_steps) + 1
-    got = {r["step"]: r.get("loss") for r in read_metrics(path) if r["step"] >= first}
+    got = {r["step"]: r.get(field) for r in read_metrics(path) if r["step"] >= first}
     missing = [s for s in range(first, total_steps + 1) if not isinstance(got.get(s), (int, float))]
     if missing:
-        raise RunDirError(f"{path}: no logged loss for step(s) {step_ranges(missing)}, which "
-                          f"the summary's train_loss (the mean of steps {first}-{total_steps}) "
-                          "needs")
+        raise RunDirError(f"{path}: no logged {field} for step(s) {step_ranges(missing)}, which "
+                          f"the summary's {key} (the mean of steps {first}-{total_steps}) needs")
     return float(np.mean([got[s] for s in range(first, total_steps + 1)]))
 
 

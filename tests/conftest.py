@@ -29,12 +29,12 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 import pytest  # noqa: E402
 
 
-# The heavy tests kept out of the default run, marked `slow` here (CI runs them after it:
-# `.ci/run`), each with the default test that checks the same property, or `no twin` when
+# The heavy tests kept out of the default run, marked `slow` here (CI runs every `slow` test
+# after it: `.ci/run`), each with the default test that checks the same property, or `no twin` when
 # none does and it is slow only to keep the default suite within 15 minutes. One table rather
 # than marks spread over the files: the split of the suite is read and changed in one place
 # (docs/testing.md: the times). A key is a node id under tests/, or a test's name without
-# its parameters (every case). Marks written in the files themselves work as before.
+# its parameters (every case). Marks written in the files themselves work the same way.
 SLOW = {
     # -- cheaper cases of the same test run by default
     "test_sharding.py::test_one_step_matches_single_device[layer_pipelined-stage=2]":
@@ -130,6 +130,10 @@ SLOW = {
     "test_faults.py::test_run_directory_is_locked_while_training": "no twin",
     "test_faults.py::test_read_only_run_directory_mid_run": "no twin",
     "test_faults_names.py::test_a_full_cache_disk_is_blamed_on_the_cache": "no twin",
+    "test_record.py::test_a_device_metric_is_two_edits_end_to_end":
+        "a copy of the code with a metric added, through three sweeps' processes (417 s at "
+        "load 20); its in-process half runs by default: "
+        "test_a_declared_device_field_is_read_recorded_and_logged",
     "test_ahead.py::test_a_step_is_read_once_after_the_next_is_queued":
         "no twin (a late read's stop: test_a_nonfinite_step_read_late_stops_there_...)",
 }
@@ -145,7 +149,6 @@ def pytest_collection_modifyitems(config, items):
         for key in (test, test.split("[")[0]):
             if key in SLOW:
                 item.add_marker(pytest.mark.slow(reason=SLOW[key]))
-                item.add_marker(pytest.mark.ci)  # in CI's run still (.ci/run)
                 used.add(key)
     if config.args_source == pytest.Config.ArgsSource.TESTPATHS and set(SLOW) - used:
         raise pytest.UsageError(f"tests/conftest.py SLOW names no test: {sorted(set(SLOW) - used)}")

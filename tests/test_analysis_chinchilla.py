@@ -94,8 +94,10 @@ def test_isoflop_custom_columns_and_errors():
         fit_isoflop(df)
     one_sided = isoflop_grid(EPOCH, [1e18, 1e19], n=7)
     one_sided = one_sided[one_sided["N"] >= EPOCH.n_opt(one_sided["C"]) * 2]
-    iso = fit_isoflop(one_sided)                                         # minimum extrapolated
-    assert not iso.minima["in_range"].any()
+    with pytest.raises(ValueError, match="0 budget.*not bracketed.*keep_edges=True"):
+        fit_isoflop(one_sided)                                  # every minimum extrapolated
+    iso = fit_isoflop(one_sided, keep_edges=True)
+    assert not iso.minima["in_range"].any() and iso.minima["used"].all()
     with pytest.raises(ValueError, match="distinct model sizes"):
         fit_isoflop(isoflop_grid(EPOCH, [1e18, 1e19], n=2))
 

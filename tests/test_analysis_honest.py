@@ -86,19 +86,27 @@ def test_isoflop_through_two_budgets_has_no_stderr():
     assert np.isfinite(three.a_stderr) and "not estimable" not in three.summary()
 
 
-def test_isoflop_edge_minimum_is_flagged():
-    """Losses rising monotonically from the smallest size: the parabola's vertex lies 1.07 in
-    log N above the smallest size (inside the range, which spans 4.6) but nothing brackets it."""
+def test_isoflop_edge_minimum_is_flagged_and_left_out():
+    """Losses rising monotonically from the smallest size: a parabola through every size puts
+    its vertex 1.07 in log N above the smallest size (inside the range, which spans 4.6), but
+    nothing brackets it: the budget is listed with why and left out of a unless kept."""
     rising = np.array([3.0, 3.002, 3.02, 3.08, 3.25])
-    df = iso_frame([1e18, 1e19, 1e20], lambda d: EPOCH(d["N"], d["D"]))
+    df = iso_frame([1e18, 1e19, 1e20, 1e21], lambda d: EPOCH(d["N"], d["D"]))
     df.loc[df["budget"] == "1e+18", "loss"] = rising
-    iso = A.fit_isoflop(df)
-    m = iso.minima.set_index("budget")
+    kept = A.fit_isoflop(df, window=None, keep_edges=True)
+    m = kept.minima.set_index("budget")
     n_min = df.loc[df["budget"] == "1e+18", "N"].min()
     assert np.log(m.loc["1e+18", "N_opt"] / n_min) == pytest.approx(1.07, abs=0.01)  # inside
-    assert m["in_range"].tolist() == [False, True, True]
-    assert not m.loc["1e+18", "in_range"]                        # ... and flagged anyway
-    assert "['1e+18']: minimum at or beyond the edge" in iso.summary()
+    assert m["in_range"].tolist() == [False, True, True, True] and m["used"].all()
+    assert "'1e+18' kept: lowest loss at the smallest size" in kept.summary()
+    iso = A.fit_isoflop(df)
+    m = iso.minima.set_index("budget")
+    assert m["used"].tolist() == [False, True, True, True]
+    assert "over 3 of 4 budgets" in iso.summary()
+    assert "'1e+18' left out: lowest loss at the smallest size" in iso.summary()
+    clean = A.fit_isoflop(iso_frame([1e19, 1e20, 1e21], lambda d: EPOCH(d["N"], d["D"])))
+    assert iso.a == pytest.approx(clean.a, abs=1e-12)             # as if it were never run
+    assert abs(kept.a - EPOCH.exponents[0]) > 10 * abs(iso.a - EPOCH.exponents[0])
 
 
 def test_envelope_uncertainty_does_not_shrink_with_the_grid():

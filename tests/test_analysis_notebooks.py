@@ -158,11 +158,20 @@ def test_05_plan_next_runs_on_real_rounds(kernel, monkeypatch):
 
 
 def test_06_critical_batch_on_the_committed_sweep(kernel, tmp_path, monkeypatch):
-    """notebooks/data/critical_batch: a real sweep with train.gns (its sweep.yaml)."""
+    """notebooks/data/critical_batch: a real sweep with train.gns (its sweep.yaml), and
+    batch_sweep/ in it, a real run of sweeps/critical_batch.yaml."""
     sweep = tmp_path / "critical_batch"
     shutil.copytree(NOTEBOOKS / "data" / "critical_batch", sweep)
     text, images = run("06_critical_batch.ipynb", kernel,
                        {"CGPT_CRITICAL_BATCH_DIR": str(sweep), "CGPT_N_BOOT": "50"}, monkeypatch)
-    assert images >= 2
+    assert images >= 3
     assert re.search(r"B_crit ~ loss\^-[\d.]+  \[", text) and "B_crit ~ C^" in text
     assert text.count("the critical batch") == 4 and "tiny-65k  trained at 32 seq" in text
+    # the batch-size sweep (batch_sweep/, a real run of sweeps/critical_batch.yaml): B_crit
+    # measured per target beside the noise scale, and the N-D fit (one model: D and loss only)
+    assert len(re.findall(r"B_crit/B_simple [\d.]+ \[[\d.]+, [\d.]+\]  within 2x: (?:yes|NO)",
+                          text)) >= 4
+    assert "noise scale within 2x of the measured critical batch at" in text
+    assert "exponent of D:" in text and "exponent of target:" in text
+    assert "column 'N' takes one value" in text and "collinear" in text
+    assert "exponent of N:" in text            # the simulated N-D grid

@@ -119,3 +119,28 @@ def test_public_names():
     assert set(analysis.__all__) <= set(dir(analysis))
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         analysis.nope
+
+
+def test_a_run_is_found_beside_its_results_csv_then_where_recorded(tmp_path):
+    """`locate_run`, the one fallback for a moved sweep: DIR/<run_id> beside the results.csv
+    read first (a copied sweep reads its own runs), then the recorded run_dir; else one error
+    naming both places and what the caller needed."""
+    from analysis.results import locate_run
+
+    sweep, elsewhere = tmp_path / "moved", tmp_path / "old" / "r0"
+    for d in (sweep / "r0", elsewhere):
+        d.mkdir(parents=True)
+        (d / "metrics.jsonl").write_text("")
+    row = {c: np.nan for c in COLUMNS}
+    row.update(run_id="r0", model="m", seed=0, status="done", error="", mup=False,
+               n_params=1e6, n_params_nonembed=1e6, tokens=2e7, flops=1.2e14, flops_6nd=1.2e14,
+               val_loss=3.0, run_dir=str(elsewhere))
+    pd.DataFrame([row], columns=list(COLUMNS)).to_csv(sweep / "results.csv", index=False)
+    df = load_results(sweep)
+    (r,) = df.itertuples()
+    assert locate_run(df, r, "metrics.jsonl", "") == sweep / "r0"
+    (sweep / "r0" / "metrics.jsonl").unlink()
+    assert locate_run(df, r, "metrics.jsonl", "") == elsewhere
+    with pytest.raises(FileNotFoundError, match=f"no summary.json for run 'r0' \\(looked in "
+                       f"{sweep / 'r0'} and {elsewhere}\\); the fit reads it"):
+        locate_run(df, r, "summary.json", "the fit reads it")

@@ -51,7 +51,10 @@ def _write_sweep(root):
                 (root / rid / "config.yaml").write_text(yaml.safe_dump(
                     {"model": {"d_model": w, "mup": mup}, "train": {"peak_lr": lr}}))
                 row = dict.fromkeys(COLUMNS, 0)
+                n, d = 12 * 2 * w * w, 20 * 12 * 2 * w * w  # a finished run's counts: > 0
                 row.update(run_id=rid, model=rid, status="done", val_loss=loss, mup=mup,
+                           train_loss=loss, n_params=n, n_params_nonembed=n, tokens=d,
+                           flops=6 * n * d, flops_6nd=6 * n * d,
                            run_dir=f"elsewhere/{rid}", error="")
                 rows.append(row)
     pd.DataFrame(rows, columns=list(COLUMNS)).to_csv(root / "results.csv", index=False)

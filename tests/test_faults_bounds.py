@@ -271,7 +271,8 @@ def test_sweep_report_on_a_huge_results_csv_is_one_error(tmp_path):
     df = pd.DataFrame({c: 0 for c in REQUIRED} | dict(
         run_id=[f"r{i}" for i in range(n)], model="m", status="done", error="", n_params=N,
         n_params_nonembed=N, tokens=20 * N, flops=120 * N * N, flops_6nd=120 * N * N,
-        val_loss=2 + 50 * (120 * N * N) ** -0.1, mup=False, run_dir="x"))
+        val_loss=2 + 50 * (120 * N * N) ** -0.1, train_loss=2 + 50 * (120 * N * N) ** -0.1,
+        mup=False, run_dir="x"))
     df.to_csv(tmp_path / "results.csv", index=False)
     with within(120), pytest.raises(ValueError, match=r"20,001 finished runs, more than the "
                                                       r"5,000 a sweep report fits"):

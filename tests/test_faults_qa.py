@@ -408,7 +408,7 @@ def test_suggest_refuses_rows_whose_n_params_are_not_the_sweeps(tmp_path):
     out.mkdir()
     rows = [{"run_id": r.run_id, "model": r.model, "seed": r.seed, "status": "done",
              "n_params": r.n_params * 3 + 1, "tokens": r.tokens, "flops": r.flops,
-             "val_loss": 3.0, "train_loss": 3.1, "mup": False} for r in sweep.runs]
+             "flops_6nd": 6 * (r.n_params * 3 + 1) * r.tokens, "val_loss": 3.0, "train_loss": 3.1, "mup": False} for r in sweep.runs]
     (out / "results.csv").write_text(",".join(COLUMNS) + "\n" + "".join(
         ",".join(str(r.get(c, 1)) for c in COLUMNS) + "\n" for r in rows))
     r0 = sweep.runs[0]

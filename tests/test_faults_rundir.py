@@ -15,6 +15,8 @@ import pytest
 
 import cgpt
 from cgpt import LoadError
+from cgpt.errors import NotStarted
+from cgpt.stop import GUARD
 from cgpt.train import preempt
 from cgpt import rundir
 from cgpt.train import launch
@@ -154,7 +156,7 @@ def test_a_deleted_log_never_gives_a_wrong_train_loss(base, corpus, tmp_path):
         launch.resume_log(log, 97, 100)
     launch.resume_log(log, 90, 100)  # the window is still ahead: fine
     with pytest.raises(rundir.RunDirError, match=r"no logged loss for step\(s\) 96"):
-        rundir.train_loss(log, 100)
+        rundir.window_mean(log, 100, "loss", "train_loss")
 
 
 def test_a_garbage_summary_or_changes_file_is_named(base, corpus, tmp_path, capsys):
@@ -277,9 +279,9 @@ def test_a_failed_branch_leaves_nothing_that_blocks_the_next_launch(base, corpus
 
 # ---- 9: a scheduler's signal before the training loop ---------------------------------------
 def test_a_signal_before_the_loop_stops_with_one_line():
-    old = preempt.defer_early()
+    old = GUARD.defer("train")
     try:
-        with pytest.raises(preempt.NotStarted, match="stopped by SIGUSR1 before the first "
+        with pytest.raises(NotStarted, match="stopped by SIGUSR1 before the first "
                                                      "training step") as e:
             os.kill(os.getpid(), signal.SIGUSR1)  # before the fix: the process just died
             for _ in range(1000):  # the handler runs between bytecodes
@@ -291,7 +293,7 @@ def test_a_signal_before_the_loop_stops_with_one_line():
         t.uninstall()
         os.kill(os.getpid(), signal.SIGUSR1)  # after the loop (the summary): ignored
     finally:
-        preempt.restore(old)
+        GUARD.restore(old)
     assert signal.getsignal(signal.SIGUSR1) == old[signal.SIGUSR1]
 
 

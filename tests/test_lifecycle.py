@@ -58,7 +58,7 @@ def test_record_and_guard(tmp_path):
     life.data = SimpleNamespace(epoch_at=lambda done, bs: done / 50)
     life.ckpt = SimpleNamespace(steps=lambda: [10, 20])
     speed = SimpleNamespace(tokens_per_s=5.0, mfu=lambda: 0.25)
-    life.record(30, 2.5, 0.5, 1e-3, speed, val_loss=2.75)
+    life.record(30, {"loss": 2.5, "grad_norm": 0.5}, 1e-3, speed, val_loss=2.75)
     assert written == [{"step": 30, "loss": 2.5, "grad_norm": 0.5, "lr": 1e-3, "tokens": 1920,
                         "epoch": 0.6, "tokens_per_s": 5.0, "mfu": 0.25, "val_loss": 2.75}]
     assert life.val_loss == 2.75

@@ -329,7 +329,7 @@ def test_bin_never_runs_pickled_code(small, tmp_path):
     d = _copy(small, tmp_path, "bin")
     with open(d / "pytorch_model.bin", "wb") as fh:
         pickle.dump({"transformer.wte.weight": _Evil()}, fh)
-    with pytest.raises(LoadError, match="pytorch_model.bin: not a loadable weights-only"):
+    with pytest.raises(LoadError, match=r"pytorch_model.bin: refused: .*weights-only"):
         cgpt.load(d)
 
 

@@ -353,7 +353,7 @@ def test_results_hold_exactly_this_spec_with_budget_and_lr(tmp_path):
     s = sw.load_sweep(SPECS / "isoflop.yaml")
     out = tmp_path / "iso"
     for r in s.runs:  # a convex loss in log N around a budget-dependent optimum
-        n_opt = 2e-5 * r.flops_budget ** 0.5
+        n_opt = 0.1 * r.flops_budget ** 0.5
         _fake_done(out, r, 3.0 - 0.1 * math.log10(r.flops_budget) + 0.2 * math.log(r.n_params / n_opt) ** 2)
     other = sw.load_sweep(_spec(tmp_path, "other", {"model": ["tiny-17k"]})).runs[0]
     _fake_done(out, other)  # a finished run of another spec in the same directory
@@ -366,7 +366,7 @@ def test_results_hold_exactly_this_spec_with_budget_and_lr(tmp_path):
     df = analysis.finished(analysis.load_results(out))
     fit = analysis.fit_isoflop(df, N="n_params", D="tokens", C="flops", loss="val_loss",
                                budget="flops_budget")
-    assert len(fit.minima) == 3 and sorted(fit.minima["budget"]) == [1e12, 3e12, 1e13]
+    assert len(fit.used) == 3 and sorted(fit.minima["budget"]) == [1e12, 3e12, 1e13]
 
 
 def test_sigkilled_sweep_leaves_no_running_claim(tmp_path):

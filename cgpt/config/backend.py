@@ -112,7 +112,7 @@ def platform_of(device) -> str:
 def start_platform(environ=os.environ) -> None:
     """Start JAX's backend (before a command loads anything): JAX_PLATFORMS naming a platform
     this machine lacks is one ValueError saying what to set, not JAX's bare AssertionError."""
-    import jax
+    import jax  # loads JAX: only when this runs
 
     try:
         jax.devices()
@@ -128,7 +128,7 @@ def start_platform(environ=os.environ) -> None:
 
 def current_platform() -> str:
     """The platform JAX compiles for (`platform_of` its first device)."""
-    import jax
+    import jax  # loads JAX: only when this runs
 
     return platform_of(jax.devices()[0])
 

@@ -45,7 +45,9 @@ class DataConfig:
             if not isinstance(value, str) or not value.strip():
                 raise ValueError(f"DataConfig.{name} must be a non-empty string (got {value!r})")
         if self.source.startswith("hf:") and not self.source[3:].partition(":")[0]:
-            raise ValueError(f"DataConfig.source {self.source!r} has no dataset name; use 'hf:<name>[:<config>]'")
+            raise ValueError(
+                f"DataConfig.source {self.source!r} has no dataset name; use 'hf:<name>[:<config>]'"
+            )
         _check_int("vocab_size", self.vocab_size, 257, "at least 256 byte tokens + <|endoftext|>")
         if self.vocab_size > 2**32:
             raise ValueError(f"DataConfig.vocab_size must be <= 2**32 (got {self.vocab_size})")
@@ -61,7 +63,8 @@ class DataConfig:
                              f"(source {self.source!r}): select the files, or the split of an hf: "
                              "source, instead")
         if self.cache_dir is not None and not isinstance(self.cache_dir, (str, os.PathLike)):
-            raise ValueError(f"DataConfig.cache_dir must be a path or None (got {self.cache_dir!r})")
+            raise ValueError(
+                f"DataConfig.cache_dir must be a path or None (got {self.cache_dir!r})")
 
 
 def _check_int(name: str, value: object, minimum: int, why: str) -> None:

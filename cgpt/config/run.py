@@ -100,7 +100,8 @@ class TrainConfig:
                                      "such as 2e6") from None
         elif isinstance(t, float) and t.is_integer():
             object.__setattr__(self, "tokens", int(t))
-        if not isinstance(self.tokens, (int, str)) or (isinstance(self.tokens, int) and self.tokens < 1):
+        if (not isinstance(self.tokens, (int, str))
+                or isinstance(self.tokens, int) and self.tokens < 1):
             raise ValueError(f"train.tokens must be 'chinchilla' or a positive count, got {t!r}")
         for name in ("batch_size", "micro_batch", "warmup_steps", "eval_every", "eval_batches",
                      "ckpt_every", "micro_batches"):
@@ -123,7 +124,8 @@ class TrainConfig:
             if v is None and null:
                 continue
             ok = isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isnan(v)
-            if not (ok and (low < v if name in ("clip_norm", "adam_eps") else low <= v) and v <= high):
+            if not (ok and
+                    (low < v if name in ("clip_norm", "adam_eps") else low <= v) and v <= high):
                 raise ValueError(f"train.{name} must be a number in "
                                  f"{'(' if name in ('clip_norm', 'adam_eps') else '['}{low}, "
                                  f"{high}], got {v!r}")

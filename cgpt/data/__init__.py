@@ -1,1 +1,2 @@
-"""Text to token batches: sources, tokenizers, token stores, preparation, the pure batch function."""
+"""Text to token batches: sources, tokenizers, token stores, preparation, the pure batch
+function."""

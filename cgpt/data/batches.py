@@ -17,10 +17,11 @@ The pipeline, in order:
    target exactly once (the < L leftover tokens at the very end are dropped).
 5. Split: ``val_sequences`` windows spread evenly over the whole stream (window
    ``floor(k * n / val_sequences)``) are the validation set (fixed, seed-free), so it samples
-   the corpus rather than its last few files; the rest are shuffled per epoch by ``default_rng([seed, epoch])``, and the batch at
-   step ``s`` is the examples ``s*B .. s*B+B-1`` of that endless shuffled stream, so it is
-   a pure function of (seed, s, B): resuming at any step is exact, and each process of a
-   multi-host run can read only its own rows of it (``train_batch(s, B, rows=slice(lo, hi))``).
+   the corpus rather than its last few files; the rest are shuffled per epoch by
+   ``default_rng([seed, epoch])``, and the batch at step ``s`` is the examples ``s*B .. s*B+B-1``
+   of that endless shuffled stream, so it is a pure function of (seed, s, B): resuming at any
+   step is exact, and each process of a multi-host run can read only its own rows of it
+   (``train_batch(s, B, rows=slice(lo, hi))``).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import json
 import os
 import sys
 from dataclasses import asdict, dataclass
+from functools import cache
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -43,13 +45,15 @@ from cgpt.data import corpus
 from cgpt.fileio import atomic_write
 from cgpt.data.prepare import RECIPE, Corpus, prepare
 from cgpt.data.sources import DataError, file_sha256, list_files
-from cgpt.data.store import MANIFEST, TokenStore, is_store, read_windows
-from cgpt.data.store import token_dtype as _token_dtype
-from cgpt.data.tokenizer import EOT, load_tokenizer, train_tokenizer, with_eot
-from cgpt.data.tokenizer import sha256 as tokenizer_sha256
+from cgpt.data.store import (MANIFEST, TokenStore, is_store, read_windows,
+                             token_dtype as _token_dtype)
+from cgpt.data.tokenizer import (EOT, load_tokenizer, sha256 as tokenizer_sha256, train_tokenizer,
+                                 with_eot)
 from cgpt.rundir import TOKENIZER_FILE
 
-__all__ = ["DataConfig", "DataError", "EOT", "TokenData", "load_data", "load_tokenizer", "train_tokenizer"]
+__all__ = [
+    "DataConfig", "DataError", "EOT", "TokenData", "load_data", "load_tokenizer", "train_tokenizer"
+]
 
 
 def cache_root(cfg: DataConfig) -> Path:
@@ -73,8 +77,6 @@ class _Source:
 
 
 def _resolve_source(cfg: DataConfig, root: Path) -> _Source:
-    from functools import cache
-
     hf_cache = str(root / "datasets")
     column = cfg.text_column
     if cfg.source == "default":
@@ -88,8 +90,10 @@ def _resolve_source(cfg: DataConfig, root: Path) -> _Source:
     files = list_files(Path(cfg.source).expanduser())
     # The content hash keeps a cached store honest when a file changes; a prepared store
     # (`cgpt data prepare`) is never re-hashed.
-    identity = {"files": [{"path": str(p.resolve()), "size": p.stat().st_size, "sha256": file_sha256(p)}
-                          for p in files], "split": cfg.split, "column": column}
+    identity = {
+        "files": [{"path": str(p.resolve()), "size": p.stat().st_size, "sha256": file_sha256(p)}
+                  for p in files], "split": cfg.split, "column": column
+    }
     return _Source(identity, cache(lambda: Corpus(cfg.source, column, cfg.split)))
 
 
@@ -102,11 +106,15 @@ def _one_preparer(path: Path) -> Iterator[None]:
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            print(f"cgpt.data.batches: waiting for another process preparing the same data ({path})", file=sys.stderr)
+            print(
+                f"cgpt.data.batches: waiting for another process preparing the same data ({path})",
+                file=sys.stderr)
             fcntl.flock(f, fcntl.LOCK_EX)
         except OSError as e:  # a filesystem without locks: say so, and prepare uncoordinated
-            print(f"cgpt.data.batches: cannot lock {path} ({e}); if several processes prepare this data at once, "
-                  "prepare it first with `python -m cgpt data prepare`", file=sys.stderr)
+            print(
+                f"cgpt.data.batches: cannot lock {path} ({e}); if several processes prepare "
+                "this data at once, "
+                "prepare it first with `python -m cgpt data prepare`", file=sys.stderr)
             yield
             return
         try:
@@ -122,7 +130,8 @@ def _resolve_tokenizer(cfg: DataConfig, run_dir: Path | None, root: Path, source
     if run_dir is not None and (run_dir / TOKENIZER_FILE).is_file():
         tok, origin = load_tokenizer(run_dir / TOKENIZER_FILE), str(run_dir / TOKENIZER_FILE)
     elif cfg.tokenizer == "train":
-        path = root / "tokenizers" / f"bpe{cfg.vocab_size}-{_digest([RECIPE, source.identity])[:20]}.json"
+        digest = _digest([RECIPE, source.identity])[:20]
+        path = root / "tokenizers" / f"bpe{cfg.vocab_size}-{digest}.json"
         if not path.is_file():
             tok = train_tokenizer(source.corpus().texts(), cfg.vocab_size)
             atomic_write(path, lambda tmp: tok.save(str(tmp)))
@@ -146,13 +155,15 @@ def _store_tokenizer(cfg: DataConfig, store: TokenStore, run_dir: Path | None):
              (cfg.tokenizer, "DataConfig.tokenizer") if cfg.tokenizer != "train" else None]
     for path, what in filter(None, given):
         if tokenizer_sha256(with_eot(load_tokenizer(path), path)) != tokenizer_sha256(tok):
-            raise DataError(f"{what} tokenizer {path!r} differs from the one the store {store.root} was "
-                            "prepared with; a store brings its own tokenizer: leave data.tokenizer unset "
-                            "(or start a new run directory)")
+            raise DataError(
+                f"{what} tokenizer {path!r} differs from the one the store {store.root} was "
+                "prepared with; a store brings its own tokenizer: leave data.tokenizer unset "
+                "(or start a new run directory)")
     for key, default in (("text_column", "text"), ("split", "train")):
         if getattr(cfg, key) != default and getattr(cfg, key) != store.manifest[key]:
-            raise DataError(f"DataConfig.{key}={getattr(cfg, key)!r} but the store {store.root} was prepared "
-                            f"with {key}={store.manifest[key]!r}; it is fixed at prepare time: unset it")
+            raise DataError(
+                f"DataConfig.{key}={getattr(cfg, key)!r} but the store {store.root} was prepared "
+                f"with {key}={store.manifest[key]!r}; it is fixed at prepare time: unset it")
     return tok
 
 
@@ -173,8 +184,9 @@ class TokenData:
         num_sequences = (len(tokens) - 1) // seq_len
         if num_sequences <= val_sequences:
             raise DataError(
-                f"the corpus has {len(tokens)} tokens = {num_sequences} sequences of seq_len={seq_len}, not more "
-                f"than val_sequences={val_sequences}, leaving nothing to train on; use more text, or lower "
+                f"the corpus has {len(tokens)} tokens = {num_sequences} sequences of "
+                f"seq_len={seq_len}, not more than val_sequences={val_sequences}, leaving nothing "
+                "to train on; use more text, or lower "
                 "DataConfig.seq_len / DataConfig.val_sequences")
         self.num_val_sequences: int = val_sequences
         self.num_train_sequences: int = num_sequences - val_sequences
@@ -189,7 +201,16 @@ class TokenData:
     # -- batches
     def _windows(self, seq_idx: np.ndarray) -> np.ndarray:
         starts = np.asarray(seq_idx, dtype=np.int64) * self.seq_len
-        return read_windows(self.tokens, starts, self.seq_len + 1)
+        w = read_windows(self.tokens, starts, self.seq_len + 1)
+        if w.size and int(w.max()) >= self.vocab_size:  # else an embedding of NaN, a NaN loss
+            row, col = np.unravel_index(int(np.argmax(w >= self.vocab_size)), w.shape)
+            where = self.info.get("store", "the token stream")
+            raise DataError(
+                f"{where}: token id {int(w[row, col])} at position {int(starts[row]) + col} is "
+                f"outside the tokenizer's vocabulary (vocab_size {self.vocab_size}): the shards "
+                "were not made by this tokenizer, or are damaged; prepare the store again "
+                "(`TokenStore(path).verify()` checks every shard's sha256)")
+        return w
 
     @property
     def train_index(self) -> np.ndarray:
@@ -205,14 +226,17 @@ class TokenData:
         if epoch not in self._perms:
             if len(self._perms) >= 2:  # a batch spans at most two epochs; keep memory flat
                 self._perms.pop(min(self._perms))
-            self._perms[epoch] = np.random.default_rng([self.seed, epoch]).permutation(self.num_train_sequences)
+            rng = np.random.default_rng([self.seed, epoch])
+            self._perms[epoch] = rng.permutation(self.num_train_sequences)
         return self._perms[epoch]
 
     def train_indices(self, step: int, batch_size: int, rows: slice | None = None) -> np.ndarray:
-        """Sequence indices of the global batch at `step`: a pure function of (seed, step, batch_size).
-        `rows` selects rows [lo, hi) of that global batch (one process's share of it)."""
+        """Sequence indices of the global batch at `step`: a pure function of (seed, step,
+        batch_size). `rows` selects rows [lo, hi) of that global batch (one process's share
+        of it)."""
         if step < 0 or batch_size < 1:
-            raise ValueError(f"need step >= 0 and batch_size >= 1 (got step={step}, batch_size={batch_size})")
+            raise ValueError(
+                f"need step >= 0 and batch_size >= 1 (got step={step}, batch_size={batch_size})")
         example = step * batch_size + np.arange(batch_size, dtype=np.int64)
         if rows is not None:
             if not isinstance(rows, slice) or rows.step not in (None, 1):
@@ -281,14 +305,21 @@ class TokenData:
         """Everything a run should record about its data (JSON-able)."""
         return {
             **self.info,
-            "vocab_size": self.vocab_size, "eot_id": self.eot_id, "seq_len": self.seq_len, "seed": self.seed,
-            "num_tokens": int(len(self.tokens)), "num_train_sequences": self.num_train_sequences,
-            "num_train_tokens": self.num_train_tokens, "num_val_sequences": self.num_val_sequences,
+            "vocab_size": self.vocab_size,
+            "eot_id": self.eot_id,
+            "seq_len": self.seq_len,
+            "seed": self.seed,
+            "num_tokens": int(len(self.tokens)),
+            "num_train_sequences": self.num_train_sequences,
+            "num_train_tokens": self.num_train_tokens,
+            "num_val_sequences": self.num_val_sequences,
         }
 
     def __repr__(self) -> str:
-        return (f"TokenData({len(self.tokens):,} tokens, vocab {self.vocab_size}, seq_len {self.seq_len}, "
-                f"{self.num_train_sequences:,} train / {self.num_val_sequences:,} val sequences)")
+        return (
+            f"TokenData({len(self.tokens):,} tokens, vocab {self.vocab_size}, "
+            f"seq_len {self.seq_len}, "
+            f"{self.num_train_sequences:,} train / {self.num_val_sequences:,} val sequences)")
 
 
 def load_data(cfg: DataConfig, run_dir: str | os.PathLike | None = None,
@@ -329,15 +360,18 @@ def load_data(cfg: DataConfig, run_dir: str | os.PathLike | None = None,
     if run_dir is not None and not (run_dir / TOKENIZER_FILE).exists():
         _save_tokenizer(tok, run_dir)
     info = {k: v for k, v in store.manifest.items() if k not in ("shards", "sources", "format")}
-    info.update(config=asdict(cfg), store=str(store.root), store_sha256=store.sha256, tokenizer=tok_origin)
+    info.update(config=asdict(cfg), store=str(store.root), store_sha256=store.sha256,
+                tokenizer=tok_origin)
     return TokenData(store.tokens(), tok, cfg.seq_len, cfg.val_sequences, cfg.seed, info)
 
 
-if __name__ == "__main__":  # python -m cgpt.data.batches: prepare the default corpus and print its figures
+# python -m cgpt.data.batches: prepare the default corpus and print its figures
+if __name__ == "__main__":
     import time
 
     t0 = time.time()
     data = load_data(DataConfig())
     summary = {k: v for k, v in data.describe().items() if k != "config"}
-    summary.update(seconds=round(time.time() - t0, 1), unigram_entropy=round(data.unigram_entropy(), 4))
+    summary.update(seconds=round(time.time() - t0, 1),
+                   unigram_entropy=round(data.unigram_entropy(), 4))
     print(json.dumps(summary, indent=1))

@@ -26,19 +26,23 @@ import multiprocessing as mp
 import os
 import queue as queue_mod
 import signal
+import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Iterator
 
 import numpy as np
+from tokenizers import Tokenizer
 from tqdm.auto import tqdm
 
 from cgpt.data import sources
 from cgpt.fileio import atomic_write, atomic_write_text
+from cgpt.paths import check_utf8
 from cgpt.data.sources import DataError, Unit
-from cgpt.data.store import (FORMAT, MANIFEST, PLAN, TokenStore, shard_name, token_dtype,
-                              write_manifest)
-from cgpt.data.tokenizer import EOT, TOKENIZER_FILE, sha256 as tokenizer_sha256
+from cgpt.data.store import (FORMAT, MANIFEST, PLAN, TokenStore, discard_stale, shard_name,
+                             token_dtype, write_manifest)
+from cgpt.data.tokenizer import (EOT, TOKENIZER_FILE, load_tokenizer, sha256 as tokenizer_sha256,
+                                 train_tokenizer, with_eot)
 
 RECIPE = "cgpt-data-v2"  # bump whenever tokenization changes the tokens
 MIN_UNIT, MAX_UNIT = 1 << 20, 1 << 28  # bytes of source per unit (shard)
@@ -94,23 +98,30 @@ class Corpus:
             name, _, config = source[3:].partition(":")
             self.hf = _load_hub(name, config or None, split, hf_cache)
             if text_column not in self.hf.column_names:
-                raise DataError(f"dataset {name!r} has no column {text_column!r}; its columns are "
-                                f"{self.hf.column_names}. Set DataConfig.text_column to the one that "
-                                "holds the text.")
-            self.identity = {"hf": name, "config": config or None, "split": split, "column": text_column,
-                             "fingerprint": getattr(self.hf, "_fingerprint", None)}
+                raise DataError(
+                    f"dataset {name!r} has no column {text_column!r}; its columns are "
+                    f"{self.hf.column_names}. Set DataConfig.text_column to the one that "
+                    "holds the text.")
+            self.identity = {
+                "hf": name, "config": config or None, "split": split, "column": text_column,
+                "fingerprint": getattr(self.hf, "_fingerprint", None)
+            }
         else:
             if split != "train":
-                raise DataError(f"DataConfig.split={split!r} applies to hf: sources only; a local file or "
-                                "folder is read whole (split 'train'): select the files instead")
+                raise DataError(
+                    f"DataConfig.split={split!r} applies to hf: sources only; a local file or "
+                    "folder is read whole (split 'train'): select the files instead")
             self.files = sources.list_files(Path(source).expanduser())
-            self.identity = {"files": [sources.file_identity(p) for p in self.files], "column": text_column}
+            self.identity = {
+                "files": [sources.file_identity(p) for p in self.files], "column": text_column
+            }
 
     def units(self, unit_bytes: int) -> list[Unit]:
         if self.hf is not None:
             rows = max(1, unit_bytes // 2048)  # ~2 KiB per row: a guess, used only to size units
             n = len(self.hf)
-            return [Unit("hf", (), a, min(a + rows, n)) for a in range(0, n, rows)] or [Unit("hf", ())]
+            return [Unit("hf", (), a, min(a + rows, n))
+                    for a in range(0, n, rows)] or [Unit("hf", ())]
         return sources.plan_units(self.files, unit_bytes)
 
     def num_bytes(self) -> int:
@@ -119,7 +130,8 @@ class Corpus:
     def texts(self) -> Iterator[list[str]]:
         """Every document's text, in order, in batches (for tokenizer training)."""
         for unit in self.units(MAX_UNIT):
-            for texts, _ in sources.read_unit(unit, self.files, self.text_column, hf_dataset=self.hf):
+            for texts, _ in sources.read_unit(unit, self.files, self.text_column,
+                                              hf_dataset=self.hf):
                 if texts:
                     yield texts
 
@@ -133,11 +145,13 @@ def _load_hub(name: str, config: str | None, split: str, hf_cache: str | None):
         offline = [v for v in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE")
                    if os.environ.get(v, "0") not in ("", "0")]
         raise DataError(
-            f"could not load Hugging Face dataset {name!r} (config {config!r}, split {split!r}): {e}. "
-            f"A named dataset needs network access to the Hugging Face Hub"
-            + (f" ({', '.join(offline)} is set)" if offline else "")
-            + ". Without network, save the text as local files and set DataConfig.source to their path "
-              "(.txt/.md/.py file or folder, or .jsonl/.jsonl.zst/.parquet with a 'text' column), or use 'default'."
+            f"could not load Hugging Face dataset {name!r} (config {config!r}, split "
+            f"{split!r}): {e}. "
+            f"A named dataset needs network access to the Hugging Face Hub" +
+            (f" ({', '.join(offline)} is set)" if offline else "") +
+            ". Without network, save the text as local files and set DataConfig.source to their "
+            "path (.txt/.md/.py file or folder, or .jsonl/.jsonl.zst/.parquet with a 'text' "
+            "column), or use 'default'."
         ) from e
 
 
@@ -147,14 +161,13 @@ class _Worker:
     """What one process needs to tokenize units: built once per process by `_init`."""
 
     def __init__(self, tok_json: str, files: list[Path], column: str, root: Path, hf, progress):
-        from tokenizers import Tokenizer
-
         self.tok = Tokenizer.from_str(tok_json)
         self.tok.add_special_tokens([EOT])
         self.tok.encode_special_tokens = True  # a literal "<|endoftext|>" in the text is just text
         self.eot = self.tok.token_to_id(EOT)
         self.dtype = token_dtype(self.tok.get_vocab_size(with_added_tokens=True))
-        self.files, self.column, self.root, self.hf, self.progress = files, column, root, hf, progress
+        self.files, self.column, self.root = files, column, root
+        self.hf, self.progress = hf, progress
 
     def run(self, index: int, unit: Unit) -> dict:
         """Tokenize `unit` into shard `index` (atomically), record it, return the record."""
@@ -208,7 +221,8 @@ def _init(tok_json, files, column, root, hf, q, parent: int | None = None) -> No
     for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(s, signal.SIG_IGN)  # a terminal's Ctrl-C or a job's SIGTERM reaches the
         # whole group: the prepare process stops (one line) and kills the workers itself
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one core per process: the pool is the parallelism
+    # one core per process: the pool is the parallelism
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
     _worker = _Worker(tok_json, files, column, root, hf, q.put)
 
 
@@ -218,9 +232,11 @@ def _run(index: int, unit: Unit) -> dict:
 
 # ------------------------------------------------------------------------------- prepare
 
-def prepare(source: str, tokenizer, out: str | os.PathLike, *, text_column: str = "text", split: str = "train",
-            num_proc: int | None = None, unit_bytes: int | None = None, progress: bool = True,
-            corpus: Corpus | None = None, extra: dict | None = None) -> TokenStore:
+
+def prepare(source: str, tokenizer, out: str | os.PathLike, *, text_column: str = "text",
+            split: str = "train", num_proc: int | None = None, unit_bytes: int | None = None,
+            progress: bool = True, corpus: Corpus | None = None,
+            extra: dict | None = None) -> TokenStore:
     """Tokenize `source` with `tokenizer` (a `tokenizers.Tokenizer` with <|endoftext|>) into the
     store `out`; resume an unfinished prepare there; return the opened store.
 
@@ -243,8 +259,11 @@ def _prepare(source, tokenizer, out: Path, text_column, split, num_proc, unit_by
     tok_json = tokenizer.to_str()
     vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
     dtype = np.dtype(token_dtype(vocab_size)).name
-    head = {"format": FORMAT, "recipe": RECIPE, "source": source, "text_column": text_column, "split": split,
-            "sources": corpus.identity, "tokenizer_sha256": tokenizer_sha256(tokenizer), "dtype": dtype}
+    head = {
+        "format": FORMAT, "recipe": RECIPE, "source": source, "text_column": text_column,
+        "split": split, "sources": corpus.identity, "tokenizer_sha256": tokenizer_sha256(tokenizer),
+        "dtype": dtype
+    }
     plan_path = out / PLAN
     if plan_path.is_file():
         plan = _read_record(plan_path)
@@ -256,10 +275,14 @@ def _prepare(source, tokenizer, out: Path, text_column, split, num_proc, unit_by
             return TokenStore(out)
     else:
         if out.exists() and any(p.name != LOCK_FILE for p in out.iterdir()):
-            raise DataError(f"--out {out} exists and is not a token store; choose an empty or new directory")
+            raise DataError(
+                f"--out {out} exists and is not a token store; choose an empty or new directory")
         if unit_bytes is None:
             unit_bytes = min(MAX_UNIT, max(MIN_UNIT, corpus.num_bytes() // (4 * num_proc)))
-        plan = {**head, "unit_bytes": unit_bytes, "units": [asdict(u) for u in corpus.units(unit_bytes)]}
+        plan = {
+            **head, "unit_bytes": unit_bytes,
+            "units": [asdict(u) for u in corpus.units(unit_bytes)]
+        }
         atomic_write_text(out / TOKENIZER_FILE, tok_json)
         atomic_write_text(plan_path, json.dumps(plan) + "\n")
     try:
@@ -295,9 +318,9 @@ def _tokenize(todo, total, tok_json, corpus, out, num_proc, progress) -> None:
             return
         ctx = mp.get_context("spawn")  # never fork: the caller may hold threads (JAX, tokenizers)
         q = ctx.Queue()
-        pool = cf.ProcessPoolExecutor(min(num_proc, len(todo)), mp_context=ctx, initializer=_init,
-                                      initargs=(tok_json, corpus.files, corpus.text_column, out, corpus.hf, q,
-                                                os.getpid()))
+        pool = cf.ProcessPoolExecutor(
+            min(num_proc, len(todo)), mp_context=ctx, initializer=_init,
+            initargs=(tok_json, corpus.files, corpus.text_column, out, corpus.hf, q, os.getpid()))
         try:
             pending = {pool.submit(_run, i, u) for i, u in todo}
             while pending:
@@ -364,12 +387,17 @@ def _finish(out: Path, plan: dict, units: list[Unit], corpus: Corpus, vocab_size
     rows = sum(r["num_rows"] for r in records)
     num_tokens = sum(r["num_tokens"] for r in records)
     if rows == 0:
-        raise DataError(f"data source {corpus.source!r} has no documents; point it at a non-empty corpus")
+        raise DataError(
+            f"data source {corpus.source!r} has no documents; point it at a non-empty corpus")
     if num_tokens == 0:
-        raise DataError(f"data source {corpus.source!r} has no text: every document is empty; point it at "
-                        "documents with text (or set DataConfig.text_column to the column that has it)")
-    manifest = {k: plan[k] for k in ("format", "recipe", "source", "text_column", "split", "sources",
-                                     "tokenizer_sha256", "dtype")}
+        raise DataError(
+            f"data source {corpus.source!r} has no text: every document is empty; point it at "
+            "documents with text (or set DataConfig.text_column to the column that has it)")
+    manifest = {
+        k: plan[k]
+        for k in ("format", "recipe", "source", "text_column", "split", "sources",
+                  "tokenizer_sha256", "dtype")
+    }
     manifest.update(vocab_size=vocab_size, eot_id=eot_id, num_rows=rows,
                     num_documents=sum(r["num_documents"] for r in records), num_tokens=num_tokens,
                     **(extra or {}), shards=records)
@@ -381,14 +409,17 @@ def _finish(out: Path, plan: dict, units: list[Unit], corpus: Corpus, vocab_size
 
 def register(subparsers) -> None:
     """Add `data prepare` to the `cgpt` CLI's subparsers (handler in `args.func`)."""
-    p = subparsers.add_parser("data", help="prepare token stores (tokenize a corpus once, in parallel)")
+    p = subparsers.add_parser("data",
+                              help="prepare token stores (tokenize a corpus once, in parallel)")
     sub = p.add_subparsers(dest="data_command", required=True)
     q = sub.add_parser("prepare", help="tokenize SOURCE into a sharded token store in --out",
                        description=__doc__.split("\n\n")[0] + " Train on it with data.source=DIR.")
-    q.add_argument("source", help="a .txt/.jsonl/.jsonl.zst/.jsonl.gz/.parquet file, a folder of them, "
-                   "or hf:<name>[:<config>]")
-    q.add_argument("--tokenizer", required=True, help="tokenizer.json, a directory with tokenizer.json or "
-                   "GPT-2 vocab.json + merges.txt, or 'train' (byte-level BPE of --vocab-size on SOURCE)")
+    q.add_argument(
+        "source", help="a .txt/.jsonl/.jsonl.zst/.jsonl.gz/.parquet file, a folder of them, "
+        "or hf:<name>[:<config>]")
+    q.add_argument(
+        "--tokenizer", required=True, help="tokenizer.json, a directory with tokenizer.json or "
+        "GPT-2 vocab.json + merges.txt, or 'train' (byte-level BPE of --vocab-size on SOURCE)")
     q.add_argument("--out", required=True, help="store directory (an unfinished one is resumed)")
     q.add_argument("--vocab-size", type=int, default=4096, help="with --tokenizer train")
     q.add_argument("--text-column", default="text", help="JSON/Parquet field holding the text")
@@ -399,10 +430,8 @@ def register(subparsers) -> None:
 
 
 def cmd_prepare(args) -> int:
-    import time
-
     t0 = time.perf_counter()
-    out = Path(args.out).expanduser()
+    out = Path(check_utf8(args.out, "--out")).expanduser()
     if args.vocab_size < 1:
         raise DataError(f"--vocab-size {args.vocab_size}: must be positive (e.g. 4096)")
     if args.tokenizer == "train" and args.vocab_size < 257:
@@ -414,9 +443,8 @@ def cmd_prepare(args) -> int:
 
 
 def _cmd_prepare(args, out: Path, corpus: Corpus, t0: float) -> int:
-    import time
-    from cgpt.data.tokenizer import load_tokenizer, train_tokenizer, with_eot
-
+    discard_stale(out, {"source": args.source, "text_column": args.text_column,
+                        "split": args.split, "sources": corpus.identity})  # a killed prepare
     if args.tokenizer != "train":
         tok = load_tokenizer(args.tokenizer)
     elif (out / PLAN).is_file() and (out / TOKENIZER_FILE).is_file():
@@ -430,8 +458,9 @@ def _cmd_prepare(args, out: Path, corpus: Corpus, t0: float) -> int:
                     extra={"requested_vocab_size": args.vocab_size} if args.tokenizer == "train"
                     else None)
     m, dt = store.manifest, time.perf_counter() - t0
-    print(json.dumps({"store": str(out), "num_tokens": m["num_tokens"], "num_documents": m["num_documents"],
-                      "shards": len(m["shards"]), "dtype": m["dtype"], "vocab_size": m["vocab_size"],
+    print(json.dumps({"store": str(out), "num_tokens": m["num_tokens"],
+                      "num_documents": m["num_documents"], "shards": len(m["shards"]),
+                      "dtype": m["dtype"], "vocab_size": m["vocab_size"],
                       "seconds": round(dt, 1)}, indent=1))
     print(f"train on it with: data.source={out}")
     return 0

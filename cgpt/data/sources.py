@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import importlib
 import io
 import json
 import os
@@ -20,6 +21,8 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
+
+import zstandard
 
 from cgpt.errors import DataError
 
@@ -45,8 +48,6 @@ HF_EXTRA = "pip install -r requirements-hf.txt (or pip install 'cgpt[hf]')"
 def optional(module: str, what: str):
     """Import `module`, an optional dependency (README command 1 installs without it); missing,
     one DataError saying what needs it and how to install it."""
-    import importlib
-
     try:
         return importlib.import_module(module)
     except ImportError:
@@ -64,23 +65,27 @@ def suffix_of(path: Path) -> str:
 
 
 def list_files(path: Path) -> list[Path]:
-    """`path` itself, or every supported file under the folder (recursive, sorted, no hidden ones)."""
+    """`path` itself, or every supported file under the folder (recursive, sorted, no hidden
+    ones)."""
     supported = ", ".join(FORMATS)
     if not path.exists():
-        raise DataError(f"data source {str(path)!r} does not exist; set DataConfig.source to an existing "
-                        f"file or folder ({supported}), a prepared token store, 'default', or "
-                        "'hf:<dataset>[:<config>]'")
+        raise DataError(
+            f"data source {str(path)!r} does not exist; set DataConfig.source to an existing "
+            f"file or folder ({supported}), a prepared token store, 'default', or "
+            "'hf:<dataset>[:<config>]'")
     if path.is_file():
         if suffix_of(path) not in FORMATS:
-            raise DataError(f"data source {str(path)!r} has unsupported extension {path.suffix!r}; "
-                            f"use one of {supported} (or convert the file to JSONL with a 'text' field)")
+            raise DataError(
+                f"data source {str(path)!r} has unsupported extension {path.suffix!r}; "
+                f"use one of {supported} (or convert the file to JSONL with a 'text' field)")
         return [path]
     files = sorted(p for p in path.rglob("*")
                    if p.is_file() and suffix_of(p) in FORMATS
                    and not any(part.startswith(".") for part in p.relative_to(path).parts))
     if not files:
-        raise DataError(f"data folder {str(path)!r} holds no {supported} files; put documents there "
-                        "or point DataConfig.source at a file")
+        raise DataError(
+            f"data folder {str(path)!r} holds no {supported} files; put documents there "
+            "or point DataConfig.source at a file")
     return files
 
 
@@ -182,8 +187,6 @@ class _Hashing(io.RawIOBase):
 
 def _open_compressed(path: Path, raw) -> io.BufferedReader:
     if path.name.lower().endswith(".zst"):
-        import zstandard
-
         # Files written with `zstd --long` need windows over the default limit: allow up to 2 GiB.
         dctx = zstandard.ZstdDecompressor(max_window_size=1 << 31)
         reader = dctx.stream_reader(raw, read_across_frames=True)
@@ -217,12 +220,11 @@ def _read_errors() -> tuple[type[BaseException], ...]:
     """What a damaged file raises while it is read: gzip/zlib, zstandard, pyarrow, the OS."""
     errors: list[type[BaseException]] = [EOFError, OSError, ValueError, zlib.error]
     try:
-        import zstandard
         errors.append(zstandard.ZstdError)
     except ImportError:
         pass
     try:
-        import pyarrow
+        import pyarrow  # loads pyarrow: only when this runs
         errors.append(pyarrow.ArrowException)
     except ImportError:
         pass
@@ -254,8 +256,9 @@ def _read_text_files(paths: list[Path], digest) -> Iterator[tuple[list[str], int
         try:
             text = data.decode("utf-8")
         except UnicodeDecodeError as e:
-            raise DataError(f"{path}: not UTF-8 text (byte {e.start}); convert it to UTF-8 or remove it "
-                            "from the source folder") from e
+            raise DataError(
+                f"{path}: not UTF-8 text (byte {e.start}); convert it to UTF-8 or remove it "
+                "from the source folder") from e
         rows += 1  # a text file is one document, even when empty
         if text:
             texts.append(text)
@@ -300,7 +303,8 @@ def _is_json_array(path: Path) -> bool:
 
 
 def _read_jsonl(path: Path, unit: Unit, column: str, digest) -> Iterator[tuple[list[str], int]]:
-    if unit.kind == "jsonl" and unit.start == 0 and suffix_of(path) == ".json" and _is_json_array(path):
+    if (unit.kind == "jsonl" and unit.start == 0 and suffix_of(path) == ".json"
+            and _is_json_array(path)):
         yield from _read_json_array(path, column, digest)  # a JSON array of objects, not JSON Lines
         return
     with open(path, "rb") as raw:
@@ -322,8 +326,9 @@ def _read_jsonl(path: Path, unit: Unit, column: str, digest) -> Iterator[tuple[l
             try:
                 row = json.loads(line)
             except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
-                raise DataError(f"{where()}: not valid JSON ({e}); each line must be one JSON object "
-                                f'such as {{"{column}": "..."}}') from e
+                raise DataError(
+                    f"{where()}: not valid JSON ({e}); each line must be one JSON object "
+                    f'such as {{"{column}": "..."}}') from e
             text = _row_text(row, column, where)
             if b"\\u" in line:  # only a \u escape can make a lone surrogate
                 _check_unicode(text, column, where)
@@ -341,7 +346,8 @@ def _read_jsonl(path: Path, unit: Unit, column: str, digest) -> Iterator[tuple[l
 
 
 def _line_where(path: Path, unit: Unit, first_line: int | None, n: int) -> str:
-    """'file, line N' for the n-th line of the unit (the lines before it are counted only on error)."""
+    """'file, line N' for the n-th line of the unit (the lines before it are counted only on
+    error)."""
     if first_line is None:
         first_line, left = 1, unit.start
         with open(path, "rb") as f:
@@ -374,7 +380,8 @@ def _read_json_array(path: Path, column: str, digest) -> Iterator[tuple[list[str
     try:
         rows = json.loads(data)
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
-        raise DataError(f"{path}: not valid JSON ({e}); write a JSON array of objects or JSON Lines") from None
+        raise DataError(
+            f"{path}: not valid JSON ({e}); write a JSON array of objects or JSON Lines") from None
     texts = [_row_text(r, column, lambda i=i: f"{path}, item {i}") for i, r in enumerate(rows)]
     if b"\\u" in data:
         for i, t in enumerate(texts):
@@ -382,7 +389,8 @@ def _read_json_array(path: Path, column: str, digest) -> Iterator[tuple[list[str
     yield [t for t in texts if t], len(texts)
 
 
-def _read_parquet(path: Path, start: int, stop: int, column: str) -> Iterator[tuple[list[str], int]]:
+def _read_parquet(path: Path, start: int, stop: int,
+                  column: str) -> Iterator[tuple[list[str], int]]:
     pa = optional("pyarrow", f"reading {path} (Parquet)")
     pq = optional("pyarrow.parquet", f"reading {path} (Parquet)")
 
@@ -393,8 +401,9 @@ def _read_parquet(path: Path, start: int, stop: int, column: str) -> Iterator[tu
                         "Set DataConfig.text_column to the one that holds the text.")
     kind = pf.schema_arrow.field(column).type
     if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
-        raise DataError(f"{path}: column {column!r} holds {kind}, not text; set DataConfig.text_column "
-                        f"to a string column (columns: {names})")
+        raise DataError(
+            f"{path}: column {column!r} holds {kind}, not text; set DataConfig.text_column "
+            f"to a string column (columns: {names})")
     if start >= stop:
         return
     for batch in pf.iter_batches(batch_size=1024, row_groups=range(start, stop), columns=[column]):
@@ -421,4 +430,6 @@ def file_sha256(path: Path) -> str:
 
 def cpu_count() -> int:
     """Cores this process may use (the affinity mask, not the machine's total)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1

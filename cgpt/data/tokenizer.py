@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable
 
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
 from cgpt.errors import LoadError
 from cgpt.data.sources import DataError
 from cgpt.rundir import TOKENIZER_FILE  # one name: a run's, a store's, an HF directory's
@@ -21,8 +23,6 @@ EOT = "<|endoftext|>"
 
 def train_tokenizer(batches: Iterable[list[str]], vocab_size: int) -> "tokenizers.Tokenizer":
     """Byte-level BPE (GPT-2 style: any byte string encodes, no <unk>) with <|endoftext|>."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -34,9 +34,8 @@ def train_tokenizer(batches: Iterable[list[str]], vocab_size: int) -> "tokenizer
 
 
 def load_tokenizer(path: str | os.PathLike) -> "tokenizers.Tokenizer":
-    """A tokenizer.json file, or a directory with tokenizer.json or GPT-2 vocab.json + merges.txt."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-
+    """A tokenizer.json file, or a directory with tokenizer.json or GPT-2 vocab.json and
+    merges.txt."""
     path = Path(path).expanduser()
     try:
         if path.is_file():
@@ -45,15 +44,18 @@ def load_tokenizer(path: str | os.PathLike) -> "tokenizers.Tokenizer":
             return Tokenizer.from_file(str(path / TOKENIZER_FILE))
         if (path / "vocab.json").is_file() and (path / "merges.txt").is_file():
             # GPT-2's own pre-tokenization: its regex split, bytes mapped to printable characters.
-            tok = Tokenizer(models.BPE.from_file(str(path / "vocab.json"), str(path / "merges.txt")))
+            tok = Tokenizer(models.BPE.from_file(str(path / "vocab.json"),
+                                                 str(path / "merges.txt")))
             tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
             tok.decoder = decoders.ByteLevel()
             return tok
     except Exception as e:  # tokenizers raises plain Exceptions on malformed files
-        raise DataError(f"tokenizer {str(path)!r} is unreadable ({e}); point DataConfig.tokenizer at a "
-                        "valid tokenizer.json or a vocab.json + merges.txt directory") from e
-    raise DataError(f"tokenizer {str(path)!r} is not a tokenizer.json file nor a directory with tokenizer.json "
-                    "or vocab.json + merges.txt; set DataConfig.tokenizer to such a path or to 'train'")
+        raise DataError(
+            f"tokenizer {str(path)!r} is unreadable ({e}); point DataConfig.tokenizer at a "
+            "valid tokenizer.json or a vocab.json + merges.txt directory") from e
+    raise DataError(
+        f"tokenizer {str(path)!r} is not a tokenizer.json file nor a directory with tokenizer.json "
+        "or vocab.json + merges.txt; set DataConfig.tokenizer to such a path or to 'train'")
 
 
 def load_checkpoint_tokenizer(d: str | os.PathLike):

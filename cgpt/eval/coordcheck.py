@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from cgpt.config.model import ModelConfig, get_config
+from cgpt.config.recipe import Recipe
 
 # jax, the model and the optimizer are imported inside the functions that use them, so that
 # registering this subcommand costs the `cgpt` CLI nothing.
@@ -69,10 +70,10 @@ class CoordCheck:
 
 def activation_stats(params: dict, ids, cfg: ModelConfig):
     """(logits, {activation: mean |x|}) from one forward pass of the real model functions."""
-    import jax
-    import jax.numpy as jnp
+    import jax  # loads JAX: only when this runs
+    import jax.numpy as jnp  # loads JAX: only when this runs
 
-    from cgpt.model import gpt as M
+    from cgpt.model import gpt as M  # loads JAX: only when this runs
 
     stats = {}
     x = M.embed(params, ids, cfg)
@@ -94,13 +95,12 @@ def activation_stats(params: dict, ids, cfg: ModelConfig):
 def run_width(cfg: ModelConfig, tokens: np.ndarray, lr: float, steps: int, seed: int) -> dict:
     """Train `cfg` for `steps` Adam updates at a constant `lr` (the real recipe otherwise) on
     `tokens` [B, T+1]; mean |x| of every activation after 0, 1, ..., `steps` updates."""
-    import jax
-    import jax.numpy as jnp
-    import optax
+    import jax  # loads JAX: only when this runs
+    import jax.numpy as jnp  # loads JAX: only when this runs
+    import optax  # loads JAX: only when this runs
 
-    from cgpt.model import gpt as M
-    from cgpt.config.recipe import Recipe
-    from cgpt.train.optim import make_optimizer
+    from cgpt.model import gpt as M  # loads JAX: only when this runs
+    from cgpt.train.optim import make_optimizer  # loads JAX: only when this runs
 
     recipe = Recipe(peak_lr=lr, decay="linear", adam_eps=1e-8, batch_size=tokens.shape[0],
                     warmup_steps=1, total_steps=steps + 2, end_lr_fraction=1.0)
@@ -182,11 +182,11 @@ def family(preset: str, widths: list[int], mup: bool, heads: int | None = None) 
 def plot(checks: list[CoordCheck], path: str | Path) -> Path:
     """One row per parametrization, one panel per activation: mean |x| against width, one
     line per training step (the classic coordinate-check figure)."""
-    import matplotlib
-    import matplotlib.ticker
+    import matplotlib  # loads matplotlib: only when this runs
+    import matplotlib.ticker  # loads matplotlib: only when this runs
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # loads matplotlib: only when this runs
 
     keys = list(checks[0].stats)
     fig, axes = plt.subplots(len(checks), len(keys), figsize=(2.4 * len(keys), 2.4 * len(checks)),
@@ -261,10 +261,10 @@ def _check_args(args) -> list[int]:
 
 
 def _check_figure_path(out: Path) -> None:
-    import matplotlib
+    import matplotlib  # loads matplotlib: only when this runs
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # loads matplotlib: only when this runs
 
     kinds = plt.gcf().canvas.get_supported_filetypes()
     plt.close("all")

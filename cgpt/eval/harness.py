@@ -4,12 +4,12 @@
     import cgpt.eval.harness; lm_eval.simple_evaluate(model="cgpt",
         model_args="pretrained=runs/x,dtype=float32,batch_size=16", tasks=["hellaswag"])
 
-(lm-eval knows the name `cgpt` once this module is imported.) `pretrained` is anything `cgpt.load` reads: a run directory, a Hugging Face GPT-2
-directory or a hub id. Requests are scored the way lm-eval's own `hf` model scores them
-(same truncation to the last n_ctx + 1 tokens, same rolling windows, same stop sequences),
-so the two agree to float precision; they run batched, longest first, padded to a few
-bucket lengths so that XLA compiles a handful of shapes. Optional dependency:
-`pip install lm-eval==0.4.13`.
+(lm-eval knows the name `cgpt` once this module is imported.) `pretrained` is anything `cgpt.load`
+reads: a run directory, a Hugging Face GPT-2 directory or a hub id. Requests are scored the way
+lm-eval's own `hf` model scores them (same truncation to the last n_ctx + 1 tokens, same rolling
+windows, same stop sequences), so the two agree to float precision; they run batched, longest first,
+padded to a few bucket lengths so that XLA compiles a handful of shapes. Optional dependency: `pip
+install lm-eval==0.4.13`.
 """
 from __future__ import annotations
 
@@ -31,8 +31,14 @@ except ImportError as e:  # lm-eval is optional (requirements-test.txt)
 import jax
 import jax.numpy as jnp
 import numpy as np
+import yaml
+from lm_eval import simple_evaluate
+from lm_eval.tasks import TaskManager
+from lm_eval.utils import make_table
 from tqdm import tqdm
 
+from cgpt.eval.lm import load
+from cgpt.fileio import atomic_write_text
 from cgpt.model.gpt import forward
 
 EOT = "<|endoftext|>"
@@ -58,7 +64,6 @@ class CgptLM(TemplateLM):
     def __init__(self, pretrained: str | None = None, dtype: str = "float32",
                  batch_size: int | str = 16, max_gen_toks: int = 256, lm=None, **ignored):
         super().__init__()
-        from cgpt.eval.lm import load
 
         if lm is None:
             if not pretrained:
@@ -185,12 +190,6 @@ def default_output(source: str) -> Path:
 
 def run_tasks(args) -> int:
     """The `eval --tasks` path: lm-eval's `simple_evaluate` on the `cgpt` model."""
-    from lm_eval import simple_evaluate
-    from lm_eval.tasks import TaskManager
-    from lm_eval.utils import make_table
-
-    from cgpt.fileio import atomic_write_text
-
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     if not tasks:
         raise ValueError(f"--tasks {args.tasks!r}: name at least one lm-eval task")
@@ -237,8 +236,6 @@ def _unparsable_yamls(root: Path) -> list[str]:
     """'file: why' for each task YAML under `root` that does not parse: lm-eval's index skips
     those silently, so their tasks would otherwise be reported as unknown. Tags such as
     `!function` are accepted unread (only the YAML syntax is checked)."""
-    import yaml
-
     class Loader(yaml.SafeLoader):
         pass
 

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from cgpt import rundir
-from cgpt.model import decode, hf
+from cgpt.model import decode, hf, orbax_format
 from cgpt.config.model import ModelConfig
 from cgpt.errors import LoadError
 from cgpt.model.gpt import cross_entropy, forward
@@ -264,8 +264,6 @@ def load(source: str | Path, dtype: str = "float32") -> LM:
             raise LoadError(f"{path}: not a checkpoint directory; pass the directory holding "
                             "config.json and the weights")
         if rundir.is_run(path):
-            from cgpt.model import orbax_format  # the Orbax format's one reader
-
             cfg, params, tok = orbax_format.load_run(path, dtype)
             return LM(cfg, params, tok)
         cfg, params = hf.load_hf_dir(path, dtype)

@@ -14,15 +14,16 @@ import json
 import math
 import os
 import re
-import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
+import safetensors.numpy
+from safetensors import SafetensorError, safe_open
 
 from cgpt.config.model import ModelConfig
 from cgpt.config.values import typed
 from cgpt.errors import LoadError  # noqa: F401 - re-exported (`from cgpt.model.hf import ...`)
+from cgpt.model.export import write_export
 from cgpt.rundir import TOKENIZER_FILE
 
 # HF GPT-2 names follow from cgpt's parameter tree (`model.param_specs`) by one rule: the
@@ -37,8 +38,9 @@ def _hf_name(path: tuple[str, ...]) -> str:
 
 
 def key_map(cfg: ModelConfig) -> tuple[dict[str, tuple], dict[str, tuple]]:
-    """({top-level HF name: param path}, {per-layer HF name (after `h.<i>.`): path in params["h"]})."""
-    from cgpt.model.gpt import param_specs
+    """({top-level HF name: param path},
+    {per-layer HF name (after `h.<i>.`): path in params["h"]})."""
+    from cgpt.model.gpt import param_specs  # loads JAX: only when this runs
 
     paths = list(param_specs(cfg))
     top = {_hf_name(p): p for p in paths if p[0] != "h"}
@@ -123,7 +125,6 @@ def config_to_hf(cfg: ModelConfig, eot_id: int | None = None) -> dict:
 
 # ---- tensor files --------------------------------------------------------------------------
 def _read_safetensors(f: Path) -> dict[str, np.ndarray]:
-    from safetensors import SafetensorError, safe_open
     try:
         with safe_open(str(f), framework="numpy") as fh:
             return {k: fh.get_tensor(k) for k in fh.keys()}
@@ -141,7 +142,15 @@ def _read_bin(f: Path) -> dict[str, np.ndarray]:
     try:
         sd = torch.load(str(f), map_location="cpu", weights_only=True)
     except Exception as e:  # torch raises many types for corrupt or unsafe pickles
-        raise LoadError(f"{f}: not a loadable weights-only PyTorch file ({e})") from e
+        text = str(e)
+        code = re.search(r"GLOBAL (\S+)", text)
+        if code or "Weights only load failed" in text:  # torch's several lines of advice
+            what = f"it would call {code.group(1)}" if code else "it holds more than tensors"
+            raise LoadError(f"{f}: refused: {what}, and cgpt reads .bin files weights-only, "
+                            "running no code from them; if you trust the file, convert it to "
+                            "safetensors") from e
+        first = text.strip().splitlines()[0] if text.strip() else type(e).__name__
+        raise LoadError(f"{f}: not a loadable weights-only PyTorch file ({first})") from e
     if not isinstance(sd, dict):
         raise LoadError(f"{f}: expected a state dict of tensors, got {type(sd).__name__}")
     out = {}
@@ -211,7 +220,7 @@ def read_state_dict(files: list[Path]) -> tuple[dict[str, np.ndarray], dict[str,
 def params_from_state_dict(sd: dict[str, np.ndarray], origin: dict[str, Path],
                            cfg: ModelConfig, where: Path) -> dict:
     """Rename and stack HF tensors into cgpt's param tree, checking every name and shape."""
-    from cgpt.model.gpt import param_specs
+    from cgpt.model.gpt import param_specs  # loads JAX: only when this runs
 
     shapes = {path: shape for path, (shape, _) in param_specs(cfg).items()}
     top_keys, layer_keys = key_map(cfg)
@@ -399,32 +408,18 @@ def load_hf_dir(d: Path, compute_dtype: str = "float32") -> tuple[ModelConfig, d
 
 
 def save_hf_dir(params: dict, cfg: ModelConfig, out: Path, tokenizer=None) -> Path:
-    """Write an HF GPT-2 directory atomically (temp dir, then rename); a μP model is written
-    with its multipliers folded into the weights (`fold_mup`)."""
-    from safetensors.numpy import save_file
-
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    """Write an HF GPT-2 directory, replacing only an earlier export (`model.export`); a μP
+    model is written with its multipliers folded into the weights (`fold_mup`)."""
+    def write(tmp: Path) -> None:
         eot = tokenizer.token_to_id("<|endoftext|>") if tokenizer is not None else None
         (tmp / "config.json").write_text(json.dumps(config_to_hf(cfg, eot), indent=2))
         sd = state_dict_from_params(params, cfg)
-        save_file(fold_mup(sd, cfg) if cfg.mup else sd, str(tmp / "model.safetensors"),
-                  metadata={"format": "pt"})
+        safetensors.numpy.save_file(fold_mup(sd, cfg) if cfg.mup else sd,
+                                    str(tmp / "model.safetensors"), metadata={"format": "pt"})
         if tokenizer is not None:
             tokenizer.save(str(tmp / TOKENIZER_FILE))
-        if out.exists():
-            old = out.with_name(out.name + ".old")
-            os.replace(out, old)
-            os.replace(tmp, out)
-            shutil.rmtree(old)
-        else:
-            os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out
+
+    return write_export(out, write)
 
 
 def resolve_hub_id(repo_id: str) -> Path:

@@ -14,9 +14,12 @@ from pathlib import Path
 from typing import Callable
 
 import jax
+import numpy as np
+from etils import epath
 
 from cgpt import rundir
 from cgpt.config.model import ModelConfig
+from cgpt.data.tokenizer import load_checkpoint_tokenizer
 from cgpt.errors import CheckpointsChanged, LoadError
 from cgpt.model import orbax_quiet as quiet
 
@@ -32,8 +35,6 @@ def brief(e: BaseException, limit: int = 160) -> str:
 
 def nonfinite_tensor(params) -> str | None:
     """The name ('h/attn/w_qkv') of the first parameter holding NaN or inf, or None."""
-    import numpy as np
-
     for path, x in jax.tree_util.tree_flatten_with_path(params)[0]:
         if not np.isfinite(np.asarray(x, np.float32)).all():
             return "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
@@ -42,7 +43,7 @@ def nonfinite_tensor(params) -> str | None:
 
 def manager(run_dir: Path, keep: int | None = None, create: bool = True, on_written=None):
     """Orbax's manager; asynchronous when `on_written` (called before each commit) is given."""
-    import orbax.checkpoint as ocp
+    import orbax.checkpoint as ocp  # loads JAX: only when this runs
 
     opts = ocp.CheckpointManagerOptions(
         max_to_keep=keep, create=create, enable_async_checkpointing=on_written is not None,
@@ -60,7 +61,7 @@ def restore_newest(mngr, run_dir: Path, items: dict, fix: str,
     When every checkpoint fails: a LoadError naming `fix`, and nothing is changed (a run
     whose checkpoints are all unreadable is never silently restarted). CheckpointsChanged
     when one vanished while it was read (list them again)."""
-    import orbax.checkpoint as ocp
+    import orbax.checkpoint as ocp  # loads JAX: only when this runs
 
     bad = []
     for step in sorted(mngr.all_steps(), reverse=True):
@@ -78,6 +79,11 @@ def restore_newest(mngr, run_dir: Path, items: dict, fix: str,
                           f"({brief(e)}); falling back to step {step}{moved}", stacklevel=3)
         return step, out, [b for b, _ in bad]
     if bad:
+        why = _config_mismatch(run_dir, bad[0][0], items)
+        if why is not None:
+            raise LoadError(f"{run_dir / rundir.CONFIG_FILE}: does not describe the run's "
+                            f"checkpoints ({why}): it was edited after they were written; "
+                            "restore its model section")
         raise LoadError(
             f"{run_dir / rundir.CKPT_DIR}: none of the checkpoints {[b for b, _ in bad]} could "
             f"be restored (newest error: {brief(bad[0][1])}); nothing was changed. Fix the "
@@ -85,10 +91,38 @@ def restore_newest(mngr, run_dir: Path, items: dict, fix: str,
     return None
 
 
+def _config_mismatch(run_dir: Path, step: int, items: dict) -> str | None:
+    """The first parameter whose shape in checkpoint `step` (its metadata) differs from the
+    one the config gives, or None (also when the metadata cannot be read)."""
+    import orbax.checkpoint as ocp  # loads JAX: only when this runs
+
+    if "params" not in items:
+        return None
+    try:
+        meta = ocp.StandardCheckpointHandler().metadata(
+            epath.Path(run_dir / rundir.CKPT_DIR / str(step) / "params"))
+    except Exception:  # damaged metadata: the restore's own error says more
+        return None
+
+    def shapes(tree) -> dict[str, tuple]:
+        return {"/".join(str(getattr(k, "key", k)) for k in path): tuple(getattr(v, "shape", ()))
+                for path, v in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+    want, have = shapes(items["params"]), shapes(meta)
+    for k, shape in want.items():
+        if k not in have:
+            return f"parameter {k} is not in checkpoint {step}"
+        if have[k] != shape:
+            return f"parameter {k}: shape {list(shape)} by config.yaml, {list(have[k])} in " \
+                   f"checkpoint {step}"
+    extra = sorted(set(have) - set(want))
+    return f"checkpoint {step} holds parameter {extra[0]}, which config.yaml lacks" if extra \
+        else None
+
+
 def load_run(run_dir: Path, compute_dtype: str = "float32"):
     """(ModelConfig, params, tokenizer) from the newest good checkpoint of a cgpt run."""
-    from cgpt.model.gpt import init_params
-    from cgpt.data.tokenizer import load_checkpoint_tokenizer
+    from cgpt.model.gpt import init_params  # loads JAX: only when this runs
 
     raw = rundir.read_config(run_dir)
     try:

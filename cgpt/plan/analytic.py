@@ -13,16 +13,23 @@ a second.
 """
 from __future__ import annotations
 
-from cgpt.config.model import recomputes_forward
-from cgpt.config.units import parse_bytes
+from cgpt.config import backend, flops
+from cgpt.config.data import DataConfig
+from cgpt.config.model import get_config, recomputes_forward
+from cgpt.config.run import RunConfig, TrainConfig
+from cgpt.config.units import fmt_bytes, parse_bytes
+from cgpt.errors import TrainError
+from cgpt.plan.costs import batch_advice
+from cgpt.sharding import auto, cost
+from cgpt.sharding.cost import axis_bytes
+from cgpt.sharding.fitrule import choose_step, usable_memory
+from cgpt.sharding.nodes import node_axes, weight_shards
+from cgpt.train.resolve import resolve
 
 
 def footprint(cfg, mode: str, axes: dict[str, int], nodes: int, rows: int, seq_len: int) -> int:
     """Per-device bytes of `mode` on `axes` with `rows` sequences in flight per batch shard
     (`cgpt.sharding.auto`'s model; weight streaming's state over its within-node weight axes)."""
-    from cgpt.sharding import auto
-    from cgpt.sharding.nodes import weight_shards
-
     if mode == "layer_pipelined":
         return auto.pipeline_bytes_per_device(cfg, axes.get("stage", 1), rows, seq_len)
     if mode == "weight_streaming":
@@ -34,14 +41,6 @@ def footprint(cfg, mode: str, axes: dict[str, int], nodes: int, rows: int, seq_l
 def plan_analytic(run, device_memory: int | str, devices: int, nodes: int = 1,
                   platform: str = "gpu") -> dict:
     """The analytic plan of a RunConfig on `devices` devices over `nodes` nodes (see module)."""
-    from cgpt.config import backend, flops
-    from cgpt.errors import TrainError
-    from cgpt.plan.costs import batch_advice
-    from cgpt.sharding.fitrule import choose_step, usable_memory
-    from cgpt.sharding.cost import axis_bytes
-    from cgpt.sharding.nodes import node_axes
-    from cgpt.train.resolve import resolve
-
     memory = parse_bytes(device_memory) if isinstance(device_memory, str) else int(device_memory)
     if nodes < 1 or devices % nodes:
         raise ValueError(f"--nodes {nodes}: the {devices} devices must split evenly over the "
@@ -109,8 +108,6 @@ def _step(cfg, res, micro: int, remat: bool, platform: str, gpus_per_node: int):
     """(the cost model's step at the device's peak, its hardware) (`cgpt.sharding.cost`; an
     H100 SXM is assumed in a plan), or (None, None) off the GPU: a prediction, never a
     measurement."""
-    from cgpt.sharding import cost
-
     hw = cost.hardware_for(platform, None, gpus_per_node)
     if hw is None:
         return None, None
@@ -128,7 +125,7 @@ def _bubble(mode: str, mesh: dict[str, int], micro: int) -> float | None:
     """GPipe's (S-1)/(M+S-1) with the default micro-batch count (up to 4 x stages)."""
     if mode != "layer_pipelined":
         return None
-    from cgpt.sharding.pipeline import bubble_fraction
+    from cgpt.sharding.pipeline import bubble_fraction  # loads JAX: only when this runs
 
     s = mesh.get("stage", 1)
     divisors = [k for k in range(1, micro + 1) if micro % k == 0]
@@ -141,7 +138,8 @@ def crossing_note(r: dict) -> str:
     if r.get("nodes", 1) <= 1:
         return "one node: no axis crosses nodes"
     bad = [a for a in cross if a not in ("data", "stage")]
-    text = f"{', '.join(cross) or 'none'} cross{'es' if len(cross) == 1 else ''} the {r['nodes']} nodes"
+    verb = "crosses" if len(cross) == 1 else "cross"
+    text = f"{', '.join(cross) or 'none'} {verb} the {r['nodes']} nodes"
     if bad:
         text += (f"; WARNING: {', '.join(bad)} crosses nodes (its gathers/reductions use the "
                  "inter-node network every layer): the batch leaves no layout with only "
@@ -151,8 +149,6 @@ def crossing_note(r: dict) -> str:
 
 def fmt_axes(r: dict) -> list[str]:
     """Lines per mesh axis: size (across x within a node) and the bytes it moves per step."""
-    from cgpt.config.units import fmt_bytes
-
     out = []
     for a, v in r["axes"].items():
         moved = v.get("bytes_per_step")
@@ -167,11 +163,6 @@ def node_table(models: list[tuple[str, int]], node_counts: list[int], gpus_per_n
                device_memory: str = "80GB") -> str:
     """The README's plan table: every (preset, published batch) on each node count, placed by
     `--mode auto` with the analytic plan (`python -m cgpt.plan.analytic` prints it)."""
-    from cgpt.config.data import DataConfig
-    from cgpt.config.model import get_config
-    from cgpt.config.run import RunConfig, TrainConfig
-    from cgpt.config.units import fmt_bytes
-
     short = {"layer_pipelined": "LP", "weight_streaming": "WS", "data_parallel": "DP"}
     head = ["model"] + [f"{n} node{'s' if n > 1 else ''} ({n * gpus_per_node} GPUs)"
                         for n in node_counts]

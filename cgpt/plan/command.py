@@ -38,11 +38,17 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
+
+from tqdm.auto import tqdm
 
 from cgpt.config.model import REMATS
+from cgpt.config.run import from_dict
 from cgpt.config.units import parse_bytes
+from cgpt.config.values import MAX_INT
 from cgpt.plan.planning import plan, plan_run
 from cgpt.plan.report import format_analytic, format_plan
+from cgpt.sharding.axes import mesh_size
 from cgpt.train.fit import HEADROOM, POOL_MARGIN
 
 __all__ = ["add_arguments", "cmd_plan", "format_plan", "main", "plan", "plan_many", "plan_run",
@@ -70,9 +76,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seq-len", type=int, help="tokens per sequence (default: n_ctx)")
     p.add_argument("--dtype", help="compute dtype: float32 | bfloat16 (default: the "
                    "--platform's, as train chooses there)")
-    p.add_argument("--platform", default="gpu", choices=("gpu", "tpu", "rocm", "cpu"),
-                   help="the devices planned for (default gpu): their dtype, attention and "
-                        "vocabulary padding (cgpt.config.backend); compiled on emulated CPU devices")
+    p.add_argument(
+        "--platform", default="gpu", choices=("gpu", "tpu", "rocm", "cpu"),
+        help="the devices planned for (default gpu): their dtype, attention and "
+        "vocabulary padding (cgpt.config.backend); compiled on emulated CPU devices")
     p.add_argument("--remat", choices=("on", "off", *REMATS),
                    help="a rung of the remat ladder (on = full, off = save_dots; default: the "
                         "first of the platform's ladder whose step fits, as train chooses)")
@@ -112,8 +119,6 @@ def _needed_devices(args) -> int:
 
 
 def _devices_of(args) -> int:
-    from cgpt.sharding import mesh_size
-
     spec = (args.mesh or "").strip()
     if args.nodes < 1:
         raise ValueError(f"--nodes {args.nodes} must be >= 1")
@@ -138,9 +143,9 @@ def _devices_of(args) -> int:
 def _cpu_devices(n: int):
     """n CPU devices, emulated. Sets the count before JAX starts its backends; if they are
     already up with fewer devices, returns None (the caller re-runs itself in a subprocess)."""
-    import jax
+    import jax  # loads JAX: only when this runs
 
-    from cgpt.sharding import emulate_cpu_devices
+    from cgpt.sharding import emulate_cpu_devices  # loads JAX: only when this runs
 
     emulate_cpu_devices(n)
     cpu = jax.devices("cpu")
@@ -164,8 +169,6 @@ def plan_many(requests: list[dict], progress: bool = True) -> list[dict]:
     n = max(int(r["devices"]) for r in requests)
     devs = _cpu_devices(n)
     if devs is None:
-        import tempfile
-
         env = dict(os.environ, JAX_PLATFORMS="cpu",
                    XLA_FLAGS=f"--xla_force_host_platform_device_count={n}")
         with tempfile.TemporaryDirectory() as d:
@@ -178,9 +181,6 @@ def plan_many(requests: list[dict], progress: bool = True) -> list[dict]:
             raise RuntimeError(f"the dry run's plan process failed (exit {p.returncode}); "
                                "its error is printed above")
         return [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
-    from tqdm.auto import tqdm
-
-    from cgpt.config.run import from_dict
 
     out = []
     for r in tqdm(requests, desc="compiling each run's step", unit="run", disable=not progress,
@@ -218,7 +218,6 @@ def cmd_plan(args) -> int:
         raise ValueError("--model required, e.g. --model 1.3B (see `cgpt list`)")
     if args.seq_len is not None and args.seq_len < 1:  # 0 would read as "the default" below
         raise ValueError(f"--seq-len {args.seq_len} must be >= 1 (or leave it out: n_ctx)")
-    from cgpt.config.values import MAX_INT
 
     for key in ("batch", "micro_batch", "micro_batches", "seq_len", "devices", "nodes",
                 "gpus_per_node"):  # as train's values: a divisor search of 1e30 never ends
@@ -234,7 +233,7 @@ def cmd_plan(args) -> int:
                  platform=args.platform, nodes=args.nodes, compile=False)
         print(json.dumps(r) if args.json else format_analytic(r))
         return 0
-    from cgpt.sharding.mesh import MAX_EMULATED_DEVICES
+    from cgpt.sharding.mesh import MAX_EMULATED_DEVICES  # loads JAX: only when this runs
 
     if n > MAX_EMULATED_DEVICES:  # named as typed, before JAX allocates a device of them
         given = f"--mesh {args.mesh}" if (args.mesh or "").strip() else f"--devices {n}"

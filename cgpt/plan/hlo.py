@@ -8,8 +8,11 @@ accumulation scan and the pipeline's tick scan.
 """
 from __future__ import annotations
 
+import glob
 import math
+import os
 import re
+import tempfile
 from collections import defaultdict
 
 COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "collective-permute", "all-to-all")
@@ -139,10 +142,6 @@ def partitioned_hlo(lowered) -> str:
     the collectives with the dtypes the program asks for. XLA's CPU compiler later widens
     bf16 collectives to f32 (its float-normalization-bf16 pass, which cannot be turned off:
     its CPU dots need it), so the final CPU HLO would show an accelerator's bf16 gathers as f32."""
-    import glob
-    import os
-    import tempfile
-
     with tempfile.TemporaryDirectory() as d:
         lowered.compile({"xla_dump_to": d, "xla_dump_hlo_pass_re": "spmd-partitioning"})
         files = sorted(glob.glob(os.path.join(d, "*after_spmd-partitioning*.txt")))

@@ -7,12 +7,20 @@ import math
 import time
 from typing import Any, NamedTuple
 
-from cgpt.config.model import remat_value
-from cgpt.config.model import recomputes_forward
+from cgpt import sharding
+from cgpt.config import backend, flops
+from cgpt.config.data import DataConfig
+from cgpt.config.model import get_config, recomputes_forward, remat_value
+from cgpt.config.run import MODES, RunConfig, TrainConfig
 from cgpt.config.units import parse_bytes
+from cgpt.errors import TrainError
 from cgpt.plan import cudnn
+from cgpt.plan.analytic import plan_analytic
 from cgpt.plan.costs import cost_report, step_advice
 from cgpt.plan.hlo import hlo_totals
+from cgpt.sharding.cost import axis_bytes
+from cgpt.sharding.nodes import node_axes
+from cgpt.train.resolve import resolve
 
 
 def plan(model: str, mode: str, mesh: str = "", devices: int = 8,
@@ -25,11 +33,6 @@ def plan(model: str, mode: str, mesh: str = "", devices: int = 8,
     micro_batch / remat / dtype default as in `train` on `platform` (`cgpt.train.fit` chooses the
     first two, `cgpt.config.backend` the dtype). `nodes`: the devices' nodes (a hybrid mesh,
     `cgpt.sharding.nodes`); compile=False: the analytic plan (`cgpt.plan.analytic`), no JAX."""
-    from cgpt import sharding
-    from cgpt.config.model import get_config
-    from cgpt.config.data import DataConfig
-    from cgpt.config.run import MODES, RunConfig, TrainConfig
-
     if mode not in MODES or mode == "single":
         raise ValueError(f"--mode {mode!r}; use one of {', '.join(sharding.SHARDED_MODES)}")
     cfg = get_config(model).replace(remat=remat)
@@ -42,11 +45,9 @@ def plan(model: str, mode: str, mesh: str = "", devices: int = 8,
         batch_size=batch, micro_batch=micro_batch, micro_batches=micro_batches, mode=mode,
         mesh=mesh, host_offload=host_offload))
     if not compile:
-        from cgpt.plan.analytic import plan_analytic
-
         return plan_analytic(run, device_memory, devices, nodes, platform)
     if cpu_devices is None:
-        import jax
+        import jax  # loads JAX: only when this runs
         cpu_devices = jax.devices("cpu")[:devices]
     return plan_run(run, device_memory, cpu_devices, mode_flags=True, platform=platform,
                     nodes=nodes)
@@ -69,9 +70,7 @@ def compile_step(run, cpu_devices, memory: int, mode_flags: bool = False,
     """The resolved run (`cgpt.train.resolve`) placed on `cpu_devices`, its optimizer and its
     fitted, compiled step: the calls `train` makes. mode_flags: errors name plan's flags
     (--batch) rather than config keys (train.batch_size)."""
-    from cgpt.errors import TrainError
-    from cgpt.train import fit, optim, setup
-    from cgpt.train.resolve import resolve
+    from cgpt.train import fit, optim, setup  # loads JAX: only when this runs
 
     try:
         res = resolve(run, cpu_devices, platform=platform, device_memory=memory, nodes=nodes)
@@ -94,12 +93,9 @@ def plan_run(run, device_memory: int | str, cpu_devices, mode_flags: bool = Fals
     """`plan` of a full RunConfig (its mode, mesh, batch, micro-batch, remat) on `cpu_devices`,
     with `platform`'s kernels and dtype where the config says "auto" (as `train` there).
     mode_flags: errors name plan's flags (--batch) rather than config keys (train.batch_size)."""
-    import jax
+    import jax  # loads JAX: only when this runs
 
-    from cgpt.config import backend, flops
-    from cgpt.model.gpt import init_params
-    from cgpt.sharding.cost import axis_bytes
-    from cgpt.sharding.nodes import node_axes
+    from cgpt.model.gpt import init_params  # loads JAX: only when this runs
 
     memory = parse_bytes(device_memory) if isinstance(device_memory, str) else int(device_memory)
     kernels = backend.kernels(run.model, platform)
@@ -179,7 +175,7 @@ def plan_run(run, device_memory: int | str, cpu_devices, mode_flags: bool = Fals
 def _check_cudnn_placement(strategy, p, cfg, T: int) -> str:
     """q/k/v's layout under the strategy's activation rules (their batch, sequence, heads and
     head_dim as the model's constraints place them), checked against cuDNN's partitioning."""
-    from cgpt.sharding.rules import logical_to_spec
+    from cgpt.sharding.rules import logical_to_spec  # loads JAX: only when this runs
 
     mesh = strategy.mesh
     if mesh is None:

@@ -43,13 +43,13 @@ _EXPORTS = {
              "placement", "weight_streaming_bytes_per_device"),
     "mesh": ("build_mesh", "device_memory_bytes", "emulate_cpu_devices",
              "maybe_initialize_distributed"),
-    "axes": ("HOST_OFFLOAD_REMOVED", "MESH_AXES", "SHARDED_MODES", "batch_axes", "mesh_size", "parse_mesh",
-                  "replica_axes", "weight_streaming_axes"),
-    "rules": ("DATA_PARALLEL", "LAYER_PIPELINED", "RULES", "WEIGHT_STREAMING", "Rules",
-              "Unsharded", "logical_to_spec"),
-    "strategies": ("DataParallel", "LayerPipelined", "Sharded",
-                   "SingleDevice", "WeightStreaming", "make_strategy", "strategy_on"),
-    "pipeline": ("bubble_fraction",),
+    "axes": ("HOST_OFFLOAD_REMOVED", "MESH_AXES", "SHARDED_MODES", "batch_axes", "mesh_size",
+             "parse_mesh", "replica_axes", "weight_streaming_axes"),
+    "rules": ("DATA_PARALLEL", "LAYER_PIPELINED", "RULES", "WEIGHT_STREAMING", "Rules", "Unsharded",
+              "logical_to_spec"),
+    "strategies": ("DataParallel", "LayerPipelined", "Sharded", "SingleDevice", "WeightStreaming",
+                   "make_strategy", "strategy_on"),
+    "pipeline": ("bubble_fraction", ),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = sorted(_WHERE)

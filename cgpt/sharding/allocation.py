@@ -14,6 +14,7 @@ are pure functions of their arguments: the unit tests need no GPU and no schedul
 """
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from typing import Mapping
@@ -184,8 +185,6 @@ def layout(alloc: Allocation, nodes: int | None, processes: int, local_count: in
 
 def gpus_present(dev: str = "/dev") -> int:
     """NVIDIA GPUs this node exposes (/dev/nvidia0, /dev/nvidia1, ...), read without CUDA."""
-    import os
-
     try:
         return sum(bool(re.fullmatch(r"nvidia\d+", n)) for n in os.listdir(dev))
     except OSError:

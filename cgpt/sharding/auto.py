@@ -246,7 +246,8 @@ def placement(mode: str, mesh_spec: str, cfg: ModelConfig, batch: int, micro: in
         raise ValueError(f"--mode {mode!r}; use one of single, {', '.join(SHARDED_MODES)}")
     given = bool((mesh_spec or "").strip())
     axes = parse_mesh(mesh_spec, mode, num_devices, num_processes)
-    mesh_reason = "given by --mesh" if given else f"--mesh empty: every device on {next(iter(axes))}"
+    mesh_reason = ("given by --mesh" if given
+                   else f"--mesh empty: every device on {next(iter(axes))}")
     auto_reason = None
     if mode == "auto":
         honoured = ({k: v for k, v in axes.items() if v > 1} or {"data": 1}) if given else None

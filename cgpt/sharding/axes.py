@@ -1,7 +1,7 @@
 """Where a run goes, as arithmetic: `--mesh` parsing, how an empty mesh is factored, which axes
-split the batch. JAX-free, so `cgpt.train.resolve` decides a run's mode
-and mesh before JAX starts (with `cgpt.sharding.auto.placement`) (and `plan` can place 256 devices anywhere); `cgpt.sharding.mesh` builds
-the real mesh from these axes.
+split the batch. JAX-free, so `cgpt.train.resolve` decides a run's mode and mesh before JAX
+starts (with `cgpt.sharding.auto.placement`) (and `plan` can place 256 devices anywhere);
+`cgpt.sharding.mesh` builds the real mesh from these axes.
 """
 from __future__ import annotations
 

@@ -102,8 +102,9 @@ def hardware_for(platform: str | None, device_kind: str | None = None,
     if assumed:
         peak = spec_peak(DEFAULT_GPU, "bfloat16")
         link = next(x for x in LINKS if x[0].lower() in DEFAULT_GPU.lower())
-    name = peak[1] + (f" (assumed: {f'device kind {device_kind!r}' if device_kind else 'no device kind'})"
-                      if assumed else "")
+    name = peak[1] + (
+        f" (assumed: {f'device kind {device_kind!r}' if device_kind else 'no device kind'})"
+        if assumed else "")
     return Hardware(name, peak[0], link[1], link[2], gpus_per_node or 8)
 
 

@@ -26,10 +26,12 @@ from typing import Callable, NoReturn, TypeVar
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 
 from cgpt.errors import DistributedError
 from cgpt.config import backend
-from cgpt.sharding import allocation
+from cgpt.config.backend import gpu_allocator, gpu_xla_flags, launch_platform
+from cgpt.sharding import allocation, joinwatch
 
 T = TypeVar("T")
 
@@ -158,8 +160,6 @@ def _backends_up() -> bool:
 
 
 def _initialize(timeout: int) -> bool:
-    from cgpt.config.backend import gpu_allocator, gpu_xla_flags, launch_platform
-
     gpu_allocator(os.environ)  # before JAX creates its GPU client
     gpu_xla_flags(os.environ, launch_platform(os.environ, allocation.gpus_present()))
     alloc = allocation.allocation_from_env(os.environ, allocation.gpus_present())
@@ -172,18 +172,17 @@ def _initialize(timeout: int) -> bool:
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
         if kw.get("process_id") == 0 and kw.get("coordinator_address"):
             _check_port_free(kw["coordinator_address"])
+        wait = max(timeout, joinwatch.INIT_MIN_S)  # the watchdog speaks before JAX aborts
         try:
-            jax.distributed.initialize(heartbeat_timeout_seconds=timeout,
-                                       # the others wait for process 0 this long at most
-                                       initialization_timeout=max(timeout, 60),
-                                       # the exit barrier waits only for live processes: on a
-                                       # loaded machine a slow one must not become a SIGABRT
-                                       shutdown_timeout_seconds=max(timeout, SHUTDOWN_TIMEOUT_S),
-                                       **kw)
+            with joinwatch.bound(alloc, kw, wait):
+                # the exit barrier waits only for live processes: a slow one must not get SIGABRT
+                jax.distributed.initialize(
+                    heartbeat_timeout_seconds=timeout, initialization_timeout=wait + 30,
+                    shutdown_timeout_seconds=max(timeout, SHUTDOWN_TIMEOUT_S), **kw)
         except (RuntimeError, ValueError) as e:  # port taken, coordinator unreachable, ...
             where = kw.get("coordinator_address") or "the SLURM job's coordinator"
             raise DistributedError(
-                f"could not join the job at {where} within {max(timeout, 60)} s "
+                f"could not join the job at {where} within {wait} s "
                 f"({' '.join(str(e).split())[:300]}); check that process 0 runs and that its "
                 "port is free (another program may hold it), or raise --peer-timeout") from None
         joined = True
@@ -393,7 +392,6 @@ def smallest_mib(nbytes: int) -> int:
     byte counts would overflow."""
     if jax.process_count() == 1:
         return nbytes
-    from jax.experimental import multihost_utils
 
     mib = multihost_utils.process_allgather(np.int32(min(nbytes >> 20, 2**31 - 1)))
     return int(np.min(mib)) << 20

@@ -11,8 +11,9 @@ placement as train would run it) and `cgpt.plan.analytic` (the analytic plan's f
      rungs at that micro-batch, lowest first;
   3. where the step of 1 or 2 is on the top rung and a cost is given: the largest smaller
      micro-batch that fits on the rung below the top (found the same way; on the lowest
-     rung that fits there) competes, and the faster wins - a smaller micro-batch without recomputing the forward often
-     beats a larger one with it (256M and 590M under FSDP on 8 x 80 GB, 1.3B).
+     rung that fits there) competes, and the faster wins - a smaller micro-batch without
+     recomputing the forward often beats a larger one with it (256M and 590M under FSDP on
+     8 x 80 GB, 1.3B).
 """
 from __future__ import annotations
 

@@ -20,14 +20,19 @@ from typing import Sequence
 
 import jax
 import numpy as np
+from jax._src import xla_bridge
+from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh
 
+from cgpt.config.backend import device_memory
 from cgpt.sharding import distributed
+from cgpt.sharding.nodes import host_groups, split_axes
 
 
 
 def maybe_initialize_distributed() -> bool:
-    """Join a multi-host job when its environment says there is one (`cgpt.sharding.distributed`)."""
+    """Join a multi-host job when its environment says there is one
+    (`cgpt.sharding.distributed`)."""
     return distributed.initialize()
 
 
@@ -38,8 +43,6 @@ def emulate_cpu_devices(n: int) -> None:
     """Ask JAX's CPU backend for n (emulated) devices; the request wins over an inherited
     XLA_FLAGS count (a SLURM task's one device). Only possible before any JAX computation
     starts; accelerator backends ignore it."""
-    from jax._src import xla_bridge
-
     if n > MAX_EMULATED_DEVICES:
         raise ValueError(f"--mesh/--devices: {n:,} devices is more than the "
                          f"{MAX_EMULATED_DEVICES} this host can emulate on its CPU; use a "
@@ -71,8 +74,6 @@ def job_nodes(devices: Sequence, hosts: Sequence[str] | None = None) -> int:
     process index; default: those `cgpt.sharding.distributed` gathered when the job
     started), 1 for one process. ValueError naming every host's processes when the hosts
     hold different numbers of processes (`cgpt.sharding.nodes.host_groups`)."""
-    from cgpt.sharding.nodes import host_groups
-
     if len({d.process_index for d in devices}) == 1:
         return 1
     return len(host_groups(distributed.process_hosts() if hosts is None else hosts))
@@ -84,8 +85,6 @@ def node_groups(devices: Sequence, nodes: int,
     each process runs on (`hosts`, default the job's as gathered at start-up: a node's
     processes need not be numbered consecutively); one process (plan's emulated devices):
     consecutive equal blocks. ValueError naming both when the hosts are not `nodes`."""
-    from cgpt.sharding.nodes import host_groups
-
     procs = {d.process_index for d in devices}
     if len(procs) > 1:
         hosts = distributed.process_hosts() if hosts is None else hosts
@@ -120,16 +119,12 @@ def hybrid_devices(axes: dict[str, int], devices: Sequence, nodes: int,
     `jax.experimental.mesh_utils.create_hybrid_device_mesh` with the process as granule (it
     also orders a node's devices by their physical links); otherwise (one process per GPU,
     or plan's one process emulating the nodes) the same layout by hand."""
-    from cgpt.sharding.nodes import split_axes
-
     split = split_axes(axes, nodes)
     dcn = tuple(split[a][0] for a in axes)
     ici = tuple(split[a][1] for a in axes)
     groups = node_groups(devices, nodes, hosts)
     if use_mesh_utils and all(len({d.process_index for d in g}) == 1 for g in groups) and \
             len({d.process_index for d in devices}) == nodes:
-        from jax.experimental import mesh_utils
-
         return mesh_utils.create_hybrid_device_mesh(ici, dcn, devices, process_is_granule=True)
     grid = np.array(groups, dtype=object).reshape(dcn + ici)
     k = len(axes)
@@ -149,8 +144,6 @@ def device_memory_bytes(device=None) -> int:
         pass
     if stats and stats.get("bytes_limit"):
         if device.platform in ("gpu", "cuda", "rocm"):
-            from cgpt.config.backend import device_memory
-
             return device_memory(int(stats["bytes_limit"]), os.environ)
         return int(stats["bytes_limit"])
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")

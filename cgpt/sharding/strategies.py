@@ -148,7 +148,8 @@ class Sharded:
 
     def param_specs(self, params=None, report: set | None = None) -> dict:
         """PartitionSpec of every parameter (same tree as `model.init_params`)."""
-        shapes = params if params is not None else jax.eval_shape(lambda: model.init_params(self.cfg))
+        shapes = params if params is not None else jax.eval_shape(
+            lambda: model.init_params(self.cfg))
         axes = model.param_axes(self.cfg)
         names = iter(_paths(axes))
         return jax.tree.map(lambda a, p: logical_to_spec(a, p.shape, self.rules, self.mesh,

@@ -7,11 +7,13 @@ import re
 import sys
 from pathlib import Path
 
-from cgpt.errors import CgptError
+from cgpt import stop
 from cgpt.sweep.fitcheck import fit_results, print_fit
 from cgpt.sweep.groups import fit_groups, plan_groups, print_groups
 from cgpt.sweep.launch import EXECUTORS, ON_CHANGE, launch, print_table
+from cgpt.sweep.resources import print_resources
 from cgpt.sweep.spec import load_sweep, select
+from cgpt.sweep.suggest import print_suggestions
 
 # a `--set` item (or a bare override): section.key=value, e.g. train.peak_lr=1e-3, slurm.nodes=2
 _OVERRIDE = re.compile(r"^[A-Za-z_]\w*\.[\w.]+=")
@@ -101,8 +103,6 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     sweep = load_sweep(spec, sets)
     out = Path(args.out or f"runs/sweeps/{sweep.name}")
     if args.suggest is not None:
-        from cgpt.sweep.suggest import print_suggestions
-
         if args.suggest < 1:
             raise ValueError(f"--suggest {args.suggest}: the number of runs to suggest, >= 1")
         for flag, v in (("--target-flops", args.target_flops),
@@ -116,7 +116,6 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.dry_run:
         runs = select(sweep.runs, args.only)
         print_table(sweep, out if out.is_dir() else None, runs, args.parallel or 1)
-        from cgpt.sweep.resources import print_resources
         print_resources(sweep, runs)
         groups = plan_groups(runs, not args.no_fuse)
         # as the fit check: compiled for a spec with GPUs and estimate.device_memory; a local
@@ -138,12 +137,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m cgpt.sweep ...`: parses and runs the sweep command (errors: one line, rc 2)."""
+    """`python -m cgpt.sweep ...`, the same as `python -m cgpt sweep ...`: its process's edge
+    (`cgpt.stop.edge`: a stop or an error is one line and an exit status)."""
     ap = argparse.ArgumentParser(prog="cgpt sweep")
     add_arguments(ap)
     args = ap.parse_args(sys.argv[1:] if argv is None else argv)
-    try:
-        return cmd_sweep(args)
-    except (ValueError, CgptError) as e:
-        print(f"cgpt sweep: error: {e}", file=sys.stderr)
-        return 2
+    return stop.edge("sweep", lambda: cmd_sweep(args))

@@ -295,7 +295,7 @@ class RunTask:
     def checkpoint(self, job: Job, grace_s: float | None = None):
         """Ask train to checkpoint and stop, wait up to the job's grace (`requeue_grace`),
         and hand submitit the resuming call."""
-        import submitit
+        import submitit  # loads submitit: only when this runs
 
         if (Path(job.run_dir) / rundir.SUMMARY_FILE).exists():
             return None  # finished just before the signal: nothing to requeue
@@ -401,7 +401,7 @@ def run_submitit(jobs: list[Job], resources: dict[str, dict], name: str, folder:
                  where: str = "spec", task: RunTask | None = None) -> None:
     """Submit `jobs` as SLURM job arrays (or submitit's local executor) and wait for them;
     `task`: the submitted callable (`cgpt.sweep.worker.GroupTask` also runs fused groups)."""
-    import submitit
+    import submitit  # loads submitit: only when this runs
 
     if not jobs:
         return

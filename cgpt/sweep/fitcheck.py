@@ -13,6 +13,7 @@ import sys
 
 from cgpt.config.model import remat_value
 from cgpt.config.units import fmt_bytes
+from cgpt.plan.command import plan_many
 from cgpt.sweep.spec import Run, Sweep
 
 
@@ -26,7 +27,6 @@ def fit_results(sweep: Sweep, runs: list[Run]) -> tuple[list[dict] | None, str]:
         return None, (f"fit: not checked; set estimate.device_memory (e.g. 80GB) in "
                       f"{sweep.path} or --set estimate.device_memory=80GB to compile each "
                       "run's step for its devices")
-    from cgpt.plan.command import plan_many
 
     print(f"fit: compiling each run's train step for its devices ({len(runs)} runs, emulated "
           "CPU devices, one process)...", file=sys.stderr, flush=True)
@@ -49,10 +49,11 @@ def print_fit(runs: list[Run], results: list[dict], file=None) -> None:
                   f"{'-':>10s} {'-':>8s} {'no':>4s}  (error below)", file=file)
             continue
         mesh = ",".join(f"{k}={v}" for k, v in r["mesh"].items())
-        print(f"{run.run_id:34s} {r['num_devices']:7d} {r['mode']:17s} {mesh:15s} "
-              f"{r['micro_batch']:>5d} x {r['accum']:<3d} {remat_value(r['remat']):>9s} "
-              f"{fmt_bytes(r['per_device_bytes']['total']):>10s} {fmt_bytes(r['usable_memory']):>8s} "
-              f"{'yes' if r['fits'] else 'NO':>4s}", file=file)
+        print(
+            f"{run.run_id:34s} {r['num_devices']:7d} {r['mode']:17s} {mesh:15s} "
+            f"{r['micro_batch']:>5d} x {r['accum']:<3d} {remat_value(r['remat']):>9s} "
+            f"{fmt_bytes(r['per_device_bytes']['total']):>10s} {fmt_bytes(r['usable_memory']):>8s} "
+            f"{'yes' if r['fits'] else 'NO':>4s}", file=file)
     for rid, err in errors:
         print(f"  {rid}: {err}", file=file)
     n_fit = sum(1 for r in results if r.get("fits"))

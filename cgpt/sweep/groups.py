@@ -24,9 +24,14 @@ import json
 import math
 import sys
 
+from cgpt.config.backend import forced_cpu_devices
 from cgpt.sweep.executors import Job
 from cgpt.sweep.spec import Run
 from cgpt.config.run import without
+from cgpt.config.units import fmt_bytes
+from cgpt.sharding.axes import member_groups
+from cgpt.train import fit
+from cgpt.train.resolve import resolve
 
 
 def fuse_key(run: Run) -> str | None:
@@ -89,17 +94,12 @@ def print_groups(groups: list[list[Run]], fuse: bool, fits: dict | None = None,
 def _local_cpu_devices() -> int:
     """The CPU devices a local job's process gets: XLA_FLAGS' emulated count (the sweep's
     workers inherit the environment), else one."""
-    from cgpt.config.backend import forced_cpu_devices
-
     return forced_cpu_devices() or 1
 
 
 def placement_line(g: list[Run]) -> str:
     """Where a group's members go on its job's devices (slurm nodes x gpus_per_node, one
     locally), as `cgpt.sharding.members` lays them out: arithmetic only (no JAX)."""
-    from cgpt.sharding.axes import member_groups
-    from cgpt.train.resolve import resolve
-
     run = g[0]
     spread = "gpus_per_node" in run.slurm  # accelerators: spread; CPU devices share cores
     n = run.devices if run.slurm else _local_cpu_devices()
@@ -125,12 +125,11 @@ def fit_groups(groups: list[list[Run]], device_memory: int | None) -> dict[str, 
     here (on this machine's backend, standing in for the devices) against `device_memory`
     (default: this machine's), with every member on the run's own devices (not split over a
     member axis: an upper bound on the bytes per device)."""
-    from cgpt.config.units import fmt_bytes
-    from cgpt.sharding.mesh import device_memory_bytes
-    from cgpt.train import fit
+    from cgpt.sharding.mesh import device_memory_bytes  # loads JAX: only when this runs
+    # loads JAX: only when this runs
     from cgpt.train.fused_loop import members_that_fit, resolve_member
 
-    import jax
+    import jax  # loads JAX: only when this runs
 
     out = {}
     memory = device_memory or device_memory_bytes()

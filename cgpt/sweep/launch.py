@@ -9,21 +9,24 @@ import fcntl
 import math
 import os
 import sys
+import threading
 from pathlib import Path
 
 import yaml
+from tqdm.auto import tqdm
 
 from cgpt import rundir
 from cgpt.config import backend
 from cgpt.config.run import cadence
+from cgpt.data.batches import load_data
 from cgpt.fileio import atomic_write_text, probe_writable
 from cgpt.paths import check_destination
 from cgpt.sweep.executors import Job, run_submitit
 from cgpt.sweep.groups import group_jobs, plan_groups
 from cgpt.sweep.spec import Run, Sweep, fmt_count, fmt_time, missing_required, select
-from cgpt.sweep.state import RESULTS_FILE, SPEC_COPY, SUPERSEDED_DIR, SWEEP_LOCK, SWEEP_NAMES, \
-    config_change, prepare_run_dir, run_files, supersede, write_results
-from cgpt.sweep.state import area as sweep_area
+from cgpt.sweep.state import (area as sweep_area, config_change, prepare_run_dir, run_files,
+                              supersede, write_results)
+from cgpt.sweep.worker import GroupTask, run_one_process, run_workers
 from cgpt.train import wandb_log
 
 EXECUTORS = ("local", "slurm", "submitit-local")
@@ -59,8 +62,8 @@ def print_table(sweep: Sweep, out: Path | None, runs: list[Run], parallel: int =
     e = sweep.estimate
     cluster = e.mfu is not None and e.device_flops is not None
     hdr = (f"{'run_id':34s} {'state':>11s} {'N':>8s} {'D':>8s} {'D/N':>6s} {'batch':>5s} "
-           f"{'steps':>7s} {'FLOPs':>9s} {'6ND':>9s} {'est':>7s}"
-           + (f" {'devices':>7s} {'limit':>7s} {'jobs':>4s} {'ckpt/limit':>10s}" if cluster else ""))
+           f"{'steps':>7s} {'FLOPs':>9s} {'6ND':>9s} {'est':>7s}" +
+           (f" {'devices':>7s} {'limit':>7s} {'jobs':>4s} {'ckpt/limit':>10s}" if cluster else ""))
     print(f"sweep {sweep.name} ({sweep.path}): {len(runs)} runs"
           + (f" (of {len(sweep.runs)}, --only)" if len(runs) != len(sweep.runs) else "")
           + (f"; {sweep.dropped} grid points dropped by filter:" if sweep.dropped else ""),
@@ -74,12 +77,13 @@ def print_table(sweep: Sweep, out: Path | None, runs: list[Run], parallel: int =
         left_s += 0 if state in ("done", "running") else est
         limit = float(r.slurm.get("timeout_min", 0)) * 60
         per_limit = checkpoints_per_limit(r, est, limit)
-        print(f"{r.run_id:34s} {state:>11s} {fmt_count(r.n_params):>8s} "
-              f"{fmt_count(r.tokens):>8s} {r.tokens / r.n_params:6.1f} {r.batch_size:5d} "
-              f"{r.steps:7d} {r.flops:9.2e} {r.flops_6nd:9.2e} {fmt_time(est):>7s}"
-              + (f" {r.devices:7d} {fmt_time(limit) if limit else '-':>7s} "
-                 f"{math.ceil(est / limit) if limit else 1:4d} {per_limit:10.0f}" if cluster else ""),
-              file=file)
+        print(
+            f"{r.run_id:34s} {state:>11s} {fmt_count(r.n_params):>8s} "
+            f"{fmt_count(r.tokens):>8s} {r.tokens / r.n_params:6.1f} {r.batch_size:5d} "
+            f"{r.steps:7d} {r.flops:9.2e} {r.flops_6nd:9.2e} {fmt_time(est):>7s}" +
+            (f" {r.devices:7d} {fmt_time(limit) if limit else '-':>7s} "
+             f"{math.ceil(est / limit) if limit else 1:4d} {per_limit:10.0f}" if cluster else ""),
+            file=file)
     fl = [r.flops for r in runs]
     rate = (f"MFU {e.mfu:.0%} of {e.device_flops:.3g} FLOP/s per device" if cluster
             else f"{e.flops_per_s:.3g} FLOP/s")
@@ -99,7 +103,7 @@ class SweepLock:
     """DIR/.sweep.lock: one sweep process per output directory (released even on SIGKILL)."""
 
     def __init__(self, out: Path):
-        self.path = out / SWEEP_LOCK
+        self.path = out / rundir.SWEEP_LOCK_FILE
         self.f = open(sweep_area(out).resolve(self.path, "truncate and write a pid into"), "a+")
         try:
             fcntl.flock(self.f, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -127,7 +131,7 @@ def check_out_dir(out: Path) -> None:
     except OSError as e:
         raise ValueError(f"--out {out}: cannot use it as the sweep directory "
                          f"({e.strerror or e}); choose another --out") from None
-    sweep_area(out).check(SWEEP_NAMES)
+    sweep_area(out).check(rundir.SWEEP_NAMES)
 
 
 def _report(out: Path, n_done: int) -> None:
@@ -146,7 +150,7 @@ def _report(out: Path, n_done: int) -> None:
         print(f"(no scaling-law report: {e})")
     except Exception as e:  # a fit that fails must not hide that the runs are safe
         print(f"(scaling-law report failed: {type(e).__name__}: {e}; results are in "
-              f"{out / RESULTS_FILE})")
+              f"{out / rundir.RESULTS_FILE})")
 
 
 def _check_identity(sweep: Sweep, runs: list[Run], out: Path, on_change: str) -> None:
@@ -169,7 +173,8 @@ def _check_identity(sweep: Sweep, runs: list[Run], out: Path, on_change: str) ->
     raise ValueError(
         f"{len(changed)} run(s) in {out} were trained with a different config than {sweep.path} "
         f"(and --set) now gives: {' | '.join(shown)}{more}; restore the spec, use a new --out, "
-        f"or pass --on-change rerun to move them to {out / SUPERSEDED_DIR}/ and train them anew")
+        f"or pass --on-change rerun to move them to {out / rundir.SUPERSEDED_DIR}/ and train "
+        "them anew")
 
 
 def prepare_ahead(runs: list[Run]) -> None:
@@ -178,10 +183,6 @@ def prepare_ahead(runs: list[Run]) -> None:
     the others wait. Returns once this process holds the first data's preparer lock, so the
     workers wait for it rather than prepare; they compile ahead meanwhile. A failure here is
     left to the runs: each fails with its own error when it loads the data."""
-    import threading
-
-    from cgpt.data.batches import load_data
-
     held = threading.Event()
     configs = list(dict.fromkeys(r.config.data for r in runs))
 
@@ -212,8 +213,6 @@ def launch(sweep: Sweep, out: Path, parallel: int | None = None, executor: str =
     ("default": the user's, `cgpt.config.backend.compile_cache_dir()`, so a later sweep
     reuses these programs too), or None for none.
     """
-    from tqdm.auto import tqdm
-
     if executor not in EXECUTORS:
         raise ValueError(f"--executor {executor!r}; use one of {', '.join(EXECUTORS)}")
     if on_change not in ON_CHANGE:
@@ -236,7 +235,7 @@ def launch(sweep: Sweep, out: Path, parallel: int | None = None, executor: str =
         states = {r.run_id: rundir.state(out / r.run_id) for r in runs}
         _check_identity(sweep, [r for r in runs if states[r.run_id] != "running"], out, on_change)
         cache = backend.compile_cache_dir() if compile_cache == "default" else compile_cache
-        atomic_write_text(out / SPEC_COPY, yaml.safe_dump(
+        atomic_write_text(out / rundir.SWEEP_SPEC_FILE, yaml.safe_dump(
             {"spec": str(sweep.path), "name": sweep.name, "argv": sys.argv[1:],
              "compile_cache": str(cache) if cache else None,
              "runs": [r.run_id for r in sweep.runs]}, sort_keys=False))
@@ -278,7 +277,7 @@ def launch(sweep: Sweep, out: Path, parallel: int | None = None, executor: str =
             try:
                 write_results(sweep.runs, out, failures)
             except OSError as e:
-                bar.write(f"cgpt sweep: could not write {out / RESULTS_FILE} "
+                bar.write(f"cgpt sweep: could not write {out / rundir.RESULTS_FILE} "
                           f"({e.strerror or e}); free space on its disk")
 
         def finished(res: dict) -> None:
@@ -298,13 +297,10 @@ def launch(sweep: Sweep, out: Path, parallel: int | None = None, executor: str =
             record()
             bar.set_postfix(failed=len(failures), refresh=True)
 
-        from cgpt.sweep.worker import GroupTask
         try:
             if executor == "local" and (parallel or 1) == 1:
-                from cgpt.sweep.worker import run_one_process
                 run_one_process(jobs, finished)  # one process: no start-up per run
             elif executor == "local":
-                from cgpt.sweep.worker import run_workers
                 prepare_ahead(todo)
                 secs = {r.run_id: sweep.estimate.seconds(r.steps, r.flops) for r in todo}
                 run_workers(jobs, parallel, finished, {
@@ -329,9 +325,9 @@ def launch(sweep: Sweep, out: Path, parallel: int | None = None, executor: str =
         failed = [k for k, s in states.items()
                   if s == "failed" or (s != "done" and k in failures)]
         print(f"sweep {sweep.name}: {n_done}/{len(runs)} done, {len(failed)} failed"
-              + (f" ({', '.join(failed)}; errors in {out / RESULTS_FILE}, logs in "
+              + (f" ({', '.join(failed)}; errors in {out / rundir.RESULTS_FILE}, logs in "
                  f"<run>/{rundir.LOG_FILE})" if failed else "")
-              + f"; results: {out / RESULTS_FILE}")
+              + f"; results: {out / rundir.RESULTS_FILE}")
         if report:
             all_done = sum(rundir.state(out / r.run_id) == "done" for r in sweep.runs)
             _report(out, all_done)

@@ -32,6 +32,7 @@ import math
 import sys
 
 from cgpt.config.units import fmt_bytes
+from cgpt.plan.analytic import plan_analytic
 from cgpt.sweep.spec import Run, Sweep, fmt_time
 
 ASSUMED_WRITE_BYTES_PER_S = 2.0e9  # per job, to the shared filesystem: an assumption
@@ -62,8 +63,6 @@ def timeout_minutes(estimate_s: float) -> int:
 
 def plan_on(run: Run, nodes: int, gpus_per_node: int, memory: int) -> dict:
     """The run's analytic plan on `nodes` x `gpus_per_node` GPUs, or {"error": ...}."""
-    from cgpt.plan.analytic import plan_analytic
-
     try:
         return plan_analytic(run.config, memory, nodes * gpus_per_node, nodes, "gpu")
     except ValueError as e:

@@ -12,7 +12,7 @@ import hashlib
 import itertools
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from cgpt.config import flops as flops_mod
@@ -21,6 +21,7 @@ from cgpt.config.overrides import SECTIONS, check_key, coerce_source, seed_overr
     split_override
 from cgpt.config.run import RunConfig, from_dict, identity, load_yaml, parse_bytes
 from cgpt.errors import TrainError
+from cgpt.sweep.suggest import with_runs
 from cgpt.train.resolve import resolve
 from cgpt.sweep.validate import check_estimate, check_slurm, check_spec
 
@@ -67,7 +68,7 @@ class Run:
     config: RunConfig
     n_params: int
     n_params_nonembed: int
-    tokens: int  # actually trained: steps x batch x seq_len (the budget rounded down to whole steps)
+    tokens: int  # trained: steps x batch x seq_len (the budget rounded down to whole steps)
     batch_size: int
     steps: int
     flops: float  # counted (cgpt.config.flops.train_flops), at the run's seq_len
@@ -223,12 +224,15 @@ def load_sweep(path: str | Path, sets: list[str] | None = None, _spec: dict | No
     spec_path = Path(path)
     spec = read_spec(spec_path) if _spec is None else _spec
     if spec.get("runs"):  # explicit extra runs {model, tokens, seed} (`--suggest K --write`)
-        from cgpt.sweep.suggest import with_runs
         return with_runs(spec_path, spec, sets, load_sweep)
     name = str(spec.get("name") or spec_path.stem)
+    if name in (".", "..") or any(c in name for c in "/\\\0"):  # it names runs/sweeps/<name>
+        raise ValueError(f"{spec_path}: name {name!r} must be one folder name (no '/', not "
+                         "'.' or '..'): the sweep's default --out is runs/sweeps/<name>")
     base = spec.get("base") or {}
     if not isinstance(base, dict):
-        raise ValueError(f"{spec_path}: 'base' must be a run config mapping (preset/model/data/train)")
+        raise ValueError(
+            f"{spec_path}: 'base' must be a run config mapping (preset/model/data/train)")
     bad = sorted(set(base) - {"preset", *SECTIONS})
     if bad:
         raise ValueError(f"{spec_path}: unknown base key(s) {bad}; use model, data, train")
@@ -284,7 +288,8 @@ def load_sweep(path: str | Path, sets: list[str] | None = None, _spec: dict | No
 
     per_model = spec.get("per_model") or {}
     if not isinstance(per_model, dict):
-        raise ValueError(f"{spec_path}: 'per_model' maps a grid.model name to {{section.key: value}}")
+        raise ValueError(
+            f"{spec_path}: 'per_model' maps a grid.model name to {{section.key: value}}")
     stray = sorted(set(per_model) - set(models))
     if stray:
         raise ValueError(f"{spec_path}: per_model names {stray} that are not in grid.model")
@@ -369,7 +374,8 @@ def load_sweep(path: str | Path, sets: list[str] | None = None, _spec: dict | No
                       f"{value:g} tok/param" if kind == "tpp" else "fixed")
             idpart = f"d{fmt_count(plan.tokens)}"
         seed_val = cfg.train.seed
-        rid = f"{_safe(m)}_{idpart}_s{seed_val}" + (f"_{olabel}" if label_overrides and olabel else "")
+        label = f"_{olabel}" if label_overrides and olabel else ""
+        rid = f"{_safe(m)}_{idpart}_s{seed_val}{label}"
         runs.append(Run(
             run_id=rid, model=cfg.model.name, seed=seed_val, budget=budget, config=cfg,
             n_params=n, n_params_nonembed=cfg.model.num_params(embedding=False),
@@ -400,10 +406,9 @@ def load_sweep(path: str | Path, sets: list[str] | None = None, _spec: dict | No
 
 def _with_branches(runs: list[Run], fractions: list[float], spec_path: Path) -> list[Run]:
     """`grid.branches`: each run becomes a WSD parent plus one cooldown branch per fraction of
-    its budget (cgpt.train.branch.plan_branches); parents first, so they start before their branches."""
-    from dataclasses import replace
-
-    from cgpt.train.branch import plan_branches
+    its budget (cgpt.train.branch.plan_branches); parents first, so they start before their
+    branches."""
+    from cgpt.train.branch import plan_branches  # loads JAX: only when this runs
     parents, branches = [], []
     for r in runs:
         cfg, planned = plan_branches(r.config, fractions, f"{spec_path}: grid.branches")

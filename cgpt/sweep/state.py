@@ -15,19 +15,14 @@ from pathlib import Path
 
 import yaml
 
-from analysis.schema import COLUMNS  # the results contract `analysis.load_results` reads
+# the results contract `load_results` reads
+from analysis.schema import COLUMNS, FROM_SUMMARY, TEXT, neutralise
 from cgpt import paths, rundir
 from cgpt.errors import RunDirError
 from cgpt.config.model import ModelConfig
 from cgpt.fileio import atomic_write, atomic_write_text
 from cgpt.config.run import identity, safe_load
 from cgpt.sweep.spec import Run, config_hash
-
-SUMMARY_COLUMNS = ("n_params", "n_params_nonembed", "tokens", "flops_6nd", "flops", "train_loss",
-                   "val_loss", "wall_time_s", "tokens_per_s", "mfu", "epochs", "mup")
-SUPERSEDED_DIR = ".superseded"
-RESULTS_FILE, SPEC_COPY, SWEEP_LOCK = "results.csv", "sweep.yaml", ".sweep.lock"
-SWEEP_NAMES = (RESULTS_FILE, SPEC_COPY, SWEEP_LOCK, SUPERSEDED_DIR)  # what cgpt keeps in DIR
 
 
 def area(out: Path) -> paths.Area:
@@ -50,7 +45,7 @@ def result_row(run: Run, out: Path, failures: dict[str, str] | None = None) -> d
     summary = rundir.try_json(run_dir / rundir.SUMMARY_FILE)
     if summary is not None:
         row["status"] = "done"
-        row.update({k: summary[k] for k in SUMMARY_COLUMNS if k in summary})
+        row.update({k: summary[k] for k in FROM_SUMMARY if k in summary})
         row["model"] = summary.get("model", run.model)
         return row
     failed = rundir.try_json(run_dir / rundir.FAILED_FILE)
@@ -85,13 +80,14 @@ def write_results(runs: list[Run], out: Path, failures: dict[str, str] | None = 
     """Rewrite DIR/results.csv atomically: exactly `runs` (this spec's), from their run dirs
     (and this launch's `failures`, `result_row`)."""
     rows = [result_row(r, out, failures) for r in runs]
-    path = out / RESULTS_FILE
+    path = out / rundir.RESULTS_FILE
 
     def write(tmp: Path) -> None:
         with open(tmp, "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=COLUMNS)
             w.writeheader()
-            w.writerows(rows)
+            w.writerows({k: neutralise(v) if k in TEXT else v for k, v in r.items()}
+                        for r in rows)
 
     atomic_write(path, write)
     return path
@@ -138,7 +134,7 @@ def supersede(run: Run, out: Path) -> Path:
     except (ValueError, OSError):
         old = None
     old = old if isinstance(old, dict) else {"damaged": (d / rundir.CONFIG_FILE).stat().st_size}
-    dest = out / SUPERSEDED_DIR / f"{run.run_id}.{config_hash(old)}"
+    dest = out / rundir.SUPERSEDED_DIR / f"{run.run_id}.{config_hash(old)}"
     area(out).move(d, dest)
     return dest
 

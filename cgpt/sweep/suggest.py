@@ -20,8 +20,10 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
+import numpy as np
 import yaml
 
+import analysis
 from cgpt.config.run import safe_load
 
 RUN_KEYS = ("model", "tokens", "seed")
@@ -63,8 +65,6 @@ def with_runs(spec_path: Path, spec: dict, sets, load):
 def corpus_tokens(res) -> float | None:
     """The training tokens of one pass over the corpus, from results.csv (tokens / epochs; the
     smallest over runs), or None when no run recorded its epochs."""
-    import numpy as np
-
     if "epochs" not in res.columns:
         return None
     t, e = res["tokens"].to_numpy(float), res["epochs"].to_numpy(float)
@@ -73,18 +73,9 @@ def corpus_tokens(res) -> float | None:
 
 
 def analysis_results(out: Path):
-    """The sweep's finished runs (results.csv)."""
-    import analysis
-
-    res = analysis.load_results(out, finished_only=True)
-    for col in ("n_params", "tokens"):  # L(N, D) is fitted in log space: named as the file has it
-        bad = ~(res[col] > 0)
-        if bad.any():
-            raise ValueError(f"{res.attrs['source']}: column '{col}' must be > 0 for a finished "
-                             f"run, got {', '.join(f'{v:g}' for v in res.loc[bad, col][:5])} "
-                             f"for run(s) {res.loc[bad, 'run_id'].tolist()[:5]}; fix or remove "
-                             "those rows")
-    return res
+    """The sweep's finished runs (results.csv; a count that a log-space fit cannot take is
+    refused there, naming the column and the runs)."""
+    return analysis.load_results(out, finished_only=True)
 
 
 def suggest(sweep, out: Path, k: int, target_flops: float | None = None,
@@ -115,7 +106,6 @@ def suggest(sweep, out: Path, k: int, target_flops: float | None = None,
     names = {}
     for r in sweep.runs:
         names.setdefault(r.n_params, r.model if r.model else r.run_id.split("_")[0])
-    import analysis
 
     corpus = corpus_tokens(res)
     with warnings.catch_warnings(record=True) as caught:    # where the planner lost to a grid
@@ -137,9 +127,7 @@ def smallest_budget_check(res, fit_min_flops: float | None = None) -> str:
     """One line: the fit's residual sd (log L) with and without the runs at the smallest compute
     level (6ND to one significant digit), and a hint when dropping them lowers it over 2x: runs
     of a few hundred steps can sit off the law (notebook 05's 1e11 runs: 2.3% vs 0.45%)."""
-    import numpy as np
-
-    from analysis.design import fit_ls, residual_sd
+    from analysis.design import fit_ls, residual_sd  # loads pandas: only when this runs
 
     c = (6 * res["n_params"] * res["tokens"]).to_numpy(float)
     keep = c >= (fit_min_flops or 0)

@@ -29,11 +29,16 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from cgpt import rundir
+from cgpt import rundir, stop
+from cgpt.config import backend
+from cgpt.config.run import from_dict, load_yaml
 from cgpt.errors import RunDirError
+from cgpt.sharding.axes import mesh_size
+from cgpt.sharding.allocation import gpus_present
 from cgpt.sweep.executors import _LAUNCH, Job, RunTask, _live, _live_lock, _stopping, \
     _wait_for_parent, await_requeue, device_share, execute_run, outcome, prepare_job, \
     train_argv, slurm_tag, wait_live
+from cgpt.sweep.executors import stop_local
 
 RESULT = "CGPT-RESULT "  # prefix of a result line on the worker's report channel
 
@@ -59,8 +64,6 @@ def _header(job: Job, first: Job, n: int, where: str = "") -> str:
 def _spawn(jobs: list[Job], stdout, report: bool, extra_env: dict | None = None,
            cpus: list[int] | None = None) -> subprocess.Popen:
     env = dict(os.environ, PYTHONUNBUFFERED="1", **jobs[0].env, **(extra_env or {}))
-    from cgpt.config import backend
-    from cgpt.sharding.allocation import gpus_present
 
     if backend.launch_platform(env, gpus_present()) == "cpu":  # as `cgpt train` keeps it
         env.update(backend.host_memory_env(env))  # glibc keeps the steps' freed memory
@@ -125,8 +128,6 @@ def run_one_process(jobs: list[Job], finished, pin: tuple = ()) -> None:
     """Every job in one worker process, one after another; `finished(result)` per job as it
     ends. A worker that dies fails the job it was training; a new one takes the rest.
     pin: (slot, slots) of `run_workers`: the worker runs on that share of the devices."""
-    from cgpt.sweep.executors import stop_local
-
     if not pin:
         _stopping.clear()
     extra, cpus = device_share(*pin) if pin else ({}, [])
@@ -180,8 +181,6 @@ def run_workers(jobs: list[Job], parallel: int, finished, seconds: dict[str, flo
     the jobs (`split_slots` by `seconds`, the estimate per job) one after another. On a CPU
     small models train faster one per core than one at a time on every core, and each worker
     keeps what `run_one_process` gives: one start-up, the next job compiled ahead."""
-    from cgpt.sweep.executors import stop_local
-
     _stopping.clear()
     device_share(0, parallel)  # fail now if K workers cannot each get a GPU
     shares = [(k, s) for k, s in enumerate(split_slots(jobs, seconds, parallel)) if s]
@@ -203,35 +202,13 @@ def run_workers(jobs: list[Job], parallel: int, finished, seconds: dict[str, flo
 
 
 # ---- worker side --------------------------------------------------------------------------
-def _errors_as_lines(fn) -> int:
-    """Run `fn`, mapping its errors to `cgpt train`'s exit codes and one-line messages."""
-    from cgpt.errors import CgptError, Preempted
-
-    try:
-        fn()
-        return 0
-    except Preempted as e:
-        print(f"cgpt train: {e}", file=sys.stderr)
-        return e.exit_code
-    except (ValueError, CgptError) as e:
-        print(f"cgpt train: error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("cgpt train: interrupted; rerun with --resume to continue", file=sys.stderr)
-        return 130
-    except OSError as e:
-        print(f"cgpt train: error: {e.filename + ': ' if e.filename else ''}"
-              f"{e.strerror or e}; fix or remove it and rerun", file=sys.stderr)
-        return 2
-    except Exception:  # noqa: BLE001 - one job's crash fails that job, the others go on
-        import traceback
-        traceback.print_exc()
-        return 1
+def _train_edge(job: Job) -> int:
+    """Train `job` here with `cgpt train`'s exit status and one-line messages: the per-run
+    edge (`cgpt.stop.edge`), where one job's crash fails that job and the others go on."""
+    return stop.edge("train", lambda: _train_here(job) or 0, job=True)
 
 
 def _config(job: Job):
-    from cgpt.config.run import from_dict, load_yaml
-
     path = Path(job.run_dir) / rundir.RUN_FILE
     return from_dict(load_yaml(str(path)), str(path))
 
@@ -240,15 +217,16 @@ def _train_here(job: Job) -> None:
     members = list(job.members) or [job]
     resume = job.resume or any((Path(m.run_dir) / rundir.CONFIG_FILE).exists() for m in members)
     if len(members) > 1:
-        from cgpt.train.fused_loop import train_fused
+        from cgpt.train.fused_loop import train_fused  # loads JAX: only when this runs
 
         train_fused([_config(m) for m in members], [m.run_dir for m in members], resume=resume,
                     progress=False)
         return
-    from cgpt.train.loop import train
+    from cgpt.train.loop import train  # loads JAX: only when this runs
 
     run, branch_from = _config(job), None
     if job.branch_from:
+        # loads JAX: only when this runs
         from cgpt.train.branch import branch_run, parse_spec, precheck
 
         branch_from = parse_spec(job.branch_from)
@@ -313,9 +291,9 @@ def run_job(job: Job, redirect: bool, note: str = "") -> list[dict]:
                 return [{"run_id": job.run_id, "status": "failed", "returncode": None,
                          "error": f"parent {job.branch_from} did not produce its checkpoint"}]
             with _output_to(log):
-                rc = _errors_as_lines(lambda: _train_here(job))
+                rc = _train_edge(job)
         else:
-            rc = _errors_as_lines(lambda: _train_here(job))
+            rc = _train_edge(job)
         return [outcome(m, rc, t0, log) for m in members]
     finally:
         for fd in locks:
@@ -332,7 +310,7 @@ class _Ahead:
     def __init__(self, jobs: list[Job]):
         self.jobs, self.runner = jobs, None
         if len(jobs) > 1:
-            from cgpt.train import warm
+            from cgpt.train import warm  # loads JAX: only when this runs
 
             if warm.cache_enabled():
                 self.runner, self.warm = warm.Ahead(), warm
@@ -352,7 +330,7 @@ class _Ahead:
         nxt = self.jobs[i + 1] if i + 1 < len(self.jobs) else None
         if nxt is not None and self._wanted(nxt):
             if nxt.members:
-                from cgpt.train.fused_loop import compile_group
+                from cgpt.train.fused_loop import compile_group  # loads JAX: only when this runs
 
                 self.runner.start(nxt.run_id,
                                   lambda: compile_group([_config(m) for m in nxt.members]))
@@ -365,8 +343,8 @@ def _emulate_devices(jobs: list[Job]) -> None:
     """One process trains every job, and JAX fixes its CPU devices when it starts (the first
     compile-ahead): expose those the largest `train.mesh` asks for, as `cgpt train` does for
     its one run. A config that does not read is left to its job, which fails with its error."""
-    from cgpt.sharding import emulate_cpu_devices, mesh_size
-    from cgpt.sharding.distributed import devices_per_process
+    from cgpt.sharding.distributed import devices_per_process  # loads JAX: only when this runs
+    from cgpt.sharding import emulate_cpu_devices  # loads JAX: only when this runs
 
     sizes = [1]
     for job in jobs:
@@ -394,7 +372,10 @@ def main(argv: list[str] | None = None) -> int:
             res = results[0] if not job.members else {
                 "run_id": job.run_id, "members": results,
                 "status": next((r["status"] for r in results if r["status"] != "done"), "done")}
-            os.write(channel, (RESULT + json.dumps(res) + "\n").encode())
+            try:
+                os.write(channel, (RESULT + json.dumps(res) + "\n").encode())
+            except BrokenPipeError:  # the sweep was killed: the run's files say what was done
+                os._exit(128 + 13)   # the shell's code for SIGPIPE, no traceback
         if any(r["status"] == "interrupted" for r in results):
             return 130
     return max((0 if r.get("status") == "done" else 1 for r in results), default=0) \

@@ -2,10 +2,11 @@
 has just queued; the one step schedule of both loops (`cgpt.train.loop`, a run alone, and
 `cgpt.train.fused_loop`, a fused group).
 
-`run` dispatches step k+1 before it reads step k's loss and gradient norm (one transfer for
-both): while the device runs k+1 the host logs k, loads the next batch and polls the
-checkpoint triggers. Only a step whose updated state is needed at once (an evaluation, a
-checkpoint, a stop, the last step: `Lifecycle.needs_state`) is read before the next dispatch.
+`run` dispatches step k+1 before it reads step k's scalars (one transfer for all of the step
+record's device fields, `cgpt.record`): while the device runs k+1 the host logs k, loads the
+next batch and polls the checkpoint triggers. Only a step whose updated state is needed at
+once (an evaluation, a checkpoint, a stop, the last step: `Lifecycle.needs_state`) is read
+before the next dispatch.
 A non-finite step k is noticed after k+1 was queued. A run alone then stops: k+1's result is
 dropped unread, nothing was written for either, and no checkpoint can have been taken in
 between (checkpoint steps are read at once), so it stops at the same step with the same kept
@@ -22,6 +23,7 @@ from typing import Any, Callable
 
 import jax
 
+from cgpt import record
 from cgpt.train import optim
 from cgpt.train.mfu import Throughput
 
@@ -107,13 +109,20 @@ class Reader:
         self.speed, self.tokens, self.first = speed, tokens_per_step, first_step
         self.ready = None  # when the last read step's scalars arrived
 
-    def read(self, step: int, metrics: dict, dispatched: float):
-        """(loss, grad_norm) of `step` (host scalars, or [M] arrays for a fused group),
-        dispatched at perf_counter() time `dispatched`; the one host sync of a step."""
-        loss, grad_norm = jax.device_get((metrics["loss"], metrics["grad_norm"]))
+    def read(self, step: int, metrics: dict, dispatched: float) -> dict:
+        """The step record's device fields (`cgpt.record`) that `step`'s output `metrics`
+        holds, on the host (scalars, or [M] arrays for a fused group: `member`), dispatched at
+        perf_counter() time `dispatched`; the one host sync of a step."""
+        got = jax.device_get({k: metrics[k] for k in record.names(source="device")
+                              if k in metrics})
         now = time.perf_counter()
         began = dispatched if self.ready is None else max(dispatched, self.ready)
         self.ready = now
         if step > self.first:  # the first step includes compilation
             self.speed.add(now - began, self.tokens)
-        return loss, grad_norm
+        return got
+
+
+def member(values: dict, k: int) -> dict:
+    """Member `k`'s values of a fused group's `Reader.read`."""
+    return {name: v[k] for name, v in values.items()}

@@ -100,7 +100,7 @@ def precheck(branch_from: tuple[Path, int], run: RunConfig) -> None:
 
 def restore(parent: Path, step: int, abstract_params, abstract_opt_state):
     """(params, opt_state) of the parent's checkpoint at `step`."""
-    import orbax.checkpoint as ocp
+    import orbax.checkpoint as ocp  # loads JAX: only when this runs
 
     mngr = orbax_format.manager(parent, create=False)
     try:
@@ -155,7 +155,8 @@ def plan_branches(parent: RunConfig, fractions: list[float],
     """
     bad = [f for f in fractions if not (isinstance(f, (int, float)) and 0 < f < 1)]
     if bad:
-        raise ValueError(f"{where}: entries are fractions of each run's budget in (0, 1), got {bad}")
+        raise ValueError(
+            f"{where}: entries are fractions of each run's budget in (0, 1), got {bad}")
     t = parent.train
     plan = resolve(replace(parent, train=replace(t, schedule="wsd")))
     every = cadence(t.ckpt_every, plan.total_steps)  # the parent's checkpoint steps

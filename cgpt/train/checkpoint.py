@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -20,6 +21,7 @@ from cgpt.model.orbax_format import manager, restore_newest
 from cgpt.sharding import distributed
 
 log = logging.getLogger(__name__)
+_ORBAX_TMP = re.compile(r"\d+\.orbax-checkpoint-tmp(-\d+)?$")  # Orbax's step.TMP_DIR_SUFFIX
 
 
 def _set_aside(run_dir: Path, src: Path, aside: Path) -> Path:
@@ -49,7 +51,12 @@ class Checkpointer:
     before_commit = None
 
     def __init__(self, run_dir: Path, keep: int = 2):
-        self.run_dir = Path(run_dir)
+        self.run_dir, self.keep = Path(run_dir), keep
+        ckpts = self.run_dir / rundir.CKPT_DIR
+        if distributed.is_writer() and ckpts.is_dir():  # a killed save's temp folders: Orbax
+            for p in ckpts.iterdir():                   # warns when a save meets one
+                if _ORBAX_TMP.match(p.name):
+                    rundir.area(self.run_dir).remove(p)
         self.mngr = manager(self.run_dir, keep, on_written=self._written)
         self._pending: tuple[int, float, float] | None = None  # (step, started, blocking s)
         self._holds = None
@@ -70,7 +77,7 @@ class Checkpointer:
         """Start writing checkpoint `step` and return; the previous save is finished first.
         If the storage refuses (disk full, quota, read-only), the error names the
         checkpoint's path and the failure's aftermath is not printed."""
-        import orbax.checkpoint as ocp
+        import orbax.checkpoint as ocp  # loads JAX: only when this runs
 
         self.wait()
         t0 = time.monotonic()
@@ -118,7 +125,8 @@ class Checkpointer:
         # at any time until the save is waited for: held back until then
         held, unraisable, prev_hook = quiet.HoldErrors(), [], sys.unraisablehook
         logging.getLogger("absl").addFilter(held)
-        sys.unraisablehook = lambda u: unraisable.append(u) if quiet.closed_loop(u) else prev_hook(u)
+        sys.unraisablehook = (lambda u: unraisable.append(u) if quiet.closed_loop(u)
+                              else prev_hook(u))
         self._holds = (held, unraisable, prev_hook)
 
     def _release(self, step: int, error: BaseException | None) -> None:
@@ -143,12 +151,16 @@ class Checkpointer:
         raise OSError(cause.errno, cause.strerror, str(self.run_dir / rundir.CKPT_DIR / str(step))
                       ) from error
 
-    def discard_after(self, step: int) -> list[int]:
-        """Move the checkpoints newer than `step` to `discarded_checkpoints/` (a rewind)."""
+    def discard_after(self, step: int, remove: bool = False) -> list[int]:
+        """Move the checkpoints newer than `step` to `discarded_checkpoints/` (a rewind), or
+        delete them (`remove`: a fused group's realignment, which retrains them exactly)."""
         later = [s for s in self.steps() if s > step]
         for s in later:
-            _set_aside(self.run_dir, self.run_dir / rundir.CKPT_DIR / str(s),
-                       self.run_dir / rundir.DISCARDED_DIR / str(s))
+            src = self.run_dir / rundir.CKPT_DIR / str(s)
+            if remove and distributed.is_writer():
+                rundir.area(self.run_dir).remove(src)
+            elif not remove:
+                _set_aside(self.run_dir, src, self.run_dir / rundir.DISCARDED_DIR / str(s))
         if later:
             distributed.barrier(f"discard-after-{step}")  # process 0 moved them; all reload
             self.mngr.reload()
@@ -160,18 +172,28 @@ class Checkpointer:
         A checkpoint that fails to restore (corrupted on disk) is skipped with a warning, set
         aside (so that its step can be rewritten) and the previous one is used.
         """
-        found = restore_newest(self.mngr, self.run_dir,
-                               {"params": abstract_params, "opt_state": abstract_opt_state},
-                               "move the checkpoints away to start over",
-                               lambda s: _set_aside(self.run_dir, self.run_dir / rundir.CKPT_DIR / str(s),
-                                                    self.run_dir / rundir.CORRUPT_DIR / str(s)))
+        found = restore_newest(
+            self.mngr, self.run_dir, {"params": abstract_params, "opt_state": abstract_opt_state},
+            "move the checkpoints away to start over",
+            lambda s: _set_aside(self.run_dir, self.run_dir / rundir.CKPT_DIR / str(s),
+                                 self.run_dir / rundir.CORRUPT_DIR / str(s)))
         if found is None:
             return None
         step, out, bad = found
         if bad:
             distributed.barrier(f"corrupt-aside-{step}")  # process 0 moved them; all reload
             self.mngr.reload()
+        self._prune(step)
         return step, out["params"], out["opt_state"]
+
+    def _prune(self, restored: int) -> None:
+        """Keep the newest `keep` checkpoints up to the one restored: Orbax prunes after a
+        save, so a kill between a save's commit and its pruning leaves one too many."""
+        if not self.keep or self.keep < 1:
+            return
+        old = sorted(s for s in self.mngr.all_steps() if s <= restored)[:-self.keep]
+        for s in old:
+            self.mngr.delete(s)
 
     def close(self) -> None:
         """Finish the save in flight, then release Orbax's threads (even if it failed)."""

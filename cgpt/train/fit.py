@@ -32,8 +32,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from cgpt.config.model import remat_value
+from cgpt.config import backend
+from cgpt.config.model import recomputes_forward, remat_value
 from cgpt.config.units import fmt_bytes
+from cgpt.sharding import cost
 from cgpt.sharding.fitrule import (HEADROOM, POOL_MARGIN, choose_step,  # noqa: F401 (re-exported)
                                    memory_for, pool_memory, usable_memory)
 
@@ -162,10 +164,10 @@ def search(micros: Sequence[int], per_replica: int, compile_fn: Callable[[int, b
 def compile_step(strategy, step: Callable, cfg, optimizer, plan) -> Any:
     """`step` jitted with the strategy's shardings, lowered on abstract state and a batch
     [accum, micro_batch x replicas, T+1], compiled: the executable `train` runs."""
-    import jax
-    import jax.numpy as jnp
+    import jax  # loads JAX: only when this runs
+    import jax.numpy as jnp  # loads JAX: only when this runs
 
-    from cgpt.model import gpt as model
+    from cgpt.model import gpt as model  # loads JAX: only when this runs
 
     abstract_p = jax.eval_shape(lambda: model.init_params(cfg))
     abstract_o = jax.eval_shape(optimizer.init, abstract_p)
@@ -188,8 +190,7 @@ def fit_step(res, strategy, optimizer, device_memory: int):
     per device. A
     train.micro_batch or model.remat that is set is kept and only checked. If nothing fits,
     the choice is the smallest step tried and its `fits` is False."""
-    from cgpt.config import backend
-    from cgpt.train.step import make_step
+    from cgpt.train.step import make_step  # loads JAX: only when this runs
 
     t, per_replica = res.run.train, res.batch_size // res.replicas
     micros = [t.micro_batch] if t.micro_batch else [
@@ -215,9 +216,6 @@ def _step_seconds(res) -> Callable[[int, str], float] | None:
     """The cost model's seconds per step of (micro-batch, rung) for a placed GPU run
     (`cgpt.sharding.cost`: only ratios matter, so the assumed H100 of a plan will do); None
     elsewhere (CPU, TPU, one device), where the search is memory-only."""
-    from cgpt.config.model import recomputes_forward
-    from cgpt.sharding import cost
-
     hw = cost.hardware_for(res.platform)
     if hw is None or not res.mesh or res.mode not in ("data_parallel", "weight_streaming",
                                                        "layer_pipelined"):

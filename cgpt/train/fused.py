@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from cgpt.config import backend
 from cgpt.config.model import ModelConfig
 from cgpt.config.run import TrainConfig, config_diff, keys, without
 from cgpt.errors import TrainError
@@ -150,8 +151,6 @@ def members_per_pass(member_sharding=None, loop: bool = False) -> int:
     (bench/fused_step.py). Elsewhere (accelerators, members spread over devices) all members
     in one vmapped program. `loop`: a layer_pipelined group held on a CPU mesh
     (`cgpt.sharding.members.Members.loop`), 1."""
-    from cgpt.config import backend
-
     return 1 if loop or member_sharding is None and backend.current_platform() == "cpu" else 0
 
 

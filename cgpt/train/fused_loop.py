@@ -11,8 +11,9 @@ last good state (the step masks its update), fails at step k with the advice a s
 the step after next on (its scalars are read a step late, `cgpt.train.ahead`); the others go
 on. Nothing non-finite reaches the disk: every save is behind `fused.members_finite`.
 Relaunching a killed group with `resume=True` restarts every member from the newest checkpoint
-step they all kept (later ones are moved to `discarded_checkpoints/`, as `--from-step` does):
-batches are a pure function of the step, so the rewound members retrain exactly what they had.
+step they all kept (later ones are deleted, not kept in `discarded_checkpoints/` as
+`--from-step` does): batches are a pure function of the step, so the rewound members retrain
+exactly what they had.
 """
 from __future__ import annotations
 
@@ -20,20 +21,23 @@ import contextlib
 import math
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from tqdm.auto import tqdm
 
+from cgpt.config import backend
 from cgpt.config.units import fmt_bytes
 from cgpt.config.model import remat_value
 from cgpt.config.run import RunConfig
 from cgpt.errors import Preempted, TrainError
 from cgpt.sharding.members import Members
 from cgpt.sharding import distributed
-from cgpt.train import ahead, fit, fused, fused_prep, noise, preempt, setup
+from cgpt.train import ahead, fit, fused, fused_prep, preempt, setup
 from cgpt.train.launch import close_all
 from cgpt.train.lifecycle import Lifecycle
 from cgpt.train.memo import Memo
@@ -124,10 +128,6 @@ def compile_group(runs: Sequence[RunConfig]) -> list[str]:
     when one is set: a sweep's worker calls this in a background thread for its next group
     while the current job trains (`cgpt.sweep.worker`). Returns the names compiled; nothing
     is written to a run directory."""
-    from dataclasses import replace
-
-    from cgpt.config import backend
-
     memory, spread = setup.device_memory(runs[0].train), default_spread()
     res = [resolve_member(replace(r, model=backend.resolve(r.model)), memory)  # as
            for r in runs]  # resume.check_config resolves a fresh run's model
@@ -279,8 +279,6 @@ def _loop(group: list[Lifecycle], start: int, state: list, step_fn, prepared, la
     alone): each member's record, guard and saves are its own (`Lifecycle`); a member that
     fails stops alone. `prepared`: (the group's evaluation, its stacked Hyper or None).
     Returns (throughput, the final params)."""
-    from tqdm.auto import tqdm
-
     evaluate, hyper = prepared
     r0 = group[0].res
     total, B, T = r0.total_steps, r0.batch_size, r0.seq_len
@@ -314,7 +312,8 @@ def _loop(group: list[Lifecycle], start: int, state: list, step_fn, prepared, la
     def finish(step: int, out: dict, dispatched: float, at_once: bool) -> bool:
         """Read `step`'s scalars; a member non-finite there fails at `step` before any write
         of it (masked in the step after next); log the others (evaluated when `at_once`)."""
-        loss, gnorm = reader.read(step, out, dispatched)
+        values = reader.read(step, out, dispatched)
+        loss, gnorm = values["loss"], values["grad_norm"]
         for k, m in enumerate(group):
             if active[k] and not (np.isfinite(loss[k]) and np.isfinite(gnorm[k])):
                 fail(k, m.nonfinite(step, float(loss[k]), float(gnorm[k])))
@@ -324,10 +323,9 @@ def _loop(group: list[Lifecycle], start: int, state: list, step_fn, prepared, la
         evals = [k for k, m in enumerate(group) if at_once and active[k] and m.evaluates(done)]
         vl = evaluate(state[0]) if evals else None
         logs = [k for k, m in enumerate(group) if active[k] and m.logged(done)]
-        est = noise.read(out) if logs else {}
         for k in logs:
-            group[k].record(done, float(loss[k]), float(gnorm[k]), float(lrs[k, step]), speed,
-                            float(vl[k]) if k in evals else None, noise.member(est, k))
+            group[k].record(done, ahead.member(values, k), float(lrs[k, step]), speed,
+                            float(vl[k]) if k in evals else None)
         bar.set_postfix(loss=f"{np.nanmean(np.where(active, loss, np.nan)):.3f}",
                         tok_s=f"{speed.tokens_per_s * active.sum():,.0f}", refresh=False)
         bar.update(1)

@@ -105,7 +105,8 @@ class Prepare:
 def start(res: list, ckpts: list, outs: list, resuming: bool, lay, prepared=None):
     """(start step, stacked params, stacked optimizer state) of the members `res` (with their
     checkpointers and run directories). Resuming, every member restarts from the newest step
-    all of them kept; later checkpoints are set aside (a rewind). `prepared`:
+    all of them kept; later checkpoints are deleted (retrained exactly, so a killed group
+    leaves no `discarded_checkpoints/`). `prepared`:
     `Prepare.get()`'s states for these members on `lay`, or None (made here)."""
     if prepared is None:
         states, stacked = init_states(res, lay), None
@@ -115,8 +116,8 @@ def start(res: list, ckpts: list, outs: list, resuming: bool, lay, prepared=None
     if resuming:
         common = set.intersection(*(set(c.steps()) for c in ckpts))
         start_step = max(common, default=0)
-        for c in ckpts:
-            c.discard_after(start_step)
+        for c in ckpts:  # retrained bit-exactly (batches are a pure function of the step)
+            c.discard_after(start_step, remove=True)
         strategy = lay.strategy or SingleDevice(res[0].cfg)  # restored in its layout
         got = []
         for k, (r, c, out) in enumerate(zip(res, ckpts, outs)):

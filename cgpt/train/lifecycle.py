@@ -21,7 +21,7 @@ import math
 import sys
 from pathlib import Path
 
-from cgpt import rundir
+from cgpt import record, rundir
 from cgpt.config.run import RunConfig, cadence
 from cgpt.errors import TrainError
 from cgpt.fileio import atomic_write_text, probe_writable
@@ -127,17 +127,20 @@ class Lifecycle:
                 or done > total - rundir.train_loss_window(total))
 
     # ---- the metrics record and the guard ----------------------------------------------------
-    def record(self, done: int, loss: float, grad_norm: float, lr: float, speed,
-               val_loss: float | None = None, gns: dict | None = None) -> None:
-        """Log step `done` (a logged step) with its evaluation, if one ran, and its noise
-        scale estimates (`cgpt.train.noise.read`; train.gns)."""
-        rec = {"step": done, "loss": loss, "grad_norm": grad_norm, "lr": lr,
-               "tokens": done * self.res.tokens_per_step,
-               "epoch": self.data.epoch_at(done, self.res.batch_size),
-               "tokens_per_s": speed.tokens_per_s, "mfu": speed.mfu()}
+    def record(self, done: int, device: dict, lr: float, speed,
+               val_loss: float | None = None) -> None:
+        """Log step `done` (a logged step): the step record (`cgpt.record`), its `device`
+        fields as read from the step (`cgpt.train.ahead.Reader`), the host's beside them: the
+        evaluation, if one ran, and the noise scale's smoothing (train.gns)."""
+        values = {k: float(v) for k, v in device.items()}
+        values.update(step=done, lr=lr, tokens=done * self.res.tokens_per_step,
+                      epoch=self.data.epoch_at(done, self.res.batch_size),
+                      tokens_per_s=speed.tokens_per_s, mfu=speed.mfu())
         if val_loss is not None:
-            self.val_loss = rec["val_loss"] = val_loss
-        self.log.write({**rec, **self.noise.update(done, gns or {})})
+            self.val_loss = values["val_loss"] = val_loss
+        values.update(self.noise.update(done, {k: values[k] for k in noise.STEP_KEYS
+                                               if k in values}))
+        self.log.write({k: values[k] for k in record.names() if k in values})
 
     def nonfinite(self, step: int, loss: float, grad_norm: float) -> TrainError:
         """The error of a step (0-based `step`) whose loss or gradient norm is not finite,

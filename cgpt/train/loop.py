@@ -15,11 +15,13 @@ import sys
 import time
 from pathlib import Path
 
+from tqdm.auto import tqdm
+
 from cgpt import rundir
 from cgpt.config.run import RunConfig
 from cgpt.errors import Preempted, TrainError
 from cgpt.sharding import distributed
-from cgpt.train import ahead, evaluation, noise, preempt, setup
+from cgpt.train import ahead, evaluation, preempt, setup
 from cgpt.train.launch import close_all
 from cgpt.train.lifecycle import Lifecycle
 from cgpt.train.mfu import Throughput
@@ -50,8 +52,6 @@ def train(run: RunConfig, out: str | Path, resume: bool = False, progress: bool 
 
 def _train(life: Lifecycle, progress: bool, from_step: int | None,
            branch_from: tuple[Path, int] | None) -> dict:
-    from tqdm.auto import tqdm
-
     # ---- set up: the resolved run, its compiled step, data, state --------------------------
     wall0 = time.perf_counter()
     out, writer, resuming = life.out, life.writer, life.resuming
@@ -110,14 +110,15 @@ def _train(life: Lifecycle, progress: bool, from_step: int | None,
     def finish(step: int, m: dict, dispatched: float, at_once: bool) -> bool:
         """Read `step`'s scalars, stop on a non-finite one before any write, log it (with an
         evaluation when `at_once`: the state is this step's)."""
-        loss, grad_norm = map(float, reader.read(step, m, dispatched))
+        values = reader.read(step, m, dispatched)
+        loss, grad_norm = float(values["loss"]), float(values["grad_norm"])
         if not (math.isfinite(loss) and math.isfinite(grad_norm)):  # before any write
             raise life.nonfinite(step, loss, grad_norm)
         done = step + 1
         if life.logged(done):
             evaluated = at_once and life.evaluates(done)
-            life.record(done, loss, grad_norm, lrs.pop(step), speed,
-                        evaluate(state[0]) if evaluated else None, noise.read(m))
+            life.record(done, values, lrs.pop(step), speed,
+                        evaluate(state[0]) if evaluated else None)
         bar.set_postfix(loss=f"{loss:.3f}", val=f"{life.val_loss:.3f}",
                         tok_s=f"{speed.tokens_per_s:,.0f}", mfu=f"{speed.mfu():.1%}",
                         refresh=False)

@@ -1,16 +1,16 @@
 """The run's log as it is written: `metrics.jsonl` (strict JSON, one object per logged
-step) and the same scalars as TensorBoard events. Process 0 writes both; the others get a log
-that writes nothing. A W&B run (`cgpt.train.wandb_log`), when given, gets the same records."""
+step) and its scalars as TensorBoard events. Process 0 writes both; the others get a log
+that writes nothing. A W&B run (`cgpt.train.wandb_log`), when given, gets the same records.
+Which field goes where is the step record's (`cgpt.record`)."""
 from __future__ import annotations
 
 import sys
+import threading
 from pathlib import Path
 
+from cgpt import record
+from cgpt.fileio import storage_oserror
 from cgpt.rundir import EVENTS_DIR, METRICS_FILE, json_line
-from cgpt.train.noise import EMA_KEYS, STEP_KEYS
-
-TB_SCALARS = ("loss", "val_loss", "grad_norm", "lr", "tokens_per_s", "mfu",
-              *STEP_KEYS, *EMA_KEYS)
 
 
 class MetricsLog:
@@ -40,7 +40,7 @@ class MetricsLog:
             return
         self.file.write(json_line(rec) + "\n")
         self.file.flush()
-        for k in TB_SCALARS if self.tb is not None else ():
+        for k in record.names(tensorboard=True) if self.tb is not None else ():
             if k in rec:
                 self.tb.add_scalar(f"train/{k}", rec[k], rec["step"])
         if self.wandb is not None:
@@ -75,10 +75,6 @@ def _quiet_tb_thread() -> None:
     """tensorboardX writes events from its own thread: a full disk there would print a thread
     traceback beside the run's one error line (the checkpoint or metrics.jsonl write on the
     same storage reports it), so storage errors of that thread are dropped."""
-    import threading
-
-    from cgpt.fileio import storage_oserror
-
     prev = threading.excepthook
     if getattr(prev, "_cgpt_tb", False):
         return

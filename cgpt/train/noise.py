@@ -25,7 +25,8 @@ import math
 import jax
 import jax.numpy as jnp
 
-# the step's per-step estimates (metrics keys, also logged) and the smoothed record keys
+# the step's per-step estimates (its metrics keys) and the smoothed ones: step record fields
+# (`cgpt.record`)
 STEP_KEYS = ("gns_g2", "gns_trace")
 EMA_KEYS = ("gns_g2_ema", "gns_trace_ema", "gns_b_simple")
 # per-step decay of the smoothing: a ~100-step horizon (steps, not logged records, so the
@@ -61,19 +62,6 @@ def step_metrics(g2_small_mean: jax.Array, g2_big: jax.Array, b_small: int,
     return {"gns_g2": g2, "gns_trace": trace}
 
 
-def read(metrics: dict) -> dict:
-    """The step's estimates on the host (scalars, or [M] arrays of a fused group's members),
-    or {} when the step does not measure them (train.gns off: nothing is read)."""
-    if STEP_KEYS[0] not in metrics:
-        return {}
-    return dict(zip(STEP_KEYS, jax.device_get(tuple(metrics[k] for k in STEP_KEYS))))
-
-
-def member(est: dict, k: int) -> dict:
-    """Member `k`'s estimates of a fused group's `read`."""
-    return {key: v[k] for key, v in est.items()}
-
-
 class Smoother:
     """Exponentially weighted means of |G|^2 and tr(S) over the logged steps (weights decay by
     EMA_BETA per training step, normalised so the first record is not biased to zero), and
@@ -84,7 +72,8 @@ class Smoother:
         self.g2 = self.trace = self.weight = 0.0
 
     def update(self, step: int, est: dict) -> dict:
-        """Add step `step`'s estimates (`read`'s dict); the record keys to log ({} for {})."""
+        """Add step `step`'s estimates (its `STEP_KEYS`, as read from the step); the record
+        keys to log ({} for {})."""
         est = {k: float(v) for k, v in est.items()}
         if not est or not all(math.isfinite(est[k]) for k in STEP_KEYS):
             return est  # a non-finite step stops the run before it is logged

@@ -64,7 +64,8 @@ def _wsd(r: Recipe) -> optax.Schedule:
     """Warmup 0 -> peak, constant peak, then linear or 1-sqrt decay reaching
     end_lr_fraction * peak at step total_steps (as the published schedule)."""
     if r.decay not in WSD_DECAYS:
-        raise ValueError(f"decay={r.decay!r} with schedule='wsd'; use one of {', '.join(WSD_DECAYS)}")
+        raise ValueError(
+            f"decay={r.decay!r} with schedule='wsd'; use one of {', '.join(WSD_DECAYS)}")
     if not 0 < r.decay_fraction <= 1:
         raise ValueError(f"decay_fraction={r.decay_fraction} must be in (0, 1]")
     peak, end, start = r.peak_lr, r.peak_lr * r.end_lr_fraction, r.decay_start

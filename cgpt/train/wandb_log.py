@@ -2,7 +2,8 @@
 log also goes to a W&B run, named after the run directory and, in a sweep, grouped by the
 sweep's name (the sweep sets W&B's own `WANDB_RUN_GROUP`, unless the user exported one).
 
-The W&B run gets exactly the records `metrics.jsonl` gets, handed over by the log's writer
+The W&B run gets the records `metrics.jsonl` gets (the step record's `wandb` fields,
+`cgpt.record`: all of them but the step, W&B's own x axis), handed over by the log's writer
 (`cgpt.train.metrics.MetricsLog`, process 0 only) as the Python numbers already read for the
 file: no device sync and no per-device logging. A W&B `log` call costs 1-7 ms of the caller's
 time (a hand-off to W&B's service process), so one thread per W&B run makes the calls and the
@@ -23,9 +24,9 @@ import threading
 from functools import partial
 from pathlib import Path
 
-from cgpt import rundir
+from cgpt import record, rundir
 from cgpt.errors import TrainError
-from cgpt.fileio import atomic_write_text
+from cgpt.fileio import atomic_write_text, probe_writable
 
 EXTRA = "pip install 'cgpt[wandb]'"
 GROUP_ENV = "WANDB_RUN_GROUP"  # W&B's variable for a run's group: the sweep sets it
@@ -42,6 +43,14 @@ def require(project: str | None):
     naming the extra, raised before anything is trained."""
     if project is None:
         return None
+    wandb_dir = os.environ.get("WANDB_DIR")
+    if wandb_dir:  # unwritable, W&B falls back to the system temp folder without a word
+        try:
+            probe_writable(wandb_dir)
+        except OSError as e:
+            raise TrainError(f"WANDB_DIR={wandb_dir}: cannot be written ({e.strerror or e}); "
+                             "W&B would put the run's files in the system temp folder "
+                             "instead: point WANDB_DIR at a writable folder, or unset it") from None
     try:
         import wandb
     except ImportError as e:
@@ -124,7 +133,8 @@ class WandbRun:
         step below its run's current one, so the steps a resume repeats keep their first
         values)."""
         if self.run is not None:
-            self._calls.put(partial(self.run.log, {k: v for k, v in rec.items() if k != "step"},
+            fields = record.names(wandb=True)  # the step record's (`cgpt.record`)
+            self._calls.put(partial(self.run.log, {k: v for k, v in rec.items() if k in fields},
                                     step=rec["step"]))
 
     def summary(self, result: dict) -> None:

@@ -3,12 +3,13 @@
 A sweep's worker trains its jobs one after another (`cgpt.sweep.worker`), and each new model
 shape costs XLA compiles before its first step (measured on the 2-core CPU: ~15 s per demo
 shape: the train step, the fresh state's init and the evaluation). `compile_run` runs the
-start-up of `cgpt.train.loop` (`cgpt.train.setup.start_up`) up to those compiles, on `jax.ShapeDtypeStruct`s (nothing is
-allocated, no file is written), so a background thread can compile the next job's programs
-while the current job trains. The executables land in JAX's persistent compilation cache
-(the sweep always sets one); the job itself then traces and lowers as before and loads them
-from the cache: the same programs, so the same results, bit for bit. A failed ahead-compile is
-dropped: the job compiles for itself and fails, if it must, with its own one-line error.
+start-up of `cgpt.train.loop` (`cgpt.train.setup.start_up`) up to those compiles, on
+`jax.ShapeDtypeStruct`s (nothing is allocated, no file is written), so a background thread can
+compile the next job's programs while the current job trains. The executables land in JAX's
+persistent compilation cache (the sweep always sets one); the job itself then traces and lowers as
+before and loads them from the cache: the same programs, so the same results, bit for bit. A failed
+ahead-compile is dropped: the job compiles for itself and fails, if it must, with its own one-line
+error.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import jax.numpy as jnp
 
 from cgpt.config import backend
 from cgpt.config.run import RunConfig
+from cgpt.data.batches import load_data
 from cgpt.train.background import Background
 
 
@@ -34,8 +36,7 @@ def compile_run(run: RunConfig) -> list[str]:
     returns their names in the order compiled. The start-up is train's own
     (`cgpt.train.setup.start_up`). One process only (a multi-process job agrees on its memory
     with a collective, which must not run off the main thread)."""
-    from cgpt.data.batches import load_data
-    from cgpt.train import evaluation, setup
+    from cgpt.train import evaluation, setup  # loads JAX: only when this runs
 
     if jax.process_count() != 1:
         return []

@@ -1,0 +1,251 @@
+"""How a command ends when it is stopped or fails: the one place that turns a signal, a stop or
+an error into one line on stderr and an exit status.
+
+Two parts, both without JAX (the package imports this before anything else):
+
+* `StopGuard`, the process's signal state (`GUARD`, one per process: signal handlers belong
+  to the process). Ctrl-C anywhere, or a scheduler's signal before the training loop, stops
+  the command with one line and exit 128+N, never a traceback, a lost interrupt or a
+  segfault; once a run's loop starts, its `cgpt.train.preempt.CheckpointTriggers` take the
+  scheduler's signals over (checkpoint, then `Preempted`).
+* `status`, which says how a command ended on an exception, and `edge`, which runs a command
+  under it. They are called once at the edge of the process (`cgpt.cli.main`, which
+  `python -m cgpt` runs) and once per job of a sweep's worker (`cgpt.sweep.worker`), never in
+  between: the code under them raises.
+"""
+from __future__ import annotations
+
+import _thread
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from typing import Callable, NoReturn
+
+from cgpt.errors import CgptError, NotStarted, Preempted, Stopped
+
+SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
+STOPS = {"train": (signal.SIGINT, *SIGNALS), "data": (signal.SIGINT, *SIGNALS)}  # else SIGINT
+GRACE_S = 2.0  # a signal the main thread did not act on by then (stuck in C): the watchdog
+
+
+def stop_line(signum: int, command: str) -> str:
+    """The one line of a stop on `signum` (before the loop, or Ctrl-C anywhere)."""
+    if signum == signal.SIGINT:
+        how = {"train": "; rerun with --resume to continue",
+               "data": "; rerun the same command to continue (finished shards are kept)"}
+        return f"cgpt {command}: interrupted{how.get(command, '')}"
+    stop = NotStarted(signum) if command == "train" else Stopped(signum, command)
+    return f"cgpt {command}: {stop}"
+
+
+def status(e: BaseException, command: str, job: bool = False) -> int | None:
+    """Print the one line `command` ends with on `e` and return its exit status: a stop 128+N
+    (Ctrl-C 130), an error of the user's (a config reader's ValueError, a `CgptError`, a file
+    that cannot be used) 2. At the process's edge a closed stdout (`cgpt list | head`) is no
+    error: 0. None for anything else (SystemExit, a bug), which the caller decides on.
+    `job`: a sweep worker's job, whose output is its train.log: a broken pipe is an error."""
+    if isinstance(e, (Preempted, Stopped)):  # checkpointed and stopped, or before the loop
+        print(f"cgpt {command}: {e}", file=sys.stderr)
+        return e.exit_code
+    if isinstance(e, (ValueError, CgptError)):
+        print(f"cgpt {command}: error: {e}", file=sys.stderr)
+        return 2
+    if isinstance(e, KeyboardInterrupt):
+        print(stop_line(signal.SIGINT, command), file=sys.stderr)
+        return 130
+    if isinstance(e, BrokenPipeError) and not job:  # the reader stopped; nothing is wrong
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush
+        return 0
+    if isinstance(e, OSError):  # a file or directory that cannot be used: name it
+        what = f"{e.filename}: " if e.filename else ""
+        print(f"cgpt {command}: error: {what}{e.strerror or e}; fix or remove it and rerun",
+              file=sys.stderr)
+        return 2
+    return None
+
+
+def edge(command: str, fn: Callable[[], int], job: bool = False) -> int:
+    """`fn()`'s exit status, a stop or an error ended by `status`. Anything else is re-raised
+    (a bug shows its traceback), except in a sweep worker's `job`: there one job's crash fails
+    that job (its traceback, status 1) and the worker goes on to the next."""
+    try:
+        return fn()
+    except BaseException as e:  # noqa: BLE001 - `status` picks what it ends
+        code = status(e, command, job)
+        if code is not None:
+            return code
+        if not job or not isinstance(e, Exception):
+            raise
+        traceback.print_exc()
+        return 1
+
+
+class StopGuard:
+    """The process's stop state, behind its handlers for Ctrl-C and the scheduler's signals.
+
+    `install` (the process entry, from its first statement) or `defer` (a caller of
+    `cgpt.cli.main` in process) puts the handlers in place; `arm` lets them raise once a
+    caller of ours is on the stack; a run's `CheckpointTriggers` take the scheduler's signals
+    over with `hand_over`; `finish` ends the process."""
+
+    def __init__(self) -> None:
+        self.command = ""  # the process's `cgpt` command (its entry set it), for the lines
+        self.kind = "train"  # the command whose handlers are installed (`defer`)
+        self.installed = False
+        self.armed = True  # the handler may raise: a caller of ours catches it
+        self.stopping = 0  # the signal being acted on: a repeat must not interrupt the cleanup
+        self.loop_started = False  # a run's loop took the scheduler's signals over
+        self.handler = self._early  # one bound method: the watchdog compares handlers with it
+
+    def _early(self, signum, frame) -> None:
+        """Ctrl-C anywhere, and a scheduler's signal before the loop: stop with one line. Acted
+        on once: a repeat (the executor re-sends SIGUSR1 every second) must not break the
+        cleanup."""
+        if self.stopping or (signum != signal.SIGINT and self.loop_started):
+            return  # after the loop the run is finishing its summary: let it finish
+        if self.armed and _importing(frame):  # raised inside an import, an extension module's
+            self._trip_later(signum)  # init can crash (jaxlib: a segfault): act once it is done
+            return
+        self.stopping = signum
+        if not self.armed:  # no caller of ours on the stack yet (Python's module loading)
+            _exit_now(stop_line(signum, self.command or self.kind), 128 + signum)
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        raise NotStarted(signum) if self.kind == "train" else Stopped(signum, self.kind)
+
+    def defer(self, command: str = "train") -> dict:
+        """Stop with one line, not a traceback or the default action's silent death, on Ctrl-C
+        or a scheduler's signal that arrives before the training loop (while JAX starts, the
+        data is prepared, the step compiles): nothing is trained yet, so there is nothing to
+        checkpoint. A launch stopped before its config is written leaves nothing behind
+        (`cgpt.train.launch.Launch`). The exceptions raised (`KeyboardInterrupt`,
+        `NotStarted`) are BaseExceptions, so no library's `except Exception` swallows them.
+        `command` picks the signals: `STOPS`, else SIGINT only. Returns the handlers replaced
+        (`restore`)."""
+        self.loop_started, self.stopping, self.kind, self.armed = False, 0, command, True
+        if threading.current_thread() is not threading.main_thread():
+            return {}
+        return {s: signal.signal(s, self.handler) for s in STOPS.get(command, (signal.SIGINT,))}
+
+    def restore(self, old: dict) -> None:
+        """Put back the handlers `defer` replaced (a caller that is not the process's end)."""
+        for s, h in old.items():
+            signal.signal(s, h)
+
+    def install(self, command: str) -> None:
+        """The process entry's guard (`python -m cgpt`, from its first statement): the handlers
+        of `defer`, plus two things that make every stop one line with exit 128+N:
+
+        * an exception the handler raised inside a callback that cannot raise (a gc callback
+          such as JAX's, a `__del__`) is reported by Python as "Exception ignored" and dropped,
+          and the run went on: `sys.unraisablehook` delivers the signal again, outside it;
+        * the main thread acts on a signal only between bytecodes, never inside a long XLA
+          compile or device wait: a watchdog thread (woken through `signal.set_wakeup_fd`)
+          ends the process with the line if the main thread has not acted within `GRACE_S`
+          (what is left then is what a SIGKILL leaves, which runs and stores survive)."""
+        if self.installed:
+            return
+        self.installed, self.command = True, command
+        self.defer(command)
+        self.armed = False  # until `arm()`: the package and __main__ load, nothing catches
+        prior_hook = sys.unraisablehook
+
+        def unraisable(u) -> None:
+            e = u.exc_value
+            if self.stopping and isinstance(e, (KeyboardInterrupt, Stopped)):
+                self._trip_later(getattr(e, "signum", signal.SIGINT), acted=True)
+            else:
+                prior_hook(u)
+
+        sys.unraisablehook = unraisable
+        try:
+            r, w = os.pipe()
+            os.set_blocking(w, False)
+            signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+        except (OSError, ValueError):  # no pipe, or not the main thread: the handlers alone
+            return
+        threading.Thread(target=self._watch, args=(r,), name="cgpt-signal-watchdog",
+                         daemon=True).start()
+
+    def arm(self) -> None:
+        """From here on the handler raises (the caller catches `KeyboardInterrupt` and
+        `Stopped`); before, a signal ends the process at once with the line: nothing is
+        written yet."""
+        self.armed = True
+
+    def hand_over(self) -> None:
+        """A run's loop installed its own handlers for the scheduler's signals: a late one
+        (after the loop, while the summary is written) no longer stops the command."""
+        self.loop_started = True
+
+    def _trip_later(self, signum: int, acted: bool = False) -> None:
+        """Trip `signum` again from another thread in a moment: the handler then runs at the
+        main thread's next bytecode, out of the import or callback it was in (`acted`: after a
+        stop that a callback dropped; the watchdog still ends a main thread that never gets
+        there)."""
+        def again() -> None:
+            time.sleep(0.05)
+            if acted and self.stopping != signum:  # finished meanwhile
+                return
+            if acted:
+                self.stopping = 0
+            _thread.interrupt_main(signum)
+
+        threading.Thread(target=again, name="cgpt-signal-again", daemon=True).start()
+
+    def _watch(self, fd: int) -> None:
+        while True:
+            try:
+                got = os.read(fd, 64)
+            except OSError:
+                return
+            for signum in got:
+                if signal.getsignal(signum) is not self.handler or (
+                        signum != signal.SIGINT and self.loop_started):
+                    continue  # the loop's handlers, or a signal `_early` ignores
+                deadline = time.monotonic() + GRACE_S
+                while not self.stopping and time.monotonic() < deadline:
+                    time.sleep(0.02)
+                if not self.stopping:  # the main thread is stuck in C: end it here
+                    _exit_now(stop_line(signum, self.command), 128 + signum)
+
+    def finish(self, code: int) -> NoReturn:
+        """End the process with `code`. Signals from here on change nothing (the command has
+        finished, or stopped and said so). After a stop or an error the end is `os._exit`:
+        the interpreter's finalization, with XLA's compile threads or an interrupted library
+        still around, can crash (a segfault after an interrupted compile), and every file the
+        command writes is closed by then; a success ends normally (JAX's multi-process exit
+        barrier)."""
+        self.stopping = self.stopping or -1  # from here on `_early` and the watchdog do nothing
+        if threading.current_thread() is threading.main_thread():
+            for s in (signal.SIGINT, *SIGNALS):
+                signal.signal(s, signal.SIG_IGN)
+        if code:
+            for f in (sys.stdout, sys.stderr):
+                try:
+                    f.flush()
+                except (OSError, ValueError):
+                    pass
+            os._exit(code)
+        sys.exit(code)
+
+
+GUARD = StopGuard()  # the process's: its signal handlers are the process's
+
+
+def _importing(frame) -> bool:
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _exit_now(line: str, code: int) -> None:
+    try:
+        os.write(2, (line + "\n").encode())  # no Python lock: the main thread may hold one
+    finally:
+        os._exit(code)
