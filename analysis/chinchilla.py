@@ -25,7 +25,8 @@ from .profile import profile, profile_interval
 
 NAMES = ("E", "A", "B", "alpha", "beta")
 
-# Epoch's grid (4,500 starts): alpha, beta in {0, .5, .., 2}; e in {-1, -.5, .., 1}; a, b in {0, 5, .., 25}.
+# Epoch's grid (4,500 starts): alpha, beta in {0, .5, .., 2}; e in {-1, -.5, .., 1};
+# a, b in {0, 5, .., 25}.
 EPOCH_GRID = dict(alpha=np.arange(0, 2.01, 0.5), beta=np.arange(0, 2.01, 0.5),
                   e=np.arange(-1, 1.01, 0.5), a=np.arange(0, 26, 5), b=np.arange(0, 26, 5))
 
@@ -57,7 +58,8 @@ class ChinchillaLaw:
 
     @property
     def exponents(self) -> tuple[float, float]:
-        """(a, b) with N_opt ~ C^a and D_opt ~ C^b: a = beta/(alpha+beta), b = alpha/(alpha+beta)."""
+        """(a, b) with N_opt ~ C^a and D_opt ~ C^b:
+        a = beta/(alpha+beta), b = alpha/(alpha+beta)."""
         s = self.alpha + self.beta
         return self.beta / s, self.alpha / s
 
@@ -204,7 +206,8 @@ def fit_chinchilla(N, D, L, *, delta: float = 1e-3, grid: dict | None = None,
         objective (default 64, ~1 s); n_refine=None runs every start, exactly as Epoch did.
     Bootstrap refits are full fits from the same grid, screened on each resample to its
     n_refine_boot best starts; resamples with one distinct N or D are skipped, refits that do
-    not converge are counted as failed (`.skipped`, `.failed`). Needs D/N to vary (several token budgets per
+    not converge are counted as failed (`.skipped`, `.failed`). Needs D/N to vary (several
+    token budgets per
     size), else B and beta are unidentifiable.
     profile_params: parameters to profile (analysis.profile; () skips it, ~1 s): the summary
     prints their profile intervals beside the bootstrap's and names any the runs cannot pin.
@@ -254,5 +257,6 @@ def fit_chinchilla(N, D, L, *, delta: float = 1e-3, grid: dict | None = None,
     profs = profile(best.x, _objective, (lN, lD, lL, delta), tuple(profile_params),
                     level=level) if profile_params else {}
     return ChinchillaFit(law=_to_law(best.x), ci=percentile_ci(boot, level), boot=boot, n=N.size,
-                         level=level, loss=float(best.fun), grad_norm=float(np.linalg.norm(best.jac)),
+                         level=level, loss=float(best.fun),
+                         grad_norm=float(np.linalg.norm(best.jac)),
                          skipped=skipped, failed=failed, profiles=profs)

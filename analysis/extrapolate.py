@@ -30,7 +30,8 @@ class Extrapolation:
                  f"predicting {len(self.table)} held-out run(s):"]
         for r in self.table.itertuples():
             lines.append(f"  x={r.x:.3g}: y={r.y:.4f}, predicted {r.y_pred:.4f} "
-                         f"[{r.lo:.4f}, {r.hi:.4f}], error {r.abs_err:+.4f} ({100 * r.rel_err:+.2f}%)")
+                         f"[{r.lo:.4f}, {r.hi:.4f}], "
+                         f"error {r.abs_err:+.4f} ({100 * r.rel_err:+.2f}%)")
         return "\n".join(lines)
 
 

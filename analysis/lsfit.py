@@ -12,6 +12,7 @@ import itertools
 
 import numpy as np
 import pandas as pd
+from scipy.stats import chi2
 
 from .checks import check_count, check_level, check_xy
 from .chinchilla import EPOCH_GRID, _screen
@@ -150,8 +151,6 @@ def profile_loss_opt(N, D, L, C: float, level: float = 0.95, n_grid: int = 41,
     likelihood ratio n log(RSS_v / RSS_best) stays under chi2(1). A bound that the grid does
     not reach is NaN (not pinned within exp(+-span) of the fit). Returns (point, lo, hi, table).
     """
-    from scipy.stats import chi2
-
     level = check_level(level)
     N, L = check_xy(N, L, "N", "L")
     D, _ = check_xy(D, L, "D", "L")

@@ -56,9 +56,12 @@ def sweep_report(sweep_dir: str | Path, out_png: str | Path | None = None, *,
         f"sweep {src.parent}: {len(df)} runs ({status}); fitted {len(sp)} "
         f"{'SP ' if len(sp) < len(done) else ''}runs, x = {FLOPS[flops]} ({flops})",
         f"  L(C) = A * C^(-b) + c,  {int(100 * fit.level)}% bootstrap CI from {n_boot} resamples",
-        f"    b  = {p['b']:.4f}  [{ci['b'][0]:.4f}, {ci['b'][1]:.4f}]   (Cerebras-GPT: {cg['b']:.4f})",
-        f"    c  = {p['c']:.4f}  [{ci['c'][0]:.4f}, {ci['c'][1]:.4f}]   (Cerebras-GPT: {cg['c']:.4f})",
-        f"    A  = {p['A']:.4g}  [{ci['A'][0]:.4g}, {ci['A'][1]:.4g}]   (x0 = A^(1/b) = {fit.x0:.3g})",
+        f"    b  = {p['b']:.4f}  [{ci['b'][0]:.4f}, {ci['b'][1]:.4f}]   "
+        f"(Cerebras-GPT: {cg['b']:.4f})",
+        f"    c  = {p['c']:.4f}  [{ci['c'][0]:.4f}, {ci['c'][1]:.4f}]   "
+        f"(Cerebras-GPT: {cg['c']:.4f})",
+        f"    A  = {p['A']:.4g}  [{ci['A'][0]:.4g}, {ci['A'][1]:.4g}]   "
+        f"(x0 = A^(1/b) = {fit.x0:.3g})",
         f"    least squares on the loss; {len(fit.boot)} refits kept, {fit.skipped} resamples "
         f"skipped (too few sizes), {fit.failed} failed; seeds of a model resampled together",
         f"  Cerebras-GPT law at these budgets: runs are {dev.mean():+.1f}% "

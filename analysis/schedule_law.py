@@ -7,22 +7,25 @@ S1(s) = Σ_{i=1}^{s} η_i over every step, warmup included (Luo et al.'s S1 + S_
 
 * "tissue": Tissue et al. 2024, "Scaling Law with Learning Rate Annealing" (arXiv 2408.11029,
   eq. 1 and §3): L(s) = L0 + A·S1^(−α) − C·S2, with the annealing area
-  S2(s) = Σ_{i=1}^{s} m_i, m_i = λ·m_{i−1} + (η_{i−1} − η_i), m_0 = 0, and λ the momentum
-  decay factor (the paper uses 0.999; `lam=`). The warmup's rising LR is not annealing:
+  S2(s) = Σ_{i=1}^{s} m_i, m_i = λ·m_{i−1} + (η_{i−1} − η_i), m_0 = 0, and λ the
+  momentum decay factor (the paper uses 0.999; `lam=`). The warmup's rising LR is not annealing:
   m_i = 0 for i ≤ p (the paper's curves start the law after warmup).
 * "multipower": Luo et al. 2025 (ICLR), "A Multi-Power Law for Loss Curve Prediction Across
-  Learning Rate Schedules" (arXiv 2503.12811, eq. 5): L(t) = L0 + A·(S1(t) + S_W)^(−α) − LD(t),
-  LD(t) = B·Σ_{k=1}^{t} (η_{k−1} − η_k)·G(η_k^(−γ)·S_k(t)), G(x) = 1 − (C·x + 1)^(−β),
+  Learning Rate Schedules" (arXiv 2503.12811, eq. 5):
+  L(t) = L0 + A·(S1(t) + S_W)^(−α) − LD(t),
+  LD(t) = B·Σ_{k=1}^{t} (η_{k−1} − η_k)·G(η_k^(−γ)·S_k(t)),
+  G(x) = 1 − (C·x + 1)^(−β),
   S_k(t) = Σ_{τ=k}^{t} η_τ, the sum over the steps after the peak (η_p the peak LR).
 
 Conventions: LRs enter in units of `lr_scale` (the largest LR of the fitted curves), so S1 and
 S2 are in steps x peak LR and A, C, B are in those units. η_i is the LR metrics.jsonl logs at
 step i (the LR of step i's update); the loss logged at step s, computed before that step's
-update, is the papers' L(s−1): its areas sum η_1..η_{s−1}. Only steps after the peak are fitted
-(the papers fit from the end of warmup). Parameters linear in the law (L0, A, C; L0, A, B) are
-solved exactly for each value of the others (variable projection), the rest by least squares
-from a few starts. The bootstrap resamples blocks of each curve's residuals (moving blocks, so
-the residuals' correlation along a curve is kept) or whole runs, and refits: its intervals are for the law's expected curve, not for one more run's seed-to-seed scatter.
+update, is the papers' L(s−1): its areas sum η_1..η_{s−1}. Only steps after the peak are
+fitted (the papers fit from the end of warmup). Parameters linear in the law (L0, A, C;
+L0, A, B) are solved exactly for each value of the others (variable projection), the rest by
+least squares from a few starts. The bootstrap resamples blocks of each curve's residuals
+(moving blocks, so the residuals' correlation along a curve is kept) or whole runs, and
+refits: its intervals are for the law's expected curve, not for one more run's seed-to-seed scatter.
 """
 from __future__ import annotations
 

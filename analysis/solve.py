@@ -88,7 +88,8 @@ def least_squares(U, Y, offset: bool = True, c_fixed=None, iters: int = 48):
     for _ in range(iters):                                     # golden section, vectorised
         left = f1 < f2
         lo, hi = np.where(left, lo, x1), np.where(left, x2, hi)
-        n1, n2 = np.where(left, hi - _GOLDEN * (hi - lo), x2), np.where(left, x1, lo + _GOLDEN * (hi - lo))
+        n1 = np.where(left, hi - _GOLDEN * (hi - lo), x2)
+        n2 = np.where(left, x1, lo + _GOLDEN * (hi - lo))
         g1, g2 = np.where(left, f(n1), f2), np.where(left, f1, f(n2))
         x1, x2, f1, f2 = n1, n2, g1, g2
     b = (lo + hi) / 2

@@ -26,6 +26,8 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from scipy.stats import t as student_t
+from matplotlib import colormaps
 from matplotlib.ticker import NullFormatter
 
 from cgpt import rundir
@@ -141,9 +143,7 @@ def _fit_vertex(x: np.ndarray, y: np.ndarray) -> float:
 
 
 def _t_quantile(level: float, dof: int) -> float:
-    from scipy.stats import t
-
-    return float(t.ppf(0.5 + level / 2, dof))
+    return float(student_t.ppf(0.5 + level / 2, dof))
 
 
 def seed_optimum(lr, loss, seed, window: int = 2, level: float = 0.95) -> LrOptimum:
@@ -324,6 +324,4 @@ def plot_lr_transfer(sweep: pd.DataFrame, table: pd.DataFrame | None = None, pat
 
 
 def _colors(n: int) -> list:
-    from matplotlib import colormaps
-
     return [colormaps["viridis"](v) for v in np.linspace(0.0, 0.85, n)]
