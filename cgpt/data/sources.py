@@ -22,8 +22,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-import zstandard
-
 from cgpt.errors import DataError
 
 # Suffix -> how documents are laid out. "text": one document per file; "jsonl": one JSON object
@@ -187,6 +185,8 @@ class _Hashing(io.RawIOBase):
 
 def _open_compressed(path: Path, raw) -> io.BufferedReader:
     if path.name.lower().endswith(".zst"):
+        import zstandard  # only for .zst sources: the GPU machines' image has no zstandard
+
         # Files written with `zstd --long` need windows over the default limit: allow up to 2 GiB.
         dctx = zstandard.ZstdDecompressor(max_window_size=1 << 31)
         reader = dctx.stream_reader(raw, read_across_frames=True)
@@ -220,6 +220,7 @@ def _read_errors() -> tuple[type[BaseException], ...]:
     """What a damaged file raises while it is read: gzip/zlib, zstandard, pyarrow, the OS."""
     errors: list[type[BaseException]] = [EOFError, OSError, ValueError, zlib.error]
     try:
+        import zstandard  # optional where no .zst source is read (the GPU machines' image)
         errors.append(zstandard.ZstdError)
     except ImportError:
         pass
