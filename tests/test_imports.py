@@ -176,7 +176,8 @@ def test_joined_statements_are_found():
 # What an import inside a function may put off: JAX's start-up (and the libraries built on it),
 # the heavy optional dependencies, and the scientific stack a JAX-free path need not load.
 COSTLY = {"jax", "jaxlib", "flax", "optax", "orbax", "torch", "transformers", "wandb", "lm_eval",
-          "datasets", "pyarrow", "pandas", "scipy", "matplotlib", "tensorboardX", "submitit"}
+          "datasets", "pyarrow", "pandas", "scipy", "matplotlib", "tensorboardX", "submitit",
+          "zstandard"}  # the last three: absent on the GPU machines (bench/gpu_check.py)
 
 
 def _top_level_imports(path: Path) -> set[str]:
