@@ -132,7 +132,9 @@ def test_04_three_approaches_on_a_real_sweep(kernel, tmp_path, monkeypatch):
                         "CGPT_FIG_DIR": str(tmp_path)}, monkeypatch)
     assert images >= 3                 # envelope (with the curves), isoFLOP, side by side
     assert "approach 1 (training-curve envelope)" in text
-    assert "isoFLOP fit over 2 budgets" in text and "left out: ['1e+11']" in text
+    assert "isoFLOP fit over 2 of 3 budgets" in text
+    assert "budget '1e+11' left out: loss is not convex" in text
+    assert "budget '3e+11' kept: lowest loss at the smallest size" in text
     assert "N_opt ~ C^" in text and "1: envelope" in text and "3: parametric" in text
     assert (tmp_path / "approaches.png").stat().st_size > 5000
 
