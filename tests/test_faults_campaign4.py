@@ -1,0 +1,69 @@
+"""Faults found by the fourth fault campaign (qa/cases/: sharedcache, flagodd, clock, ...), each
+reproduced here first. Fast: nothing below trains."""
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def shared():
+    """A folder another user can reach (pytest's tmp_path lies under an owner-only folder)."""
+    d = Path(tempfile.mkdtemp(prefix="cgpt-shared-"))
+    d.chmod(0o755)
+    yield d
+    for p in (d, *d.rglob("*")):
+        if p.is_dir():
+            p.chmod(0o755)
+    shutil.rmtree(d)
+
+
+TAKE_LOCK = """
+import os, sys
+from pathlib import Path
+from cgpt.data import batches  # everything the lock needs, imported before the drop
+if os.geteuid() == 0:
+    os.setgroups([]); os.setgid(65534); os.setuid(65534)
+try:
+    with batches._one_preparer(Path(sys.argv[1])):
+        pass
+except PermissionError as e:
+    print(e, file=sys.stderr)
+    sys.exit(3)
+"""
+
+
+def _lock_as_other_user(lock: Path) -> subprocess.CompletedProcess:
+    """Take `lock` as a user who cannot write what this user made: uid 65534 under root, else
+    this user with the write bits the caller removed."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, "-c", TAKE_LOCK, str(lock)], env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_another_users_preparer_lock_in_a_shared_cache_is_taken_read_only(shared):
+    """User B training on a store user A prepared in one $CGPT_CACHE (umask 022: A's lock file
+    0644) used to be refused: the lock was opened for append, so B got `Permission denied` on a
+    file flock does not need to write."""
+    lock = shared / "locks" / "x.lock"
+    lock.parent.mkdir()
+    lock.write_text("")
+    lock.chmod(0o444 if os.geteuid() else 0o644)
+    lock.parent.chmod(0o555 if os.geteuid() else 0o755)
+    r = _lock_as_other_user(lock)
+    assert r.returncode == 0, r.stderr
+
+
+def test_a_lock_that_cannot_be_made_is_still_refused(shared):
+    """Read-only is the fallback for an existing lock only: where the lock cannot be created
+    (a folder of another user), the PermissionError still reaches the caller's one line."""
+    (shared / "locks").mkdir()
+    (shared / "locks").chmod(0o555)
+    r = _lock_as_other_user(shared / "locks" / "new.lock")
+    assert r.returncode == 3 and "Permission denied" in r.stderr, r.stderr
