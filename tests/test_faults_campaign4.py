@@ -5,6 +5,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -67,3 +68,31 @@ def test_a_lock_that_cannot_be_made_is_still_refused(shared):
     (shared / "locks").chmod(0o555)
     r = _lock_as_other_user(shared / "locks" / "new.lock")
     assert r.returncode == 3 and "Permission denied" in r.stderr, r.stderr
+
+
+def test_a_stopped_sweep_gives_its_runs_their_grace_when_the_wall_clock_jumps(monkeypatch):
+    """The sweep's deadlines and run durations were wall-clock (time.time()): a clock stepped a
+    day forward (NTP, a resumed VM) while a Ctrl-C'd sweep waited for its runs SIGKILLed a run
+    in its clean stop, one stepped back would wait an hour more, and the printed run time was
+    negative or a day. They are monotonic now; here the stop's grace under a forward jump."""
+    from cgpt.sweep import executors
+
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import signal, sys, time\n"
+         "signal.signal(signal.SIGINT, lambda *a: (time.sleep(0.5), sys.exit(130)))\n"
+         "print('ready', flush=True)\ntime.sleep(120)"], stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline() == "ready\n"
+    real, calls = time.time, []
+
+    def stepped() -> float:  # a day later from the second reading on
+        calls.append(1)
+        return real() + (86400.0 if len(calls) > 1 else 0.0)
+    monkeypatch.setattr(time, "time", stepped)
+    monkeypatch.setitem(executors._live, "run", child)
+    try:
+        executors.stop_local(grace_s=20.0)
+    finally:
+        executors._stopping.clear()
+        child.kill()
+        child.wait()
+    assert child.returncode == 130, "the run was killed inside its grace"
