@@ -1,6 +1,7 @@
 """Faults found by the fourth fault campaign (qa/cases/: sharedcache, flagodd, clock, ...), each
 reproduced here first. Fast: nothing below trains."""
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -96,3 +97,38 @@ def test_a_stopped_sweep_gives_its_runs_their_grace_when_the_wall_clock_jumps(mo
         child.kill()
         child.wait()
     assert child.returncode == 130, "the run was killed inside its grace"
+
+
+def test_a_dry_run_of_a_spec_edited_after_its_runs_trained_says_what_the_launch_would(
+        tmp_path, capsys):
+    """A spec whose peak_lr was edited while its sweep ran: the dry run showed both runs
+    `done`, `0s still to run` and exited 0, while the launch it previews refuses (the runs
+    trained with another config). The table says `changed` and the dry run refuses alike."""
+    import argparse
+    import json
+
+    from cgpt.sweep import command
+    from cgpt.sweep.spec import load_sweep
+    from tests.sweep_helpers import make_spec
+
+    spec = make_spec(tmp_path, "edit", {"model": ["tiny-17k"]})
+    out = tmp_path / "out"
+    run = load_sweep(spec).runs[0]
+    d = out / run.run_id
+    d.mkdir(parents=True)
+    (d / "config.yaml").write_text(run.config.to_yaml())
+    (d / "summary.json").write_text(json.dumps({"model": run.model, "val_loss": 3.0,
+                                                "train_loss": 3.0, "tokens": run.tokens}))
+    def dry_run(*extra: str) -> int:
+        ap = argparse.ArgumentParser()
+        command.add_arguments(ap)
+        return command.cmd_sweep(ap.parse_args([str(spec), "--out", str(out), "--dry-run",
+                                                "--no-fit", *extra]))
+    assert dry_run() == 0  # unchanged: done
+    assert re.search(rf"{run.run_id}\s+done\s", capsys.readouterr().out)
+    with pytest.raises(ValueError, match=r"train.peak_lr: None -> 0.004.*--on-change rerun"):
+        dry_run("--set", "train.peak_lr=0.004")
+    table = capsys.readouterr().out
+    assert re.search(rf"{run.run_id}\s+changed\s", table), table
+    assert dry_run("--set", "train.peak_lr=0.004", "--on-change", "rerun") == 0
+    assert (d / "summary.json").exists()  # a dry run moves nothing

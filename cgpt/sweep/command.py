@@ -7,10 +7,10 @@ import re
 import sys
 from pathlib import Path
 
-from cgpt import stop
+from cgpt import rundir, stop
 from cgpt.sweep.fitcheck import fit_results, print_fit
 from cgpt.sweep.groups import fit_groups, plan_groups, print_groups
-from cgpt.sweep.launch import EXECUTORS, ON_CHANGE, launch, print_table
+from cgpt.sweep.launch import EXECUTORS, ON_CHANGE, check_identity, launch, print_table
 from cgpt.sweep.resources import print_resources
 from cgpt.sweep.spec import load_sweep, select
 from cgpt.sweep.suggest import print_suggestions
@@ -130,6 +130,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                 print_fit(runs, results)
             if note:
                 print(note)
+        if out.is_dir() and args.on_change == "error":  # what the launch would refuse
+            check_identity(sweep, [r for r in runs if rundir.state(out / r.run_id) != "running"],
+                           out, "error")
         return 0
     return launch(sweep, out, parallel=args.parallel, executor=args.executor, only=args.only,
                   on_change=args.on_change, fuse=not args.no_fuse,
