@@ -132,3 +132,35 @@ def test_a_dry_run_of_a_spec_edited_after_its_runs_trained_says_what_the_launch_
     assert re.search(rf"{run.run_id}\s+changed\s", table), table
     assert dry_run("--set", "train.peak_lr=0.004", "--on-change", "rerun") == 0
     assert (d / "summary.json").exists()  # a dry run moves nothing
+
+
+@pytest.mark.parametrize("argv, named", [
+    (["train", "--model", "tiny-17k", "--out", ""], "--out ''"),
+    (["train", "--model", "tiny-17k", "--out", "  "], "--out '  '"),
+    (["train", "--model", "tiny-17k", "--data", "   "], "--data '   '"),
+])
+def test_an_empty_out_or_data_is_refused_not_read_as_the_default(tmp_path, argv, named):
+    """`--out ""` (an unset `$OUT`) trained into runs/<model>, the default, without a word;
+    `--data "   "` was refused as `DataConfig.source`, a name the user never typed."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu"}
+    r = subprocess.run([sys.executable, "-m", "cgpt", *argv, "--tokens", "1000"], cwd=tmp_path,
+                       env=env, capture_output=True, text=True, timeout=300)
+    lines = [x for x in r.stderr.splitlines() if x.strip()]
+    assert r.returncode == 2 and len(lines) == 1 and named in lines[0], r.stderr
+    assert list(tmp_path.iterdir()) == []  # nothing written (no runs/tiny-17k)
+
+
+def test_a_sweep_with_an_empty_out_is_refused(tmp_path, monkeypatch):
+    """The same for `cgpt sweep SPEC --out ""`: it planned into runs/sweeps/<name>."""
+    import argparse
+
+    from cgpt.sweep import command
+    from tests.sweep_helpers import make_spec
+
+    spec = make_spec(tmp_path, "empty", {"model": ["tiny-17k"]})
+    monkeypatch.chdir(tmp_path)
+    ap = argparse.ArgumentParser()
+    command.add_arguments(ap)
+    with pytest.raises(ValueError, match=r"--out '': empty"):
+        command.cmd_sweep(ap.parse_args([str(spec), "--out", "", "--dry-run", "--no-fit"]))
+    assert not (tmp_path / "runs").exists()

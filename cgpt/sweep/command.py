@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from cgpt import rundir, stop
+from cgpt.paths import check_destination
 from cgpt.sweep.fitcheck import fit_results, print_fit
 from cgpt.sweep.groups import fit_groups, plan_groups, print_groups
 from cgpt.sweep.launch import EXECUTORS, ON_CHANGE, check_identity, launch, print_table
@@ -101,6 +102,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         raise ValueError(f"{', '.join(given)}: only with --suggest K")
     spec, sets = split_spec_and_sets(args)
     sweep = load_sweep(spec, sets)
+    if args.out is not None:
+        check_destination(args.out, "--out")  # "" is refused, never read as the default
     out = Path(args.out or f"runs/sweeps/{sweep.name}")
     if args.suggest is not None:
         if args.suggest < 1:
