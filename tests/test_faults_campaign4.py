@@ -164,3 +164,54 @@ def test_a_sweep_with_an_empty_out_is_refused(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match=r"--out '': empty"):
         command.cmd_sweep(ap.parse_args([str(spec), "--out", "", "--dry-run", "--no-fit"]))
     assert not (tmp_path / "runs").exists()
+
+
+def _bpe(vocab: int, text: str):
+    from cgpt.data.tokenizer import train_tokenizer, with_eot
+
+    return with_eot(train_tokenizer([[text] * 50], vocab), "test")
+
+
+def test_a_run_whose_tokenizer_was_swapped_is_refused_by_load(tmp_path):
+    """A run's tokenizer.json replaced by another BPE (300 tokens, the model has 512) loaded
+    without a word: every prompt was then encoded with a tokenizer the model never saw. The
+    hash summary.json recorded (and the model's vocabulary) now tell it; a damaged summary
+    still loads (its hash is not trusted, nor needed)."""
+    import json
+
+    from cgpt.config.model import ModelConfig
+    from cgpt.data.tokenizer import load_checkpoint_tokenizer, sha256
+    from cgpt.errors import LoadError
+    from cgpt.model.orbax_format import _check_run_tokenizer
+
+    cfg = ModelConfig(n_layer=1, d_model=16, n_head=2, vocab_size=512, n_ctx=32)
+    own = _bpe(300, "def f(x): return x + 1 # the run's own text")
+    own.save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "summary.json").write_text(json.dumps({"data": {"tokenizer_sha256": sha256(own)}}))
+    _check_run_tokenizer(tmp_path, load_checkpoint_tokenizer(tmp_path), cfg)  # its own: fine
+    _bpe(300, "class A: pass  # another corpus").save(str(tmp_path / "tokenizer.json"))
+    swapped = load_checkpoint_tokenizer(tmp_path)
+    with pytest.raises(LoadError, match=r"tokenizer.json: not the tokenizer this run trained"):
+        _check_run_tokenizer(tmp_path, swapped, cfg)
+    (tmp_path / "summary.json").write_text("{oops")
+    _check_run_tokenizer(tmp_path, swapped, cfg)  # no trusted hash: the vocabulary fits
+    with pytest.raises(LoadError, match=r"tokenizer.json: \d+ tokens, more than the model's "
+                                        r"vocab_size 200"):
+        _check_run_tokenizer(tmp_path, swapped, ModelConfig(n_layer=1, d_model=16, n_head=2,
+                                                            vocab_size=200, n_ctx=32))
+
+
+@pytest.mark.parametrize("key, value", [("vocab_size", "512"), ("n_layer", "2"),
+                                        ("layer_norm_epsilon", "1e-5")])
+def test_an_hf_config_with_a_number_written_as_text_names_the_key(tmp_path, key, value):
+    """config.json with `"vocab_size": "512"` loaded (the string read as a count), a file that
+    transformers cannot load: JSON has numbers, so text is a writer's mistake, named."""
+    from cgpt.errors import LoadError
+    from cgpt.model.hf import config_from_hf
+
+    cfg = {"model_type": "gpt2", "n_layer": 2, "n_embd": 16, "n_head": 2, "vocab_size": 512,
+           "n_positions": 32, "activation_function": "gelu", key: value}
+    with pytest.raises(LoadError, match=rf"key '{key}' is the string '{value}', not a number"):
+        config_from_hf(cfg, tmp_path / "config.json")
+    config_from_hf({**cfg, key: float(value) if "e" in value else int(value)},
+                   tmp_path / "config.json")
