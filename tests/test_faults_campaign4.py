@@ -215,3 +215,78 @@ def test_an_hf_config_with_a_number_written_as_text_names_the_key(tmp_path, key,
         config_from_hf(cfg, tmp_path / "config.json")
     config_from_hf({**cfg, key: float(value) if "e" in value else int(value)},
                    tmp_path / "config.json")
+
+
+def _demo(tmp_path) -> Path:
+    d = tmp_path / "demo"
+    shutil.copytree(REPO / "notebooks" / "data" / "demo", d)
+    return d
+
+
+def test_a_log_value_that_is_not_a_number_is_named_with_its_line(tmp_path):
+    """`"tokens": [122880]` on one line of a run's metrics.jsonl ended read_curves in pandas'
+    `'<' not supported between instances of 'list' and 'int'`, with no file."""
+    import json
+
+    import analysis as A
+
+    d = _demo(tmp_path)
+    log = d / "tiny-13k_d269k_s0" / "metrics.jsonl"
+    rows = [json.loads(x) for x in log.read_text().splitlines()]
+    rows[2]["tokens"] = [rows[2]["tokens"]]
+    log.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(ValueError, match=r"metrics.jsonl, line 3: 'tokens' is \[\d+\], not a "):
+        A.read_curves(d)
+
+
+def test_a_bad_mup_cell_names_results_csv(tmp_path):
+    import analysis as A
+
+    d = _demo(tmp_path)
+    text = (d / "results.csv").read_text().splitlines()
+    col = text[0].split(",").index("mup")
+    cells = text[1].split(",")
+    cells[col] = "maybe"
+    (d / "results.csv").write_text("\n".join([text[0], ",".join(cells), *text[2:]]) + "\n")
+    with pytest.raises(ValueError, match=r"results.csv: column 'mup': cannot read 'maybe'"):
+        A.load_results(d)
+
+
+@pytest.mark.parametrize("edit, named", [
+    (lambda s: s.pop("seq_len"), r"summary.json: 'seq_len' is missing, not a positive whole"),
+    (lambda s: s.update(seq_len="long"), r"summary.json: 'seq_len' is 'long', not a positive"),
+    (lambda s: s.update(batch_size=0), r"summary.json: 'batch_size' is 0, not a positive"),
+])
+def test_noise_table_names_a_summary_count_it_cannot_use(tmp_path, edit, named):
+    """A summary.json without seq_len ended gns.noise_table in `KeyError: 'seq_len'`; a text
+    seq_len in int()'s message, without the file."""
+    import json
+
+    from analysis import gns
+
+    d = tmp_path / "cb"
+    shutil.copytree(REPO / "notebooks" / "data" / "critical_batch", d)
+    p = d / "tiny-30k_d597k_s0" / "summary.json"
+    s = json.loads(p.read_text())
+    edit(s)
+    p.write_text(json.dumps(s))
+    with pytest.raises(ValueError, match=named):
+        gns.noise_table(d)
+
+
+def test_noise_table_names_the_run_whose_noise_estimate_is_unusable(tmp_path):
+    """A run whose |G|^2 estimates are all negative: the error did not say which of the sweep's
+    runs it was."""
+    import json
+
+    from analysis import gns
+
+    d = tmp_path / "cb"
+    shutil.copytree(REPO / "notebooks" / "data" / "critical_batch", d)
+    log = d / "tiny-30k_d597k_s0" / "metrics.jsonl"
+    rows = [json.loads(x) for x in log.read_text().splitlines()]
+    log.write_text("".join(json.dumps({**r, "gns_g2": -abs(r.get("gns_g2") or 1.0)}) + "\n"
+                           for r in rows))
+    with pytest.raises(ValueError, match=r"tiny-30k_d597k_s0/metrics.jsonl \(run "
+                                         r"tiny-30k_d597k_s0\): the mean \|G\|\^2"):
+        gns.noise_table(d)
