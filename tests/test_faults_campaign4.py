@@ -290,3 +290,22 @@ def test_noise_table_names_the_run_whose_noise_estimate_is_unusable(tmp_path):
     with pytest.raises(ValueError, match=r"tiny-30k_d597k_s0/metrics.jsonl \(run "
                                          r"tiny-30k_d597k_s0\): the mean \|G\|\^2"):
         gns.noise_table(d)
+
+
+@pytest.mark.parametrize("argv, named", [
+    (["--model", "13B", "--mode", "layer_pipelined", "--mesh", "stage=1000000"],
+     "--mesh stage=1000000 does not divide n_layer=40"),
+    (["--model", "tiny-17k", "--batch", "8", "--micro-batches", "1000000000"],
+     "train.micro_batches=1000000000 (--micro-batches) sets a layer_pipelined run's"),
+    (["--model", "tiny-17k", "--mode", "data_parallel", "--micro-batches", "2"],
+     "but this run is data_parallel"),
+])
+def test_the_analytic_plan_refuses_a_pipeline_it_could_not_build(capsys, argv, named):
+    """`plan --no-compile` answered `fits: true` (bubble 99.99%) for a million pipeline stages
+    of a 40-layer model, and dropped --micro-batches without a word where the mode was not
+    layer_pipelined: only the compiled path (the strategy) checked either."""
+    from cgpt.plan.command import main
+
+    assert main([*argv, "--no-compile", "--json"]) == 2
+    err = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
+    assert len(err) == 1 and named in err[0], err

@@ -21,6 +21,15 @@ MESH_AXES: dict[str, tuple[str, ...]] = {"data_parallel": ("data",),
 SHARDED_MODES = ("data_parallel", "weight_streaming", "layer_pipelined", "auto")
 
 
+def check_stages(n_layer: int, stages: int) -> None:
+    """layer_pipelined splits the layers into equal contiguous stages: `stages` must divide
+    n_layer (so no stage is empty and none holds more layers than another)."""
+    if n_layer % stages:
+        divisors = [s for s in range(1, n_layer + 1) if n_layer % s == 0]
+        raise ValueError(f"--mesh stage={stages} does not divide n_layer={n_layer}; "
+                         f"layer_pipelined needs equal stages, use a stage size in {divisors}")
+
+
 def mesh_size(spec: str) -> int:
     """Devices a `--mesh` spec asks for (the product of its sizes), checking only its syntax."""
     n = 1

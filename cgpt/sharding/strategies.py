@@ -25,7 +25,8 @@ from cgpt.config.recipe import published_defaults
 from cgpt.sharding.auto import placement
 from cgpt.sharding.mesh import build_mesh, device_memory_bytes, maybe_initialize_distributed
 from cgpt.sharding.pipeline import bubble_fraction, pipelined_loss
-from cgpt.sharding.axes import HOST_OFFLOAD_REMOVED, SHARDED_MODES, batch_axes as ws_batch_axes
+from cgpt.sharding.axes import (HOST_OFFLOAD_REMOVED, SHARDED_MODES, batch_axes as ws_batch_axes,
+                                check_stages)
 from cgpt.sharding.nodes import node_axes, weight_axes
 from cgpt.sharding.rules import (DATA_PARALLEL, LAYER_PIPELINED, WEIGHT_STREAMING, Rules,
                                  Unsharded, logical_to_spec, with_rule)
@@ -334,11 +335,7 @@ class LayerPipelined(Sharded):
     def __init__(self, cfg: ModelConfig, mesh, micro_batches: int | None = None,
                  mesh_reason: str = "given by --mesh"):
         self.stages = mesh.shape.get("stage", 1)
-        if cfg.n_layer % self.stages:
-            divisors = [s for s in range(1, cfg.n_layer + 1) if cfg.n_layer % s == 0]
-            raise ValueError(f"--mesh stage={self.stages} does not divide n_layer="
-                             f"{cfg.n_layer}; layer_pipelined needs equal stages, use a stage "
-                             f"size in {divisors}")
+        check_stages(cfg.n_layer, self.stages)
         super().__init__(cfg, mesh, ("data",), mesh_reason)
         self.micro_batches = micro_batches
         self.loss = pipelined_loss(cfg, mesh, self.micro_batches_for, self.constrain)

@@ -21,7 +21,7 @@ from cgpt.config.run import RunConfig
 from cgpt.errors import TrainError
 from cgpt.sharding.auto import placement
 from cgpt.sharding.cost import hardware_for
-from cgpt.sharding.axes import HOST_OFFLOAD_REMOVED, replica_axes
+from cgpt.sharding.axes import HOST_OFFLOAD_REMOVED, check_stages, replica_axes
 
 
 @dataclass(frozen=True)
@@ -95,6 +95,20 @@ def _check_split(batch: int, micro: int, replicas: int) -> None:
                          f"{micro} x {replicas} replicas")
 
 
+def _check_pipeline(mode: str, mesh: dict, model: ModelConfig, micro_batches: int | None) -> None:
+    """Before anything is placed or planned: the stages of a pipeline divide the layers, and
+    train.micro_batches (a pipeline's) is never ignored by another mode."""
+    if mode == "layer_pipelined":
+        try:
+            check_stages(model.n_layer, mesh.get("stage", 1))
+        except ValueError as e:
+            raise TrainError(str(e)) from None
+    elif micro_batches is not None:
+        raise TrainError(f"train.micro_batches={micro_batches} (--micro-batches) sets a "
+                         f"layer_pipelined run's micro-batches, but this run is {mode}; leave it "
+                         "out, or use --mode layer_pipelined")
+
+
 def recipe_of(run: RunConfig) -> tuple[int, Recipe]:
     """(token budget, recipe): the published defaults under the run's train.* values."""
     cfg, t, seq = run.model, run.train, run.data.seq_len
@@ -155,6 +169,8 @@ def resolve(run: RunConfig, devices: int | Sequence | None = None, *, platform: 
                 hardware=hardware_for(platform, kind, devices // max(1, nodes)), ranking=ranking)
         except ValueError as e:
             raise TrainError(str(e)) from None
+    if devices is not None:
+        _check_pipeline(mode, mesh, model, t.micro_batches)
     axes = replica_axes(mode, mesh, recipe.batch_size, t.micro_batch) if mesh else ()
     replicas = math.prod(mesh[a] for a in axes)
     _check_split(recipe.batch_size, 1, replicas)
