@@ -33,6 +33,7 @@ import pandas as pd
 
 from analysis import finished, fit_schedule_law, load_results, read_schedule_curves
 from analysis.results import locate_run
+from analysis.schedule_law import PARAMS as PARAMS_OF
 from cgpt import rundir
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,14 +67,29 @@ def lrs(kind: str, steps: int = 300, warm: int = 30, frac: float = 0.2,
     return eta
 
 
-def simulate(reps: int, forms: list[str], n_boot: int) -> None:
+def simulate(reps: int, forms: list[str], n_boot: int, steps: int = 300, sd: float = 0.01,
+             lag1: float = 0.5, shared: float = 0.0) -> None:
+    """`reps` studies per form: curves drawn from the law with random parameters plus noise of
+    standard deviation `sd` (AR(1), lag-1 correlation `lag1`), of which the fraction `shared`
+    of the variance is one series common to every run of a study (cgpt's runs of one seed
+    read the same batches, so most of their step-to-step noise is shared: 97-99% measured)."""
     from analysis.schedule_law import _curve, _features
     rng = np.random.default_rng(0)
-    held = {"cosine": lrs("cosine"), "linear": lrs("linear"), "wsd10": lrs("wsd", frac=0.1)}
-    fitted = {"constant": lrs("constant"), "wsd20": lrs("wsd")}
+    warm = 30
+    held = {"cosine": lrs("cosine", steps, warm), "linear": lrs("linear", steps, warm),
+            "wsd10": lrs("wsd", steps, warm, frac=0.1)}
+    fitted = {"constant": lrs("constant", steps, warm), "wsd20": lrs("wsd", steps, warm)}
     t0 = time.time()
+
+    def ar1(n):
+        e, z = np.zeros(n), rng.standard_normal(n)
+        for i in range(n):
+            e[i] = lag1 * (e[i - 1] if i else 0.0) + np.sqrt(1 - lag1 ** 2) * z[i]
+        return e
+
     for form in forms:
         err, cover = {k: [] for k in held}, {k: [] for k in held}
+        recovered = []
         for _ in range(reps):
             p = [rng.uniform(2, 3.5), rng.uniform(1, 3), rng.uniform(0.3, 0.7)]
             p += [rng.uniform(0.002, 0.006)] if form == "tissue" else [
@@ -84,20 +100,24 @@ def simulate(reps: int, forms: list[str], n_boot: int) -> None:
                 y = _curve(form, np.array(p), _features(eta, np.arange(eta.size), 0.999))
                 y[0] = y[1]
                 return y
+            common = ar1(steps)
             rows = []
             for name, eta in fitted.items():
-                e = np.zeros(eta.size)
-                z = 0.01 * rng.standard_normal(eta.size)
-                for i in range(eta.size):
-                    e[i] = 0.5 * (e[i - 1] if i else 0.0) + np.sqrt(1 - 0.25) * z[i]
+                e = sd * (np.sqrt(shared) * common + np.sqrt(1 - shared) * ar1(steps))
                 rows.append(pd.DataFrame({"run_id": name, "step": np.arange(1, eta.size + 1),
                                           "lr": eta, "loss": law(eta) + e}))
             fit = fit_schedule_law(pd.concat(rows), form, n_boot=n_boot, max_points=150)
+            got = [fit.params[k] for k in PARAMS_OF[form]]
+            recovered.append(np.abs(np.array(got) / np.array(p) - 1))
             for k, eta in held.items():
                 want = law(eta)[-rundir.train_loss_window(eta.size):].mean()
                 est, lo, hi = fit.final_loss(eta)
                 err[k].append(est / want - 1)
                 cover[k].append(lo <= want <= hi)
+        rel = np.median(np.array(recovered), axis=0)
+        print(f"{form}: {steps} steps, noise sd {sd:g} (lag-1 {lag1:g}, {shared:.0%} shared); "
+              "median |relative error| of the parameters: " +
+              ", ".join(f"{k} {v:.0%}" for k, v in zip(PARAMS_OF[form], rel)))
         for k in held:
             e = np.array(err[k])
             print(f"{form:10s} {k:7s}: median error {np.median(e):+.3%}, median |error| "
@@ -117,9 +137,15 @@ def main() -> None:
                     help="fit from this fraction of each run (default: the end of warmup)")
     ap.add_argument("--simulate", type=int, default=0, metavar="R",
                     help="R simulated studies per form instead of the runs")
+    ap.add_argument("--steps", type=int, default=300, help="--simulate: steps per run")
+    ap.add_argument("--noise", type=float, default=0.01, help="--simulate: noise sd per step")
+    ap.add_argument("--lag1", type=float, default=0.5, help="--simulate: noise lag-1 corr.")
+    ap.add_argument("--shared", type=float, default=0.0,
+                    help="--simulate: fraction of the noise variance common to a study's runs")
     args = ap.parse_args()
     if args.simulate:
-        return simulate(args.simulate, args.forms.split(","), min(args.n_boot, 50))
+        return simulate(args.simulate, args.forms.split(","), min(args.n_boot, 50), args.steps,
+                        args.noise, args.lag1, args.shared)
     fit_on = args.fit.split(",")
     df = finished(load_results(args.sweep))
     df = df.assign(schedule=df["run_id"].map(schedule_of))
