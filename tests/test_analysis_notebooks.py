@@ -177,3 +177,15 @@ def test_06_critical_batch_on_the_committed_sweep(kernel, tmp_path, monkeypatch)
     assert "exponent of D:" in text and "exponent of target:" in text
     assert "column 'N' takes one value" in text and "collinear" in text
     assert "exponent of N:" in text            # the simulated N-D grid
+
+
+def test_08_schedule_endpoints_on_real_sweeps(kernel, monkeypatch):
+    """notebooks/data/endpoints: real runs of sweeps/endpoints_wsd.yaml (WSD + branches) and
+    sweeps/endpoints_cosine.yaml (the cosine endpoints the predictions are judged against)."""
+    text, images = run("08_schedule_endpoints.ipynb", kernel, {"CGPT_N_BOOT": "20"}, monkeypatch)
+    assert images >= 1
+    assert re.search(r"9 cosine runs: the recipe's LRs equal the logged ones to \d\.\de-\d\d", text)
+    assert re.search(r"predicted cosine endpoints: max \|error\| [\d.]+%", text)
+    assert text.count("from trained endpoints: ") == 1 and "from predicted endpoints: " in text
+    assert "the two laws on the nine (N, D): max |difference|" in text
+    assert re.search(r"WSD runs \+ branches: [\d.e+]+ FLOPs \(9 runs\): \d+% saved", text)
