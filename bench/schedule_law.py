@@ -10,7 +10,8 @@ holds the observed value, `curve` the mean |pred / observed - 1| over the steps 
 (observed: a centred 9-step rolling mean). Target (issue 41): |err| <= max(0.5%, the seed
 scatter: the standard deviation of the cosine seeds' final losses over their mean).
 
-    python bench/schedule_law.py                                # ~1 min
+    python bench/schedule_law.py                                # ~4 min at load 6-9
+    python bench/schedule_law.py --diagnose 6                   # why it misses, ~2 min
     python bench/schedule_law.py --sweep runs/schedules --fit constant,wsd_1sqrt20
     python bench/schedule_law.py --simulate 20                  # the intervals on known laws
 
