@@ -33,7 +33,7 @@ import pandas as pd
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from analysis import PowerLaw  # noqa: E402
-from analysis.compare import compare  # noqa: E402
+from analysis.multiplier import compare  # noqa: E402
 from analysis.simulate import recipe_ladders  # noqa: E402
 
 LAWS = {"cerebras": (PowerLaw.from_scale(5.984e22, 0.0737, 0.5066), (2.6e18, 2.3e22)),

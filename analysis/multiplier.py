@@ -83,9 +83,16 @@ class Comparison:
     method: str
     boot: pd.DataFrame
     u_ref: float
-    n_a: int
-    n_b: int
+    points: tuple  # (compute, loss) of A, then of B: the runs fitted
     names: tuple[str, str] = ("A", "B")
+
+    @property
+    def n_a(self) -> int:
+        return self.points[0][0].size
+
+    @property
+    def n_b(self) -> int:
+        return self.points[1][0].size
 
     def multiplier_at(self, C) -> np.ndarray:
         """m(C) of the fitted laws (the point estimate), at each compute C."""
@@ -265,7 +272,7 @@ def compare(runs_a, runs_b, at: float | None = None, *, exponent: str = "separat
     out = Comparison(law_a=law(la, ba, ca, names[0]), law_b=law(lb, bb, cb, names[1]), at=at,
                      multiplier=float("nan"), lo=float("nan"), hi=float("nan"), level=level,
                      exponent=exponent, asymptote=asymptote, method=method, boot=boot,
-                     u_ref=u_ref, n_a=xa.size, n_b=xb.size, names=tuple(names))
+                     u_ref=u_ref, points=((xa, ya), (xb, yb)), names=tuple(names))
     lo, hi = out.interval(at)
     return Comparison(**{**out.__dict__, "multiplier": float(out.multiplier_at(at)),
                          "lo": float(lo[0]), "hi": float(hi[0])})
