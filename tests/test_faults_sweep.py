@@ -342,3 +342,34 @@ def test_sweep_parallel_below_one_is_refused(tmp_path, capsys, n):
     path.write_text(yaml.safe_dump(BASE))
     assert f"--parallel {n}" in _one_line_error(
         capsys, ["sweep", str(path), "--dry-run", "--no-fit", f"--parallel={n}"])
+
+
+def _launch_env() -> dict:
+    return {**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu"}
+
+
+def test_a_sweep_worker_starts_without_a_runpy_warning():
+    """The worker was run as `python -m cgpt.sweep.worker`, a second copy (`__main__`) of a
+    module its package had imported: every worker printed `<frozen runpy>:128: RuntimeWarning:
+    'cgpt.sweep.worker' found in sys.modules ...`, which a user reads as an error. The sweep's
+    own launcher, with no jobs (slow twin: a whole sweep)."""
+    p = subprocess.run([sys.executable, "-c", executors._LAUNCH, "", str(os.getpid()), "",
+                        "cgpt.sweep.worker", "--report"], input="[]", capture_output=True,
+                       text=True, timeout=300, env=_launch_env(), cwd=REPO)
+    assert p.returncode == 0 and p.stdout == "", (p.stdout, p.stderr)
+    assert "Warning" not in p.stderr, p.stderr
+
+
+@pytest.mark.slow  # a whole sweep (two runs, two workers); twin: the launcher above
+def test_a_sweep_prints_no_runpy_warning(tmp_path):
+    from tests.sweep_helpers import make_spec
+
+    spec = make_spec(tmp_path, "quiet", {"model": ["tiny-17k"], "seed": [0, 1]},
+                     base={"train": {"tokens": 2560}})
+    p = subprocess.run([sys.executable, "-m", "cgpt", "sweep", str(spec), "--out",
+                        str(tmp_path / "sw"), "--parallel", "2", "--no-fit"],
+                       capture_output=True, text=True, timeout=1200, env=_launch_env(),
+                       cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-3000:]
+    logs = "".join(f.read_text() for f in (tmp_path / "sw").rglob("train.log"))
+    assert "RuntimeWarning" not in p.stdout + p.stderr + logs, p.stderr
