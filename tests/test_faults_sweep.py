@@ -373,3 +373,21 @@ def test_a_sweep_prints_no_runpy_warning(tmp_path):
     assert p.returncode == 0, p.stderr[-3000:]
     logs = "".join(f.read_text() for f in (tmp_path / "sw").rglob("train.log"))
     assert "RuntimeWarning" not in p.stdout + p.stderr + logs, p.stderr
+
+
+@pytest.mark.parametrize("key, value, fix", [
+    ("flops", 1e40, r"give grid.flops at most 1.38e\+16 for this model"),  # 6 N x 1.37e11
+    ("tokens_per_param", 1e40, r"give grid.tokens_per_param at most 8.16e\+06 for"),
+    ("tokens", 1e40, r"give grid.tokens at most 1.37e\+11 for this model")])
+def test_a_grid_budget_beyond_any_run_names_its_grid_key(tmp_path, capsys, key, value, fix):
+    """The token budget the grid set was refused as `train.tokens=9.9e+34 ...`, a key the
+    spec does not have."""
+    spec = tmp_path / "absurd.yaml"
+    spec.write_text(yaml.safe_dump({
+        "name": "absurd", "base": {"preset": "tiny-17k", "data": {"vocab_size": 512,
+                                                                  "seq_len": 16},
+                                   "train": {"batch_size": 4, "tokens": 640}},
+        "grid": {"model": ["tiny-17k"], key: [value]}}))
+    line = _one_line_error(capsys, ["sweep", str(spec), "--dry-run", "--no-fit"])
+    assert f"{spec}: grid.{key} entry 1e+40 gives model tiny-17k (16,832 parameters)" in line
+    assert re.search(fix, line) and "train.tokens" not in line, line
