@@ -213,7 +213,7 @@ def execute_run(job: Job) -> dict:
     lock = rundir.area(d).resolve(d / rundir.LOCK_FILE, "lock and write a pid into")
     cmd = [sys.executable, "-c", _LAUNCH, str(lock) if rank == 0 else "",
            str(os.getpid()), ",".join(map(str, cpus)), "cgpt", *train_argv(job)]
-    t0 = time.time()
+    t0 = time.monotonic()
     with rundir.area(d).append(log) as f:
         where = (f" [cpus {','.join(map(str, cpus))}]" if cpus else "") + (
             f" [CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']}]"
@@ -238,10 +238,12 @@ def await_requeue(rc: int | None) -> None:
 
 def outcome(job: Job, rc: int | None, t0: float, log: Path) -> dict:
     """One run's result once its process (or in-process job) ended with `rc`, from its
-    directory; a failure writes failed.json (unless the job wrote its own: a fused member's)."""
+    directory; a failure writes failed.json (unless the job wrote its own: a fused member's).
+    `t0`: time.monotonic() at the job's start (every duration and deadline of the sweep is
+    monotonic: a wall clock stepped by NTP or a resumed VM would make it negative or a day)."""
     d = Path(job.run_dir)
     res = {"run_id": job.run_id, "returncode": rc, "error": "",
-           "seconds": round(time.time() - t0, 1)}
+           "seconds": round(time.monotonic() - t0, 1)}
     if (d / rundir.SUMMARY_FILE).exists():
         return {**res, "status": "done"}
     if _stopping.is_set() or rc in (130, -signal.SIGINT) or rc in SIGNAL_EXITS:
@@ -315,8 +317,8 @@ class RunTask:
             with rundir.area(d).append(d / rundir.log_name(proc_rank())) as f:
                 f.write(f"==== cgpt sweep {time.strftime('%Y-%m-%d %H:%M:%S')}: the scheduler's "
                         f"signal: checkpoint, waiting up to {grace:.0f} s, then requeue\n")
-            deadline = time.time() + grace
-            while time.time() < deadline and not _child_exited(proc.pid):
+            deadline = time.monotonic() + grace
+            while time.monotonic() < deadline and not _child_exited(proc.pid):
                 try:
                     proc.send_signal(signal.SIGUSR1)
                 except ProcessLookupError:
@@ -333,10 +335,10 @@ def stop_local(grace_s: float = 20.0) -> None:
     for p in procs:
         if p.poll() is None:
             p.send_signal(signal.SIGINT)
-    deadline = time.time() + grace_s
+    deadline = time.monotonic() + grace_s
     for p in procs:
         try:
-            p.wait(timeout=max(0.1, deadline - time.time()))
+            p.wait(timeout=max(0.1, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             p.kill()
 

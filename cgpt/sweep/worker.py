@@ -90,7 +90,7 @@ def execute_group(job: Job) -> dict:
              "error": f"parent {job.branch_from} did not produce its checkpoint"}
             for m in members]}
     log = Path(job.run_dir) / rundir.LOG_FILE
-    t0 = time.time()
+    t0 = time.monotonic()
     extra, cpus = device_share(*job.pin) if job.pin else ({}, [])
     where = (f" [cpus {','.join(map(str, cpus))}]" if cpus else "") + "".join(
         f" [{k}={v}]" for k, v in extra.items()) + slurm_tag()
@@ -152,7 +152,7 @@ def run_one_process(jobs: list[Job], finished, pin: tuple = ()) -> None:
                     _live.pop(key, None)
             if pending and not _stopping.is_set() and rc not in (130, -signal.SIGINT):
                 job = pending.pop(0)  # the one it was training when it died
-                res = [outcome(m, rc or 1, time.time(), Path(job.run_dir) / rundir.LOG_FILE)
+                res = [outcome(m, rc or 1, time.monotonic(), Path(job.run_dir) / rundir.LOG_FILE)
                        for m in list(job.members) or [job]]
                 finished(res[0] if not job.members else
                          {"run_id": job.run_id, "status": "failed", "members": res})
@@ -262,7 +262,7 @@ def run_job(job: Job, redirect: bool, note: str = "") -> list[dict]:
     """Train one job here: lock its run directories, train, release; one result per run.
     `note`: a line for the job's train.log after its header (its compile-ahead)."""
     members = list(job.members) or [job]
-    log, t0, locks = Path(job.run_dir) / rundir.LOG_FILE, time.time(), []
+    log, t0, locks = Path(job.run_dir) / rundir.LOG_FILE, time.monotonic(), []
     try:
         for m in members:
             try:  # a run directory the path rule refuses (`cgpt.paths`): this job fails
