@@ -87,7 +87,8 @@ def run_cell(cell: dict, reps: int, n_boot: int) -> list[dict]:
         rows.append({**cell, "setting": name,
                      "bias": float(np.exp(np.median(lr)) - 1),
                      "cover": float(np.mean((r[ok, 1] <= m) & (m <= r[ok, 2]))),
-                     "width": float(np.nanmedian(np.where(r[ok, 1] > 0, r[ok, 2] / r[ok, 1], np.inf))),
+                     "width": float(np.nanmedian(
+                         np.where(r[ok, 1] > 0, r[ok, 2] / r[ok, 1], np.inf))),
                      "inf": float(np.mean(np.isinf(r[ok, 0]))),
                      "refused": float(1 - ok.mean())})
     return rows

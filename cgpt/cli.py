@@ -74,6 +74,9 @@ def build_run(args):
     if args.tokens is not None:
         flags.append(f"train.tokens={args.tokens}")
     if args.data is not None:
+        if not args.data.strip():
+            raise ValueError(f"--data {args.data!r}: empty; give a folder or file of text, a "
+                             "prepared store, or hf:<dataset> (is a shell variable unset?)")
         flags.append(f"data.source={args.data}")
     if args.mode is not None:
         flags.append(f"train.mode={args.mode}")

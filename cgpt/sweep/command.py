@@ -7,11 +7,12 @@ import re
 import sys
 from pathlib import Path
 
-from cgpt import stop
+from cgpt import rundir, stop
+from cgpt.paths import check_destination
 from cgpt.sweep import compare
 from cgpt.sweep.fitcheck import fit_results, print_fit
 from cgpt.sweep.groups import fit_groups, plan_groups, print_groups
-from cgpt.sweep.launch import EXECUTORS, ON_CHANGE, launch, print_table
+from cgpt.sweep.launch import EXECUTORS, ON_CHANGE, check_identity, launch, print_table
 from cgpt.sweep.resources import print_resources
 from cgpt.sweep.spec import load_sweep, select
 from cgpt.sweep.suggest import print_suggestions
@@ -104,6 +105,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         raise ValueError(f"{', '.join(given)}: only with --suggest K")
     spec, sets = split_spec_and_sets(args)
     sweep = load_sweep(spec, sets)
+    if args.out is not None:
+        check_destination(args.out, "--out")  # "" is refused, never read as the default
     out = Path(args.out or f"runs/sweeps/{sweep.name}")
     if args.suggest is not None:
         if args.suggest < 1:
@@ -133,6 +136,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                 print_fit(runs, results)
             if note:
                 print(note)
+        if out.is_dir() and args.on_change == "error":  # what the launch would refuse
+            check_identity(sweep, [r for r in runs if rundir.state(out / r.run_id) != "running"],
+                           out, "error")
         return 0
     return launch(sweep, out, parallel=args.parallel, executor=args.executor, only=args.only,
                   on_change=args.on_change, fuse=not args.no_fuse,
