@@ -8,6 +8,7 @@ import math
 import warnings
 from pathlib import Path
 
+import analysis  # its names load on first use (PEP 562): pandas and scipy only when run
 from cgpt import rundir, stop
 
 PLOT = "compare_{a}.png"   # written in DIR_B, beside its own report's scaling.png
@@ -59,8 +60,6 @@ def _sweep_dir(path: str, flag: str) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
-    import analysis  # pandas/scipy/matplotlib: only for this command
-
     a, b = _sweep_dir(args.dir_a, "DIR_A"), _sweep_dir(args.dir_b, "DIR_B")
     if args.at is not None and not (math.isfinite(args.at) and args.at > 0):
         raise ValueError(f"--at {args.at}: the compute to compare at, in FLOPs (> 0), e.g. 1e12")
