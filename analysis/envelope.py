@@ -68,7 +68,14 @@ def read_curves(sweep_dir: str | Path, *, metric: str = "loss", flops: str = "co
     for r in df.itertuples():
         why = f"approach 1 needs each run's training curve (results.csv row {r.Index})"
         log = locate_run(df, r, rundir.METRICS_FILE, why) / rundir.METRICS_FILE
-        m = pd.DataFrame(rundir.read_metrics(log))
+        recs = rundir.read_metrics(log)
+        for i, rec in enumerate(recs, 1):  # a number per line: a list or text fails in sorting
+            for k in ("tokens", metric):
+                v = rec.get(k)
+                if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+                    raise ValueError(f"{log}, line {i}: {k!r} is {v!r}, not a number; fix or "
+                                     "delete that line")
+        m = pd.DataFrame(recs)
         if metric not in m or "tokens" not in m:
             raise ValueError(f"{log}: needs columns 'tokens' and {metric!r}")
         m = m[["tokens", metric]].dropna().sort_values("tokens")

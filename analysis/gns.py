@@ -76,19 +76,34 @@ def noise_table(sweep_dir: str | Path, *, late: float = 0.5, flops: str = "count
     for r, n, c in zip(df.itertuples(), n_params(df, params), compute(df, flops)):
         d = locate_run(df, r, rundir.METRICS_FILE, "so no noise scale for this run")
         noise, summary = read_noise(d), rundir.read_summary(d)
+        seq_len, batch = (_count(summary, k, d) for k in ("seq_len", "batch_size"))
         b_simple = summary.get("gns_b_simple")  # null: not finite at the end
         tail = noise[noise["step"] >= (1 - late) * noise["step"].max()]
-        b_crit = critical_batch(noise, late)
+        try:
+            b_crit = critical_batch(noise, late)
+        except ValueError as e:  # which run's log, of the sweep's many
+            raise ValueError(f"{d / rundir.METRICS_FILE} (run {r.run_id}): {e}") from None
         rows.append({"run_id": r.run_id, "model": r.model, "N": n, "C": c,
                      "D": float(r.tokens), "val_loss": r.val_loss,
                      "late_loss": float(tail["loss"].mean()),
                      "b_simple": np.nan if b_simple is None else float(b_simple),
-                     "b_crit": b_crit, "seq_len": int(summary["seq_len"]),
-                     "b_crit_tokens": b_crit * int(summary["seq_len"]),
-                     "batch_size": int(summary["batch_size"])})
+                     "b_crit": b_crit, "seq_len": seq_len, "b_crit_tokens": b_crit * seq_len,
+                     "batch_size": batch})
     if not rows:
         raise ValueError(f"{src}: no finished runs to read the noise scale from")
     return pd.DataFrame(rows)
+
+
+def _count(summary: dict, key: str, run_dir: Path) -> int:
+    """summary.json's `key`, a positive whole number (the noise scale in tokens needs it)."""
+    v = summary.get(key)
+    if isinstance(v, float) and v.is_integer():
+        v = int(v)
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise ValueError(f"{Path(run_dir) / rundir.SUMMARY_FILE}: {key!r} is "
+                         f"{'missing' if key not in summary else repr(v)}, not a positive whole "
+                         f"number; restore it from the run's {rundir.CONFIG_FILE}")
+    return v
 
 
 def fit_critical_batch(table: pd.DataFrame, against: str = "loss", *, tokens: bool = True,

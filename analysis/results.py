@@ -66,7 +66,10 @@ def load_results(path: str | Path, finished_only: bool = False) -> pd.DataFrame:
         except (ValueError, TypeError) as e:
             raise ValueError(f"{csv}: column '{col}' must be numeric ({e})") from None
     _check_rows(df, csv)
-    df["mup"] = df["mup"].map(_as_bool)
+    try:
+        df["mup"] = df["mup"].map(_as_bool)
+    except ValueError as e:
+        raise ValueError(f"{csv}: {e}") from None
     df.attrs["source"] = str(csv)
     return finished(df) if finished_only else df
 

@@ -107,8 +107,12 @@ def check_destination(out: str, flag: str) -> None:
     """Refuse an output directory no run should fill (`flag`: the option that named it): a `~`
     the shell did not expand (it would make a folder named `~` here), the filesystem root,
     the home directory itself, or a path that is not UTF-8 (bytes the locale cannot decode).
-    A ValueError naming what was typed and the fix."""
+    A ValueError naming what was typed and the fix. An empty or blank value (an unset shell
+    variable, `--out "$OUT"`) is refused too, never read as the default."""
     text = str(out)
+    if not text.strip():
+        raise ValueError(f"{flag} {text!r}: empty; give a directory (is a shell variable unset?), "
+                         f"or leave {flag} out for its default")
     check_utf8(text, flag)
     if text.startswith("~"):
         user, _, rest = text[1:].partition("/")

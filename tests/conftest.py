@@ -123,6 +123,8 @@ SLOW = {
         "no twin; the committed outputs: test_committed_with_outputs_and_in_sync",
     "test_analysis_notebooks.py::test_05_plan_next_runs_on_real_rounds":
         "no twin; the committed outputs: test_committed_with_outputs_and_in_sync",
+    "test_analysis_notebooks.py::test_07_compare_recipes_on_the_published_table_and_the_"
+    "committed_ladders": "no twin; the committed outputs: test_committed_with_outputs_and_in_sync",
     "test_analysis_notebooks.py::test_08_schedule_endpoints_on_real_sweeps":
         "test_analysis_schedule_endpoints.py (predict_endpoints on simulated truth); the "
         "committed outputs: test_committed_with_outputs_and_in_sync",

@@ -97,12 +97,24 @@ def _resolve_source(cfg: DataConfig, root: Path) -> _Source:
     return _Source(identity, cache(lambda: Corpus(cfg.source, column, cfg.split)))
 
 
+def _lock_file(path: Path):
+    """The lock file, opened for flock: another user's lock in a shared cache (mode 0644 under
+    umask 022) is opened read-only, which is all flock needs, so that user can train on the
+    stores it can read."""
+    try:
+        return open(path, "a")
+    except PermissionError:
+        if path.is_file():
+            return open(path)
+        raise
+
+
 @contextlib.contextmanager
 def _one_preparer(path: Path) -> Iterator[None]:
     """Hold an exclusive lock on `path`: of all processes (of every host sharing the cache
     directory) preparing the same source, one works and the others wait, then reuse its store."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as f:
+    with _lock_file(path) as f:
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -85,9 +85,13 @@ def config_from_hf(cfg: dict, path: Path, compute_dtype: str = "float32") -> Mod
         if key not in cfg and default is None:
             bad(key, "is missing")
         try:
-            return typed(key, cfg.get(key, default), (kind,), given=f"{path}: key {key!r}")
+            v = typed(key, cfg.get(key, default), (kind,), given=f"{path}: key {key!r}")
         except ValueError as e:
             raise LoadError(str(e)) from None
+        if isinstance(cfg.get(key), str):  # JSON has numbers: "512" is a writer's mistake
+            bad(key, f"is the string {cfg[key]!r}, not a number; write it without quotes "
+                "(transformers would read it as text too)")
+        return v
     try:
         return ModelConfig(
             name=str(cfg.get("_name_or_path") or path.name or "hf"), n_layer=value("n_layer"),

@@ -19,7 +19,7 @@ from etils import epath
 
 from cgpt import rundir
 from cgpt.config.model import ModelConfig
-from cgpt.data.tokenizer import load_checkpoint_tokenizer
+from cgpt.data.tokenizer import load_checkpoint_tokenizer, sha256 as tokenizer_sha256
 from cgpt.errors import CheckpointsChanged, LoadError
 from cgpt.model import orbax_quiet as quiet
 
@@ -120,6 +120,25 @@ def _config_mismatch(run_dir: Path, step: int, items: dict) -> str | None:
         else None
 
 
+def _check_run_tokenizer(run_dir: Path, tokenizer, cfg: ModelConfig) -> None:
+    """The run's tokenizer.json is the one it trained with: no id past the model's vocabulary,
+    and (a finished run) the hash summary.json recorded. A swapped file would load and then
+    encode every prompt with a tokenizer the model never saw."""
+    if tokenizer is None:
+        return
+    path = run_dir / rundir.TOKENIZER_FILE
+    n = tokenizer.get_vocab_size(with_added_tokens=True)
+    if n > cfg.vocab_size:
+        raise LoadError(f"{path}: {n:,} tokens, more than the model's vocab_size "
+                        f"{cfg.vocab_size:,}: not this run's tokenizer; restore the run's own")
+    data = (rundir.try_json(run_dir / rundir.SUMMARY_FILE) or {}).get("data")
+    want = data.get("tokenizer_sha256") if isinstance(data, dict) else None
+    if isinstance(want, str) and tokenizer_sha256(tokenizer) != want:
+        raise LoadError(f"{path}: not the tokenizer this run trained with (its sha256 differs "
+                        f"from data.tokenizer_sha256 in {rundir.SUMMARY_FILE}); restore the "
+                        "run's own tokenizer.json (its data store keeps a copy)")
+
+
 def load_run(run_dir: Path, compute_dtype: str = "float32"):
     """(ModelConfig, params, tokenizer) from the newest good checkpoint of a cgpt run."""
     from cgpt.model.gpt import init_params  # loads JAX: only when this runs
@@ -136,6 +155,7 @@ def load_run(run_dir: Path, compute_dtype: str = "float32"):
                                        if ckpts.exists() else "is missing")
                         + "; restore it (or train the run with --resume)")
     tokenizer = load_checkpoint_tokenizer(run_dir)
+    _check_run_tokenizer(run_dir, tokenizer, cfg)
     for _ in range(5):  # a run that is training may replace its checkpoints meanwhile
         try:
             mngr = manager(run_dir, create=False)  # reading only: never creates or deletes

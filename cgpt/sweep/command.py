@@ -7,10 +7,12 @@ import re
 import sys
 from pathlib import Path
 
-from cgpt import stop
+from cgpt import rundir, stop
+from cgpt.paths import check_destination
+from cgpt.sweep import compare
 from cgpt.sweep.fitcheck import fit_results, print_fit
 from cgpt.sweep.groups import fit_groups, plan_groups, print_groups
-from cgpt.sweep.launch import EXECUTORS, ON_CHANGE, launch, print_table
+from cgpt.sweep.launch import EXECUTORS, ON_CHANGE, check_identity, launch, print_table
 from cgpt.sweep.resources import print_resources
 from cgpt.sweep.spec import load_sweep, select
 from cgpt.sweep.suggest import print_suggestions
@@ -72,7 +74,9 @@ def register(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "sweep", help="launch a grid of training runs from a spec (resumable)",
         description="Expand a sweep spec into runs and train each as its own process. "
-        "Relaunching the same command skips finished runs and resumes interrupted ones.")
+        "Relaunching the same command skips finished runs and resumes interrupted ones. "
+        "`cgpt sweep compare DIR_A DIR_B [--at C]` compares two finished sweeps (the compute "
+        "multiplier of recipe B over A; --help there).")
     add_arguments(p)
     p.set_defaults(func=cmd_sweep)
     return p
@@ -101,6 +105,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         raise ValueError(f"{', '.join(given)}: only with --suggest K")
     spec, sets = split_spec_and_sets(args)
     sweep = load_sweep(spec, sets)
+    if args.out is not None:
+        check_destination(args.out, "--out")  # "" is refused, never read as the default
     out = Path(args.out or f"runs/sweeps/{sweep.name}")
     if args.suggest is not None:
         if args.suggest < 1:
@@ -130,6 +136,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                 print_fit(runs, results)
             if note:
                 print(note)
+        if out.is_dir() and args.on_change == "error":  # what the launch would refuse
+            check_identity(sweep, [r for r in runs if rundir.state(out / r.run_id) != "running"],
+                           out, "error")
         return 0
     return launch(sweep, out, parallel=args.parallel, executor=args.executor, only=args.only,
                   on_change=args.on_change, fuse=not args.no_fuse,
@@ -139,7 +148,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     """`python -m cgpt.sweep ...`, the same as `python -m cgpt sweep ...`: its process's edge
     (`cgpt.stop.edge`: a stop or an error is one line and an exit status)."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["compare"]:
+        return compare.main(argv[1:])
     ap = argparse.ArgumentParser(prog="cgpt sweep")
     add_arguments(ap)
-    args = ap.parse_args(sys.argv[1:] if argv is None else argv)
+    args = ap.parse_args(argv)
     return stop.edge("sweep", lambda: cmd_sweep(args))

@@ -64,7 +64,11 @@ class Job:
 # Launcher run as `python -c`: hold the run's lock for the whole training process (the fd is
 # inherited across exec), pin to its CPU share, ignore SIGUSR1/2 until train handles them (an
 # early time-limit signal must not kill it), die with the parent (PR_SET_PDEATHSIG, Linux)
-# so a killed sweep leaves no orphan writing the run dir, then exec the train entry point.
+# so a killed sweep leaves no orphan writing the run dir, then exec the entry point: `cgpt`
+# as `python -m cgpt` (its package installs the signal guard from the first statement),
+# another module (the sweep's worker) by importing it and calling its `main`. `python -m` ran
+# the worker as a second copy, `__main__`, of a module its package had already imported
+# (`cgpt.sweep` -> launch -> worker): runpy's RuntimeWarning in every worker's output.
 _LAUNCH = r"""
 import ctypes, fcntl, os, signal, sys
 lock_path, parent, cpus, argv = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4:]
@@ -86,7 +90,10 @@ except (OSError, AttributeError):
     pass
 if os.getppid() != parent:
     sys.exit("cgpt sweep: the sweep process exited before this run started")
-os.execv(sys.executable, [sys.executable, "-m", *argv])  # argv: module, then its args
+if argv[0] == "cgpt":  # argv: module, then its args
+    os.execv(sys.executable, [sys.executable, "-m", *argv])
+os.execv(sys.executable, [sys.executable, "-c", "import sys; from " + argv[0]
+                          + " import main; sys.exit(main())", *argv[1:]])
 """
 
 _live: dict[str, subprocess.Popen] = {}  # run_id -> process (this process's runs)
@@ -206,7 +213,7 @@ def execute_run(job: Job) -> dict:
     lock = rundir.area(d).resolve(d / rundir.LOCK_FILE, "lock and write a pid into")
     cmd = [sys.executable, "-c", _LAUNCH, str(lock) if rank == 0 else "",
            str(os.getpid()), ",".join(map(str, cpus)), "cgpt", *train_argv(job)]
-    t0 = time.time()
+    t0 = time.monotonic()
     with rundir.area(d).append(log) as f:
         where = (f" [cpus {','.join(map(str, cpus))}]" if cpus else "") + (
             f" [CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']}]"
@@ -231,10 +238,12 @@ def await_requeue(rc: int | None) -> None:
 
 def outcome(job: Job, rc: int | None, t0: float, log: Path) -> dict:
     """One run's result once its process (or in-process job) ended with `rc`, from its
-    directory; a failure writes failed.json (unless the job wrote its own: a fused member's)."""
+    directory; a failure writes failed.json (unless the job wrote its own: a fused member's).
+    `t0`: time.monotonic() at the job's start (every duration and deadline of the sweep is
+    monotonic: a wall clock stepped by NTP or a resumed VM would make it negative or a day)."""
     d = Path(job.run_dir)
     res = {"run_id": job.run_id, "returncode": rc, "error": "",
-           "seconds": round(time.time() - t0, 1)}
+           "seconds": round(time.monotonic() - t0, 1)}
     if (d / rundir.SUMMARY_FILE).exists():
         return {**res, "status": "done"}
     if _stopping.is_set() or rc in (130, -signal.SIGINT) or rc in SIGNAL_EXITS:
@@ -308,8 +317,8 @@ class RunTask:
             with rundir.area(d).append(d / rundir.log_name(proc_rank())) as f:
                 f.write(f"==== cgpt sweep {time.strftime('%Y-%m-%d %H:%M:%S')}: the scheduler's "
                         f"signal: checkpoint, waiting up to {grace:.0f} s, then requeue\n")
-            deadline = time.time() + grace
-            while time.time() < deadline and not _child_exited(proc.pid):
+            deadline = time.monotonic() + grace
+            while time.monotonic() < deadline and not _child_exited(proc.pid):
                 try:
                     proc.send_signal(signal.SIGUSR1)
                 except ProcessLookupError:
@@ -326,10 +335,10 @@ def stop_local(grace_s: float = 20.0) -> None:
     for p in procs:
         if p.poll() is None:
             p.send_signal(signal.SIGINT)
-    deadline = time.time() + grace_s
+    deadline = time.monotonic() + grace_s
     for p in procs:
         try:
-            p.wait(timeout=max(0.1, deadline - time.time()))
+            p.wait(timeout=max(0.1, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             p.kill()
 

@@ -72,6 +72,8 @@ def print_table(sweep: Sweep, out: Path | None, runs: list[Run], parallel: int =
     total_s = left_s = 0.0
     for r in runs:
         state = rundir.state(out / r.run_id) if out is not None else "new"
+        if state not in ("new", "running") and config_change(r, out):
+            state = "changed"  # trained with another config: the launch refuses or reruns it
         est = e.seconds(r.steps, r.flops, r.devices)
         total_s += est
         left_s += 0 if state in ("done", "running") else est
@@ -153,8 +155,9 @@ def _report(out: Path, n_done: int) -> None:
               f"{out / rundir.RESULTS_FILE})")
 
 
-def _check_identity(sweep: Sweep, runs: list[Run], out: Path, on_change: str) -> None:
-    """A run directory trained with another config is never reused silently."""
+def check_identity(sweep: Sweep, runs: list[Run], out: Path, on_change: str) -> None:
+    """A run directory trained with another config is never reused silently: an error (the
+    launch's and the dry run's), or with on_change 'rerun' moved aside (the launch only)."""
     changed = {r.run_id: config_change(r, out) for r in runs}
     changed = {k: v for k, v in changed.items() if v}
     if not changed:
@@ -233,7 +236,7 @@ def launch(sweep: Sweep, out: Path, parallel: int | None = None, executor: str =
     lock = SweepLock(out)
     try:
         states = {r.run_id: rundir.state(out / r.run_id) for r in runs}
-        _check_identity(sweep, [r for r in runs if states[r.run_id] != "running"], out, on_change)
+        check_identity(sweep, [r for r in runs if states[r.run_id] != "running"], out, on_change)
         cache = backend.compile_cache_dir() if compile_cache == "default" else compile_cache
         atomic_write_text(out / rundir.SWEEP_SPEC_FILE, yaml.safe_dump(
             {"spec": str(sweep.path), "name": sweep.name, "argv": sys.argv[1:],

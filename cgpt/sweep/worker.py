@@ -1,8 +1,9 @@
 """Training several jobs in one process: fused groups, and a local sweep's runs one after another.
 
-`python -m cgpt.sweep.worker [--report]` reads a JSON list of `Job`s on stdin and trains them
-in this one process, in order: a lone run as `cgpt train` would (`cgpt.train.loop.train`), a
-fused group with `cgpt.train.fused_loop.train_fused`. One interpreter start, one import of
+`main([--report])` (the sweep starts it with `python -c`, `executors._LAUNCH`) reads a JSON
+list of `Job`s on stdin and trains them in this one process, in order: a lone run as `cgpt
+train` would (`cgpt.train.loop.train`), a fused group with
+`cgpt.train.fused_loop.train_fused`. One interpreter start, one import of
 JAX and the model, compiled steps reused across same-shape jobs (and JAX's persistent
 compilation cache across processes, as before). Every run directory is locked while its job
 trains, and ends up as a `cgpt train` process would leave it: `train.log` (the job's output,
@@ -89,7 +90,7 @@ def execute_group(job: Job) -> dict:
              "error": f"parent {job.branch_from} did not produce its checkpoint"}
             for m in members]}
     log = Path(job.run_dir) / rundir.LOG_FILE
-    t0 = time.time()
+    t0 = time.monotonic()
     extra, cpus = device_share(*job.pin) if job.pin else ({}, [])
     where = (f" [cpus {','.join(map(str, cpus))}]" if cpus else "") + "".join(
         f" [{k}={v}]" for k, v in extra.items()) + slurm_tag()
@@ -151,7 +152,7 @@ def run_one_process(jobs: list[Job], finished, pin: tuple = ()) -> None:
                     _live.pop(key, None)
             if pending and not _stopping.is_set() and rc not in (130, -signal.SIGINT):
                 job = pending.pop(0)  # the one it was training when it died
-                res = [outcome(m, rc or 1, time.time(), Path(job.run_dir) / rundir.LOG_FILE)
+                res = [outcome(m, rc or 1, time.monotonic(), Path(job.run_dir) / rundir.LOG_FILE)
                        for m in list(job.members) or [job]]
                 finished(res[0] if not job.members else
                          {"run_id": job.run_id, "status": "failed", "members": res})
@@ -261,7 +262,7 @@ def run_job(job: Job, redirect: bool, note: str = "") -> list[dict]:
     """Train one job here: lock its run directories, train, release; one result per run.
     `note`: a line for the job's train.log after its header (its compile-ahead)."""
     members = list(job.members) or [job]
-    log, t0, locks = Path(job.run_dir) / rundir.LOG_FILE, time.time(), []
+    log, t0, locks = Path(job.run_dir) / rundir.LOG_FILE, time.monotonic(), []
     try:
         for m in members:
             try:  # a run directory the path rule refuses (`cgpt.paths`): this job fails

@@ -20,7 +20,8 @@ def fault(ctx, **f) -> tuple[dict, callable]:
     return {"CGPT_QA_FAULT": json.dumps(f)}, fired
 
 
-# name -> (fault, fresh launch (else a resume of a run killed after step 15), what the line names)
+# name -> (fault, fresh launch (else a resume of a run killed after step 15), what the line names);
+# `{run}` in a match is the run directory's name (the run's own file, not the cache's)
 CASES = {
     "summary_rename_eio": ({"call": "replace", "match": "summary.json"}, True, "summary.json"),
     "summary_rename_etimedout": ({"call": "replace", "match": "summary.json",
@@ -36,8 +37,8 @@ CASES = {
                                    "metrics.jsonl"),
     "config_read_estale_on_resume": ({"call": "open_r", "match": "config.yaml",
                                       "errno": "ESTALE"}, False, "config.yaml"),
-    "tokenizer_read_eio_on_resume": ({"call": "open_r", "match": "tokenizer.json"}, False,
-                                     "tokenizer.json"),
+    "tokenizer_read_eio_on_resume": ({"call": "tokenizer_file", "match": "{run}/tokenizer.json"},
+                                     False, "tokenizer.json"),
     "lock_open_eio": ({"call": "open_w", "match": ".lock"}, True, ".lock"),
     "checkpoint_commit_rename_eio": ({"call": "rename", "match": "checkpoints", "after": 1},
                                      True, "checkpoints"),
@@ -58,8 +59,8 @@ CASES = {
 
 def _make(f, fresh, text):
     def make(ctx):
-        env, fired = fault(ctx, **f)
         d = ctx.fresh("out") if fresh else ctx.run_copy()
+        env, fired = fault(ctx, **{**f, "match": f.get("match", "").replace("{run}", d.name)})
         extra = ()
         if "manifest" in f.get("match", ""):  # the store must be prepared (or read) anew
             extra = (f"data.cache_dir={ctx.fresh('cache')}",)

@@ -42,7 +42,8 @@ CASES = {  # name -> (argv, expect, what a refusal must name)
                          "--json"], "error", "seq"),
     "micro_batches_1e9": (PLAN + ["--batch", "8", "--micro-batches", "1000000000"], "error",
                           "micro"),
-    "device_memory_one_byte": (PLAN + ["--device-memory", "1"], "ok", None),
+    # --mode auto: no mode fits a byte, and that, with each mode's need, is the answer
+    "device_memory_one_byte": (PLAN + ["--device-memory", "1"], "either", "1 B per device"),
     "device_memory_exabyte": (PLAN + ["--device-memory", "1EB"], "either", "device-memory"),
     "device_memory_1e400": (PLAN + ["--device-memory", "1e400"], "error", "device-memory"),
     "device_memory_nan": (PLAN + ["--device-memory", "nan"], "error", "device-memory"),
@@ -54,7 +55,9 @@ CASES = {  # name -> (argv, expect, what a refusal must name)
                               "--no-compile", "--json"], "either", "devices"),
     "nodes_times_gpus_overflow": (PLAN + ["--nodes", str(2 ** 40), "--gpus-per-node",
                                           str(2 ** 40)], "error", "nodes"),
-    "batch_1_on_64_devices": (PLAN + ["--devices", "64", "--batch", "1"], "error", "batch"),
+    # a valid (wasteful) plan: data=1, fsdp=64, every device on the one sequence; its numbers
+    # are the answer (strict JSON, checked)
+    "batch_1_on_64_devices": (PLAN + ["--devices", "64", "--batch", "1"], "either", "batch"),
     "seq_len_1_tiny": (PLAN + ["--seq-len", "1"], "either", "seq"),
 }
 for _n, (_argv, _expect, _text) in CASES.items():

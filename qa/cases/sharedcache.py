@@ -6,6 +6,9 @@ B must train to A's numbers on what it can read, or stop with one line naming th
 and the fix ($CGPT_CACHE / data.cache_dir); nothing of A's may change."""
 import os
 import random
+import shutil
+import stat
+import sysconfig
 from pathlib import Path
 
 from qa.context import TRAIN, complete, lines, same_as_base
@@ -14,11 +17,42 @@ from qa.registry import add
 NOBODY = 65534
 RUN_AS = """
 import os, runpy, sys
+def readable(paths):
+    return [p.replace({stdlib!r}, {copy!r}, 1) for p in paths]
+sys.path[:] = readable(sys.path)
+for m in list(sys.modules.values()):  # packages imported at start-up (collections, encodings)
+    if isinstance(getattr(m, "__path__", None), list):
+        m.__path__[:] = readable(m.__path__)
 os.setgroups([]); os.setgid({uid}); os.setuid({uid}); os.umask(0o022)
 os.environ["HOME"] = {home!r}
 sys.argv = ["cgpt", *{argv!r}]
 runpy.run_module("cgpt", run_name="__main__", alter_sys=True)
 """
+
+
+def _stdlib_for_b(ctx) -> Path:
+    """The interpreter's standard library where user B can read it: the interpreter may live
+    in a folder only its owner can enter (pyenv under /root), and after the drop to uid 65534
+    every module imported later (dataclasses, json, ...) would be ModuleNotFoundError. A copy in
+    the workspace (hard links where the filesystem allows) that B's sys.path points at."""
+    def build(ctx):
+        src, dst = Path(sysconfig.get_paths()["stdlib"]), ctx.root / "stdlib-b"
+
+        def link(a, b):  # a file B could not read is copied, never chmod-ed in place
+            if os.stat(a).st_mode & stat.S_IROTH:
+                try:
+                    return os.link(a, b)
+                except OSError:
+                    pass
+            shutil.copy2(a, b)
+            os.chmod(b, os.stat(b).st_mode | 0o444)
+        shutil.copytree(src, dst, copy_function=link, symlinks=True, ignore=shutil.ignore_patterns(
+            "site-packages", "test", "idlelib", "tkinter", "ensurepip", "lib2to3"))
+        for p in (dst, *dst.rglob("*")):
+            if p.is_dir() and not p.is_symlink():
+                p.chmod(0o755)
+        return dst
+    return ctx.once("stdlib-b", build)
 
 
 def _open_up(ctx) -> None:
@@ -56,7 +90,8 @@ def _as_a(ctx, argv, umask: int = 0o022, env: dict | None = None):
 
 def _as_b(ctx, argv) -> str:
     home = _owned(ctx.fresh("home-b"))
-    return RUN_AS.format(uid=NOBODY, home=str(home), argv=argv)
+    return RUN_AS.format(uid=NOBODY, home=str(home), argv=argv,
+                         stdlib=sysconfig.get_paths()["stdlib"], copy=str(_stdlib_for_b(ctx)))
 
 
 def _snapshot(root: Path) -> dict:

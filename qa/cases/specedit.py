@@ -42,7 +42,8 @@ def _done(d, runs=RUNS):
         rows = _rows(d)
     except OSError as e:
         return f"results.csv: {e}"
-    bad = {r: rows.get(r, {}).get("status") for r in runs if rows.get(r, {}).get("status") != "done"}
+    bad = {r: rows.get(r, {}).get("status") for r in runs
+           if rows.get(r, {}).get("status") != "done"}
     return f"runs not done in results.csv: {bad}" if bad else None
 
 

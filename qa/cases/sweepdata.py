@@ -174,10 +174,12 @@ CASES = {  # name -> (sweep, damage, call, expect, what a refusal must name)
         "ok", None),
     "log_loss_null_all": (DEMO, _log_edit(_lines(lambda rows: [
         {**r, "loss": None} for r in rows])), "curves", "either", "metrics.jsonl"),
-    "log_steps_shuffled": (DEMO, _log_edit(_lines(lambda rows: rows[::-1])), "envelope", "ok",
-                           None),
+    # steps out of order or repeated: refused naming the file and line (cgpt.rundir.read_metrics,
+    # the reader resume shares, never sorts or cuts a log silently: its documented contract)
+    "log_steps_shuffled": (DEMO, _log_edit(_lines(lambda rows: rows[::-1])), "envelope",
+                           "error", "metrics.jsonl, line"),
     "log_steps_repeated": (DEMO, _log_edit(_lines(lambda rows: rows + rows[-5:])), "envelope",
-                           "ok", None),
+                           "error", "metrics.jsonl, line"),
     "log_loss_string": (DEMO, _log_edit(_lines(lambda rows: [
         {**r, "loss": str(r["loss"])} for r in rows])), "curves", "either", "loss"),
     "log_huge_loss": (DEMO, _log_edit(_lines(lambda rows: [
@@ -194,8 +196,10 @@ CASES = {  # name -> (sweep, damage, call, expect, what a refusal must name)
     "run_dir_points_at_another_run": (DEMO, _other_run_dir, "envelope", "error", "run_dir"),
     "envelope_one_run_left": (DEMO, _csv_edit(lambda t: t.replace(",done,", ",failed,", 5)),
                               "envelope", "error", "2 runs"),
-    "plot_curves_png_into_missing_dir": (DEMO, lambda d: None, "plot_curves_missing", "error",
-                                         "nonexistent"),
+    # a figure path in a folder not made yet: made (analysis.plots saves as `mkdir -p` would),
+    # checked below by the figure being there
+    "plot_curves_png_into_missing_dir": (DEMO, lambda d: None, "plot_curves_missing", "ok",
+                                         None),
     "report_png_is_a_directory": (DEMO, lambda d: (d / "out.png").mkdir(), "report", "error",
                                   "out.png"),
     "report_png_unknown_format": (DEMO, lambda d: None, "report_xyz", "error", "xyz"),
@@ -228,7 +232,9 @@ CASES = {  # name -> (sweep, damage, call, expect, what a refusal must name)
         "error", "seq_len"),
 }
 EXTRA = {"plot_curves_missing": ("A.plot_curves(A.read_curves(D), "
-                                 "path=D + '/nonexistent/c.png')"),
+                                 "path=D + '/nonexistent/c.png')\n"
+                                 "from pathlib import Path\n"
+                                 "assert Path(D, 'nonexistent', 'c.png').stat().st_size > 1000"),
          "report_xyz": "print(A.sweep_report(D, D + '/fit.xyz', n_boot=20))"}
 
 

@@ -2,10 +2,13 @@
 at start-up when this folder leads PYTHONPATH, it does nothing unless $CGPT_QA_FAULT holds a
 JSON fault. The calls it wraps are the ones a network filesystem or a wrong clock break:
 
-  {"kind": "error", "call": "replace"|"rename"|"fsync"|"open_w"|"open_r"|"mkdir"|"unlink"|"rmtree",
-   "match": "metrics.jsonl", "errno": "EIO", "after": 0, "times": 1, "state": FILE}
+  {"kind": "error", "call": "replace"|"rename"|"fsync"|"open_w"|"open_r"|"mkdir"|"unlink"|"rmtree"
+   |"tokenizer_file", "match": "metrics.jsonl", "errno": "EIO", "after": 0, "times": 1,
+   "state": FILE}
       the call on a path containing `match` fails with OSError(errno, path) `times` times,
-      after `after` matching calls pass (counted across every process of the case in `state`)
+      after `after` matching calls pass (counted across every process of the case in `state`);
+      `tokenizer_file` is the read the tokenizers library does in Rust (Tokenizer.from_file, no
+      Python open): it fails as that library reports an I/O error, a plain Exception
   {"kind": "slow", "call": ..., "match": ..., "seconds": 0.2}   every matching call sleeps first
   {"kind": "clock", "jump": -3600.0, "after_s": 8.0}
       time.time() (the wall clock, not monotonic) jumps by `jump` seconds `after_s` seconds
@@ -32,6 +35,32 @@ def _fire(f: dict) -> bool:
         s.truncate()
         s.write(str(n + 1))
     return f.get("after", 0) <= n < f.get("after", 0) + f.get("times", 1)
+
+
+def _wrap_tokenizer_file(f: dict, code: int) -> None:
+    """tokenizers.Tokenizer (a Rust type: no subclass, no attribute set) replaced by a stand-in
+    whose from_file fails; everything else (construction, isinstance, the other constructors)
+    is the real type's."""
+    import tokenizers
+    real = tokenizers.Tokenizer
+
+    class Meta(type):
+        def __instancecheck__(cls, x):
+            return isinstance(x, real)
+
+        def __getattr__(cls, name):
+            return getattr(real, name)
+
+    class Tokenizer(metaclass=Meta):
+        def __new__(cls, *a, **k):
+            return real(*a, **k)
+
+        @staticmethod
+        def from_file(path, *a, **k):
+            if f["match"] in str(path) and _fire(f):
+                raise Exception(f"{os.strerror(code)} (os error {code})")  # as the library does
+            return real.from_file(path, *a, **k)
+    tokenizers.Tokenizer = Tokenizer
 
 
 def _install(f: dict) -> None:
@@ -79,6 +108,8 @@ def _install(f: dict) -> None:
                     raise OSError(code, os.strerror(code), p)
             return orig(fd)
         os.fsync = fsync
+    elif f["call"] == "tokenizer_file":
+        _wrap_tokenizer_file(f, code)
     elif f["call"] in ("open_w", "open_r"):
         orig = io.open
         writing = f["call"] == "open_w"
