@@ -191,7 +191,11 @@ def _solve(form: str, feats: list[_Features], ys: list[np.ndarray], x0=None) -> 
         nl = np.array([best.x])
         return _full(form, linear(nl)[0], nl)
     lb, ub = map(np.asarray, _BOUNDS[form])
-    starts = [x0] if x0 is not None else _STARTS[form]
+    starts = _STARTS[form]
+    if x0 is not None:  # a bootstrap refit: from the main fit's values and from the start
+        # cheapest on this resample, so a parameter the curves leave flat can still move
+        cost = [float(np.sum(linear(np.clip(s, lb, ub))[1] ** 2)) for s in starts]
+        starts = [x0, starts[int(np.argmin(cost))]]
     best = None
     for s in starts:
         s = np.clip(np.asarray(s, float), lb + 1e-9, ub - 1e-9)
