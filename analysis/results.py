@@ -164,7 +164,7 @@ def other_run(d: Path, row) -> str:
     theirs = rundir.try_json(d / rundir.SUMMARY_FILE) or {}
     try:
         theirs = {**theirs, "seed": rundir.read_config(d).get("train", {}).get("seed")}
-    except (OSError, ValueError, AttributeError):  # LoadError is a ValueError
+    except (OSError, ValueError, AttributeError, rundir.LoadError):  # none, or unreadable
         pass
     diff = []
     for key in ("model", "n_params", "tokens", "peak_lr", "val_loss", "seed"):
