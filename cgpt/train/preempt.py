@@ -31,7 +31,9 @@ class CheckpointTriggers:
 
     def _handle(self, signum, frame) -> None:
         if not self.signum:  # said at arrival by the process's watchdog (`cgpt.stop`); where
-            GUARD.say(received_line(signum))  # there is none (a sweep's worker), here
+            # there is none (a sweep's worker), here: on fd 2 (a print inside a print that the
+            # signal interrupted would raise "reentrant call")
+            GUARD.say(received_line(signum), now=True)
         self.signum = self.signum or signum
 
     def install(self) -> "CheckpointTriggers":
