@@ -35,6 +35,7 @@ _EXPORTS = {
     "downstream": ("cerebras_gpt_downstream", "fit_downstream", "plot_downstream"),
     "design": ("suggest_runs", "fit_ls", "predict_loss_opt", "profile_loss_opt"),
     "schedule_law": ("ScheduleLawFit", "fit_schedule_law", "read_schedule_curves"),
+    "schedule_endpoints": ("PredictedEndpoints", "predict_endpoints"),
     "transfer": ("LrOptimum", "lr_optimum", "seed_optimum", "lr_sweep", "transfer_table",
                  "lr_drift", "lr_drift_ci", "plot_lr_transfer"),
 }
