@@ -18,10 +18,11 @@ Options:
 Interval: bootstrap of the two ladders independently (they are independent experiments), 95%
 percentile. method="wild" (default) keeps every size and multiplies its residuals by a random
 weight (Webb's six-point weights), all seeds of a model together: a cluster wild bootstrap,
-which keeps the design of a 4-8-size ladder intact. Each residual is first divided by
-1 - h, h its leverage in the fit (HC3, MacKinnon and White 1985): a fit of 3 parameters through
-4 points leaves residuals far smaller than the noise, and without it the 95% intervals held
-the truth in only 75-90% of simulated ladders (with it, 91-97%; bench/compare.py). method="cases"
+which keeps the design of a 4-8-size ladder intact. Each size's mean residual is first
+divided by 1 - H, H the size's leverage in the fit (CR3; with one run per size HC3, MacKinnon
+and White 1985): a fit of 3 parameters through 4 sizes leaves residuals far smaller than the
+noise, and without it the 95% intervals held the truth in only 75-90% of simulated ladders
+(bench/compare.py, docs/analysis.md). method="cases"
 resamples whole sizes (seeds of a model together) with replacement, as fit_power_law does;
 with few sizes most resamples lose the ends of the ladder. Both are measured on simulated
 ladders with known multipliers in bench/compare.py (docs/analysis.md).
@@ -216,8 +217,20 @@ def _leverage(us, laws, exponent: str, offset) -> list[np.ndarray]:
     elif offset == "shared":
         cols.append(np.ones(sum(n)))
     J = np.stack(cols, axis=1)
-    h = np.clip(np.einsum("ij,jk,ik->i", J, np.linalg.pinv(J.T @ J), J), 0.0, 0.9)
+    h = np.einsum("ij,jk,ik->i", J, np.linalg.pinv(J.T @ J), J)
     return [h[:n[0]], h[n[0]:]]
+
+
+def _unshrunk(x: np.ndarray, r: np.ndarray, h: np.ndarray) -> np.ndarray:
+    """Residuals r with the fit's pull undone per size (CR3, Bell and McCaffrey 2002): the
+    runs of one size share a design row, so only their mean residual is pulled toward 0, by
+    the size's leverage H (the sum of its runs' h): mean / (1 - H) + each run's deviation from
+    the mean. One run per size is HC3's r / (1 - h). H is capped at 0.9."""
+    _, g = np.unique(x, return_inverse=True)
+    count = np.bincount(g)
+    mean = np.bincount(g, r) / count
+    H = np.minimum(np.bincount(g, h), 0.9)
+    return mean[g] / (1 - H[g]) + (r - mean[g])
 
 
 @one_blas_thread()
@@ -279,9 +292,8 @@ def compare(runs_a, runs_b, at: float | None = None, *, exponent: str = "separat
         usable &= kept >= 3            # a resample of fewer than 3 sizes cannot fit the law
         if method == "wild":
             fit = np.exp(l - b * u) + c
-            # a fit through 4-8 points pulls each residual toward 0 by its leverage h: undone
-            # as in HC3 (MacKinnon and White 1985), residual / (1 - h)
-            sides.append((u, fit + (y - fit) / (1 - h) * w, np.ones_like(w)))
+            # a fit through 4-8 sizes pulls each residual toward 0 by its leverage: undone
+            sides.append((u, fit + _unshrunk(x, y - fit, h) * w, np.ones_like(w)))
         else:
             sides.append((u, np.broadcast_to(y, w.shape), w))
     c_boot = np.full(n_boot, float(asymptote)) if fixed else None

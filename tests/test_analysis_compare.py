@@ -177,3 +177,13 @@ def test_the_plot_draws_both_laws_and_the_band():
     fig = analysis.plot_compare(compare(a, b, n_boot=200))
     left, right = fig.axes
     assert len(left.lines) == 2 and len(right.collections) >= 1
+
+
+def test_the_fit_pull_is_undone_per_size():
+    """One run per size: HC3's r / (1 - h). Two seeds of a size: their mean residual is scaled
+    by 1 / (1 - H), H the size's summed leverage, and their spread about it kept."""
+    from analysis.multiplier import _unshrunk
+    r, h = np.array([0.1, -0.2, 0.05]), np.array([0.5, 0.2, 0.3])
+    assert np.allclose(_unshrunk(np.array([1.0, 2.0, 3.0]), r, h), r / (1 - h))
+    out = _unshrunk(np.array([1.0, 1.0, 3.0]), r, h)
+    assert np.allclose(out[:2], -0.05 / (1 - 0.7) + np.array([0.15, -0.15]))
