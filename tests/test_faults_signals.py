@@ -164,7 +164,7 @@ except Stopped as e:
     for _ in range(3):  # the executor re-sends SIGUSR1 every second: the cleanup goes on
         os.kill(os.getpid(), signal.SIGUSR1)
         time.sleep(0.05)
-    print(f"cgpt train: {e}", file=sys.stderr)
+    GUARD.say(f"cgpt train: {e}")  # as the edge (cgpt.stop.status) says it: once
     GUARD.finish(e.exit_code)
 """
 
