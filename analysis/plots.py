@@ -10,6 +10,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import FormatStrFormatter
 
+from .multiplier import Comparison
 from .fit import PowerLawFit, fit_power_law
 from .envelope import EnvelopeFit
 from .isoflop import IsoFlopFit
@@ -258,4 +259,41 @@ def plot_batch_tradeoff(measured, fits: dict, *, path=None, title: str | None = 
     ax2.invert_xaxis()
     for a in (ax, ax2):
         a.legend(fontsize=7)
+    return _save(fig, path)
+
+
+def plot_compare(cmp: Comparison, *, path=None, title: str | None = None,
+                 xlabel: str = "training FLOPs (counted)") -> Figure:
+    """Left: both recipes' runs and fitted laws. Right: the compute multiplier m(C) (A's
+    compute to reach B's loss, over C) with its bootstrap band, from the smallest run to 10x
+    past the compared compute; the runs' range is shaded and 1 (no difference) is marked."""
+    fig, (ax, ax2) = _figure(ncols=2)
+    (xa, ya), (xb, yb) = cmp.points
+    xs = np.r_[xa, xb]
+    xx = np.geomspace(xs.min() / 2, max(xs.max(), cmp.at) * 10, 200)
+    for i, (x, y, law, name) in enumerate(((xa, ya, cmp.law_a, cmp.names[0]),
+                                           (xb, yb, cmp.law_b, cmp.names[1]))):
+        ax.scatter(x, y, s=18, color=f"C{i}", zorder=3, label=f"{name} ({x.size} runs)")
+        ax.plot(xx, law.predict(xx), color=f"C{i}",
+                label=f"{name}: b={law.b:.4f}, c={law.c:.3g}")
+    ax.set(xscale="log", yscale="log", xlabel=xlabel, ylabel="validation loss (nats/token)",
+           title=title)
+    _plain_y(ax)
+    ax.legend(fontsize=8)
+    lo, hi = cmp.interval(xx)
+    ax2.axvspan(xs.min(), xs.max(), color="0.9", label="the runs' compute")
+    ax2.fill_between(xx, lo, hi, color="C2", alpha=0.25,
+                     label=f"{int(100 * cmp.level)}% bootstrap band")
+    ax2.plot(xx, cmp.multiplier_at(xx), color="C2", label="multiplier")
+    ax2.axhline(1, color="0.4", lw=0.8, ls="--")
+    ax2.errorbar([cmp.at], [cmp.multiplier], yerr=[[cmp.multiplier - cmp.lo],
+                                                   [cmp.hi - cmp.multiplier]],
+                 fmt="o", color="k", capsize=3, label=f"at C = {cmp.at:.3g}: {cmp.multiplier:.3g}")
+    finite = np.isfinite(hi)
+    top = np.nanmax(hi[finite]) if finite.any() else 10.0
+    ax2.set(xscale="log", yscale="log", xlabel=xlabel,
+            ylabel=f"compute multiplier of {cmp.names[1]} over {cmp.names[0]}",
+            ylim=(min(np.nanmin(lo), 0.9), max(top, 1.1) * 1.1))
+    ax2.yaxis.set_major_formatter(FormatStrFormatter("%.3g"))
+    ax2.legend(fontsize=8)
     return _save(fig, path)

@@ -10,6 +10,7 @@ Defaults are total params and counted FLOPs, the convention behind the Cerebras-
 from __future__ import annotations
 
 import csv as _csv
+import math
 import warnings
 from pathlib import Path
 
@@ -132,14 +133,67 @@ def locate_run(df: pd.DataFrame, row, need: str, why: str) -> Path:
     `need` (a `cgpt.rundir` name): first DIR/<run_id> beside the results.csv read, where the
     sweep keeps each run (so a sweep directory moved or copied elsewhere still finds its runs),
     then the run_dir the sweep recorded. Neither: FileNotFoundError naming both and `why` (what
-    the caller reads from the file)."""
+    the caller reads from the file). Each of the two that exists must hold the row's run
+    (`other_run`: a stale or edited run_dir fed another run's curve into a fit), else a
+    ValueError naming the row and the column. Every reader of a run's files through
+    results.csv comes here."""
     source = df.attrs.get("source")
-    tried = ([Path(source).parent / str(row.run_id)] if source else []) + [Path(str(row.run_dir))]
-    for d in tried:
-        if (d / need).is_file():
-            return d
+    recorded = Path(str(row.run_dir))
+    tried = ([Path(source).parent / str(row.run_id)] if source else []) + [recorded]
+    found = [d for d in dict.fromkeys(tried) if (d / need).is_file()]
+    for d in found:
+        other = other_run(d, row)
+        if other:
+            where = ("column 'run_dir' names" if d == recorded else
+                     "the sweep's directory of that run,")
+            raise ValueError(f"{source or 'results'}: the row of run {row.run_id!r}: {where} "
+                             f"{d}, which holds another run ({other}); set run_dir to the "
+                             "run's own directory, or remove the row")
+    if found:
+        return found[0]
     raise FileNotFoundError(f"no {need} for run {row.run_id!r} (looked in "
                             f"{' and '.join(map(str, dict.fromkeys(tried)))}); {why}")
+
+
+def other_run(d: Path, row) -> str:
+    """What in run directory `d` says it holds another run than `row` of results.csv, or "":
+    its summary.json's model, n_params, tokens, peak_lr and val_loss (the sweep copies them
+    into a finished run's row; val_loss tells apart runs that differ in any other setting)
+    and its config.yaml's train.seed (the row's seed). A file that is missing or unreadable
+    says nothing."""
+    theirs = rundir.try_json(d / rundir.SUMMARY_FILE) or {}
+    try:
+        theirs = {**theirs, "seed": rundir.read_config(d).get("train", {}).get("seed")}
+    except (OSError, ValueError, AttributeError, rundir.LoadError):  # none, or unreadable
+        pass
+    diff = []
+    for key in ("model", "n_params", "tokens", "peak_lr", "val_loss", "seed"):
+        ours, got = getattr(row, key, None), theirs.get(key)
+        if got is None or ours is None or (not isinstance(ours, str) and pd.isna(ours)):
+            continue
+        same = str(ours) == str(got) if key == "model" else _same_number(ours, got)
+        if not same:
+            diff.append(f"{key} {_shown(got)}, the row {_shown(ours)}")
+    return "; ".join(diff)
+
+
+def _same_number(a, b) -> bool:
+    """Equal as the CSV's text can carry them (a float read back may differ in its last bit)."""
+    try:
+        return math.isclose(float(a), float(b), rel_tol=1e-9) or float(a) == float(b)
+    except (TypeError, ValueError):
+        return False
+
+
+def _shown(v) -> str:
+    """A count as 176,128 (also when the CSV read it as 176128.0), a loss or LR to 4 digits,
+    anything else as repr."""
+    try:
+        if not isinstance(v, (str, bool)):
+            return f"{int(v):,}" if float(v).is_integer() else f"{float(v):.4g}"
+    except (TypeError, ValueError, OverflowError):
+        pass
+    return repr(v)
 
 
 def finished(df: pd.DataFrame) -> pd.DataFrame:

@@ -22,7 +22,8 @@ S2 are in steps x peak LR and A, C, B are in those units. η_i is the LR metrics
 step i (the LR of step i's update); the loss logged at step s, computed before that step's
 update, is the papers' L(s−1): its areas sum η_1..η_{s−1}. Only steps after the peak are
 fitted (the papers fit from the end of warmup). Parameters linear in the law (L0, A, C;
-L0, A, B) are solved exactly for each value of the others (variable projection), the rest by
+L0, A, B) are solved exactly for each value of the others (variable projection; A and C or B
+kept >= 0, as both papers define them: the annealing term lowers the loss), the rest by
 least squares from a few starts. The bootstrap resamples blocks of each curve's residuals
 (moving blocks, so the residuals' correlation along a curve is kept) or whole runs, and
 refits: its intervals are for the law's expected curve, not for one more run's seed-to-seed scatter.
@@ -36,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from scipy.optimize import least_squares, minimize_scalar
+from scipy.optimize import least_squares, lsq_linear, minimize_scalar
 
 from cgpt import rundir
 
@@ -176,6 +177,8 @@ def _solve(form: str, feats: list[_Features], ys: list[np.ndarray], x0=None) -> 
     def linear(nl):
         x = np.vstack([_design(form, f, nl) for f in feats])
         lin, *_ = np.linalg.lstsq(x, y, rcond=None)
+        if (lin[1:] < 0).any():  # A and C (B) are >= 0 in both papers: annealing lowers the loss
+            lin = lsq_linear(x, y, bounds=([-np.inf, 0.0, 0.0], np.inf), method="bvls").x
         return lin, y - x @ lin
 
     if form == "tissue":
@@ -188,7 +191,11 @@ def _solve(form: str, feats: list[_Features], ys: list[np.ndarray], x0=None) -> 
         nl = np.array([best.x])
         return _full(form, linear(nl)[0], nl)
     lb, ub = map(np.asarray, _BOUNDS[form])
-    starts = [x0] if x0 is not None else _STARTS[form]
+    starts = _STARTS[form]
+    if x0 is not None:  # a bootstrap refit: from the main fit's values and from the start
+        # cheapest on this resample, so a parameter the curves leave flat can still move
+        cost = [float(np.sum(linear(np.clip(s, lb, ub))[1] ** 2)) for s in starts]
+        starts = [x0, starts[int(np.argmin(cost))]]
     best = None
     for s in starts:
         s = np.clip(np.asarray(s, float), lb + 1e-9, ub - 1e-9)

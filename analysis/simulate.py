@@ -48,3 +48,14 @@ def isoflop_study(law: ChinchillaLaw, budgets, *, decades: float, sizes: int, no
     df = pd.DataFrame(rows)
     df["loss"] = law(df["N"], df["D"]) * np.exp(rng.normal(0, noise, len(df)))
     return df
+
+
+def recipe_ladders(law_a, law_b, compute, *, noise: float, seeds: int = 1,
+                   seed: int | np.random.Generator = 0) -> tuple[tuple, tuple]:
+    """Two simulated ladders, ((C, loss) of recipe A, (C, loss) of recipe B): every compute
+    budget trained `seeds` times per recipe, the loss of each run the law's times a log-normal
+    scatter of sd `noise` (0.01 = 1%). law_a, law_b: callables of C (e.g. analysis.PowerLaw);
+    B = A with its compute scaled k-fold is law_b = lambda C: law_a(k * C)."""
+    rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
+    C = np.repeat(np.asarray(compute, float), seeds)
+    return tuple((C, law(C) * np.exp(rng.normal(0, noise, C.size))) for law in (law_a, law_b))

@@ -24,6 +24,7 @@ from cgpt.paths import check_destination
 from cgpt.plan import command as plan
 from cgpt.rundir import TOKENIZER_FILE, json_line, read_config
 from cgpt.sharding.axes import mesh_size
+from cgpt.sweep import compare as sweep_compare
 
 
 _OVERRIDE = re.compile(r"^(model|data|train)\.\w+=")
@@ -255,6 +256,8 @@ def _job() -> tuple[int, int] | None:
 
 
 def _main(argv: list[str]) -> int:
+    if argv[:2] == ["sweep", "compare"]:  # two finished sweeps, not a spec: its own parser
+        return sweep_compare.run(sweep_compare.parser().parse_args(argv[2:]))
     ap = argparse.ArgumentParser(prog="cgpt", description="Cerebras-GPT scaling-law studies")
     sub = ap.add_subparsers(dest="command", required=True)
     _add_train(sub)

@@ -41,6 +41,14 @@ def stop_line(signum: int, command: str) -> str:
     return f"cgpt {command}: {stop}"
 
 
+def received_line(signum: int, command: str = "train") -> str:
+    """The line said the moment a scheduler's signal reaches a run's training loop, before the
+    checkpoint it starts: a SIGKILL that follows (SLURM's KillWait, a test harness 0.1 s later)
+    can leave no other."""
+    return (f"cgpt {command or 'train'}: {signal.Signals(signum).name} received: saving a "
+            "checkpoint after the current step, then stopping; rerun with --resume to continue")
+
+
 def status(e: BaseException, command: str, job: bool = False) -> int | None:
     """Print the one line `command` ends with on `e` and return its exit status: a stop 128+N
     (Ctrl-C 130), an error of the user's (a config reader's ValueError, a `CgptError`, a file
@@ -48,13 +56,13 @@ def status(e: BaseException, command: str, job: bool = False) -> int | None:
     error: 0. None for anything else (SystemExit, a bug), which the caller decides on.
     `job`: a sweep worker's job, whose output is its train.log: a broken pipe is an error."""
     if isinstance(e, (Preempted, Stopped)):  # checkpointed and stopped, or before the loop
-        print(f"cgpt {command}: {e}", file=sys.stderr)
+        GUARD.say(f"cgpt {command}: {e}")  # not again if said when the signal arrived
         return e.exit_code
     if isinstance(e, (ValueError, CgptError)):
         print(f"cgpt {command}: error: {e}", file=sys.stderr)
         return 2
     if isinstance(e, KeyboardInterrupt):
-        print(stop_line(signal.SIGINT, command), file=sys.stderr)
+        GUARD.say(stop_line(signal.SIGINT, command))
         return 130
     if isinstance(e, BrokenPipeError) and not job:  # the reader stopped; nothing is wrong
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush
@@ -71,6 +79,7 @@ def edge(command: str, fn: Callable[[], int], job: bool = False) -> int:
     """`fn()`'s exit status, a stop or an error ended by `status`. Anything else is re-raised
     (a bug shows its traceback), except in a sweep worker's `job`: there one job's crash fails
     that job (its traceback, status 1) and the worker goes on to the next."""
+    GUARD.fresh()
     try:
         return fn()
     except BaseException as e:  # noqa: BLE001 - `status` picks what it ends
@@ -99,6 +108,7 @@ class StopGuard:
         self.stopping = 0  # the signal being acted on: a repeat must not interrupt the cleanup
         self.loop_started = False  # a run's loop took the scheduler's signals over
         self.handler = self._early  # one bound method: the watchdog compares handlers with it
+        self._said: dict[str, object] = {}  # the stop lines printed (`say`)
 
     def _early(self, signum, frame) -> None:
         """Ctrl-C anywhere, and a scheduler's signal before the loop: stop with one line. Acted
@@ -116,6 +126,29 @@ class StopGuard:
             raise KeyboardInterrupt
         raise NotStarted(signum) if self.kind == "train" else Stopped(signum, self.kind)
 
+    def say(self, line: str, now: bool = False) -> None:
+        """Print a stop's `line` on stderr once per process: the watchdog says it when the
+        signal arrives (`now`: os.write on fd 2 at once, no Python lock: the main thread may
+        hold one), and the edge (`status`) does not repeat it. dict.setdefault is atomic: of
+        two threads saying it at once, one does."""
+        token = object()
+        if self._said.setdefault(line, token) is not token:
+            return
+        if not now:
+            print(line, file=sys.stderr, flush=True)
+            return
+        try:
+            os.write(2, (line + "\n").encode())
+        except OSError:
+            pass
+
+    def fresh(self) -> None:
+        """A command starts in this process (a caller of `cgpt.cli.main`, a sweep worker's
+        job): its stop lines are said again. The process entry runs one command, and its
+        watchdog may have said a line already: kept."""
+        if not self.installed:
+            self._said.clear()
+
     def defer(self, command: str = "train") -> dict:
         """Stop with one line, not a traceback or the default action's silent death, on Ctrl-C
         or a scheduler's signal that arrives before the training loop (while JAX starts, the
@@ -126,6 +159,7 @@ class StopGuard:
         `command` picks the signals: `STOPS`, else SIGINT only. Returns the handlers replaced
         (`restore`)."""
         self.loop_started, self.stopping, self.kind, self.armed = False, 0, command, True
+        self.fresh()
         if threading.current_thread() is not threading.main_thread():
             return {}
         return {s: signal.signal(s, self.handler) for s in STOPS.get(command, (signal.SIGINT,))}
@@ -145,7 +179,9 @@ class StopGuard:
         * the main thread acts on a signal only between bytecodes, never inside a long XLA
           compile or device wait: a watchdog thread (woken through `signal.set_wakeup_fd`)
           ends the process with the line if the main thread has not acted within `GRACE_S`
-          (what is left then is what a SIGKILL leaves, which runs and stores survive)."""
+          (what is left then is what a SIGKILL leaves, which runs and stores survive).
+          The same thread says a scheduler's signal the moment it arrives (`say`, `_watch`),
+          before any slow work: a SIGKILL that follows leaves that line."""
         if self.installed:
             return
         self.installed, self.command = True, command
@@ -203,9 +239,15 @@ class StopGuard:
             except OSError:
                 return
             for signum in got:
-                if signal.getsignal(signum) is not self.handler or (
-                        signum != signal.SIGINT and self.loop_started):
-                    continue  # the loop's handlers, or a signal `_early` ignores
+                handler = signal.getsignal(signum)
+                if signum in SIGNALS and self.loop_started:
+                    if callable(handler) and handler is not self.handler:  # the loop's: it
+                        self.say(received_line(signum, self.command), now=True)  # saves first
+                    continue  # after the loop (its summary) `_early` ignores it
+                if handler is not self.handler:
+                    continue
+                if signum in SIGNALS and not self.stopping:  # `_early` stops with this line
+                    self.say(stop_line(signum, self.command), now=True)
                 deadline = time.monotonic() + GRACE_S
                 while not self.stopping and time.monotonic() < deadline:
                     time.sleep(0.02)
@@ -246,6 +288,6 @@ def _importing(frame) -> bool:
 
 def _exit_now(line: str, code: int) -> None:
     try:
-        os.write(2, (line + "\n").encode())  # no Python lock: the main thread may hold one
+        GUARD.say(line, now=True)  # unless said when the signal arrived
     finally:
         os._exit(code)

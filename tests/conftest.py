@@ -123,6 +123,11 @@ SLOW = {
         "no twin; the committed outputs: test_committed_with_outputs_and_in_sync",
     "test_analysis_notebooks.py::test_05_plan_next_runs_on_real_rounds":
         "no twin; the committed outputs: test_committed_with_outputs_and_in_sync",
+    "test_analysis_notebooks.py::test_07_compare_recipes_on_the_published_table_and_the_"
+    "committed_ladders": "no twin; the committed outputs: test_committed_with_outputs_and_in_sync",
+    "test_analysis_notebooks.py::test_08_schedule_endpoints_on_real_sweeps":
+        "test_analysis_schedule_endpoints.py (predict_endpoints on simulated truth); the "
+        "committed outputs: test_committed_with_outputs_and_in_sync",
     "test_faults_dest.py::test_a_sweep_on_a_disk_that_fills_shows_the_run_failed": "no twin",
     "test_faults_sweep.py::test_truncated_summary_is_not_done_and_the_relaunch_writes_it":
         "no twin",

@@ -1,4 +1,4 @@
-"""The six notebooks: committed with their outputs (figures as PNG, printed fits), in sync with
+"""The notebooks: committed with their outputs (figures as PNG, printed fits), in sync with
 their generator (tests/fixtures/analysis/make_notebooks.py), small enough to review, and they
 run top to bottom (nbclient) here; a cell that errors fails the test."""
 import base64
@@ -177,3 +177,35 @@ def test_06_critical_batch_on_the_committed_sweep(kernel, tmp_path, monkeypatch)
     assert "exponent of D:" in text and "exponent of target:" in text
     assert "column 'N' takes one value" in text and "collinear" in text
     assert "exponent of N:" in text            # the simulated N-D grid
+
+
+def test_07_compare_recipes_on_the_published_table_and_the_committed_ladders(kernel, tmp_path,
+                                                                              monkeypatch):
+    """notebooks/data/recipes: real runs of sweeps/mup_ladder.yaml in SP and in μP."""
+    recipes = tmp_path / "recipes"
+    shutil.copytree(NOTEBOOKS / "data" / "recipes", recipes)
+    text, images = run("07_compare_recipes.ipynb", kernel,
+                       {"CGPT_RECIPES_DIR": str(recipes), "CGPT_N_BOOT": "300"}, monkeypatch)
+    assert images == 2
+    assert "mean deviation -0.43%" in text          # the paper's figure, from its table
+    mults = re.findall(r"compute multiplier at C = ([\d.e+]+): ([\d.]+) \[([\d.]+), ([\d.]+)\]",
+                       text)
+    assert len(mults) == 5
+    published, ours = mults[:3], mults[3:]
+    for at, m, lo, hi in published:                 # what the markdown says of them
+        assert at == "1.1e+21" and 1.0 < float(m) < 1.12 and float(lo) < 1 < float(hi)
+    assert float(ours[0][1]) > 1.2 and float(ours[1][1]) > float(ours[0][1])
+    assert text.count("no evidence the exponents differ") == 2
+    assert re.search(r"held it in (3[4-9]|40) of 40 ladder pairs", text)
+
+
+def test_08_schedule_endpoints_on_real_sweeps(kernel, monkeypatch):
+    """notebooks/data/endpoints: real runs of sweeps/endpoints_wsd.yaml (WSD + branches) and
+    sweeps/endpoints_cosine.yaml (the cosine endpoints the predictions are judged against)."""
+    text, images = run("08_schedule_endpoints.ipynb", kernel, {"CGPT_N_BOOT": "20"}, monkeypatch)
+    assert images >= 1
+    assert re.search(r"9 cosine runs: the recipe's LRs equal the logged ones to \d\.\de-\d\d", text)
+    assert re.search(r"predicted cosine endpoints: max \|error\| [\d.]+%", text)
+    assert text.count("from trained endpoints: ") == 1 and "from predicted endpoints: " in text
+    assert "the two laws on the nine (N, D): max |difference|" in text
+    assert re.search(r"WSD runs \+ branches: [\d.e+]+ FLOPs \(9 runs\): \d+% saved", text)

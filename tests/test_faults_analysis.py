@@ -108,3 +108,99 @@ def test_a_fit_of_columns_names_the_column_and_rows():
         A.fit_power_law(x, y, n_boot=0)
     with pytest.raises(ValueError, match=r"N.*\[nan\] at row\(s\) \[1\]"):
         A.fit_chinchilla([1e6, math.nan, 1e8], [1e8, 1e9, 1e10], [3.0, 2.9, 2.8])
+
+
+# ---- a run directory that holds another run ------------------------------------------------
+DEMO = Path(__file__).resolve().parents[1] / "notebooks" / "data" / "demo"
+SMALL, OTHER = "tiny-9k_d179k_s0", "tiny-13k_d269k_s0"
+
+
+def _demo(tmp_path, beside: bool = True) -> tuple[Path, Path]:
+    """A copy of the demo sweep; beside=False: results.csv alone in a folder of its own, its
+    run_dir cells naming the runs' directories elsewhere (a results.csv mailed to a colleague
+    with the runs on a shared disk). Returns (the folder results.csv is in, the runs' folder)."""
+    runs = tmp_path / "runs"
+    shutil.copytree(DEMO, runs)
+    top = runs if beside else tmp_path / "csv"
+    top.mkdir(exist_ok=True)
+    df = pd.read_csv(runs / "results.csv")
+    df.assign(run_dir=[str(runs / r) for r in df.run_id]).to_csv(top / "results.csv", index=False)
+    if not beside:
+        (runs / "results.csv").unlink()
+    return top, runs
+
+
+def _point(top: Path, run_id: str, to: Path) -> None:
+    _edit(top, lambda df: df.assign(run_dir=np.where(df.run_id == run_id, str(to), df.run_dir)))
+
+
+@pytest.mark.parametrize("beside", [False, True], ids=["csv-alone", "sweep-dir"])
+def test_a_run_dir_naming_another_runs_directory_is_refused(tmp_path, beside):
+    """Before: with results.csv apart from its runs, fit_envelope read tiny-13k's curve as
+    tiny-9k's and fitted it without a word (a sweep directory read the right one beside it and
+    kept the wrong cell)."""
+    top, runs = _demo(tmp_path, beside)
+    A.fit_envelope(top, n_boot=5)  # every cell right: fitted
+    _point(top, SMALL, runs / OTHER)
+    for call in (lambda: A.fit_envelope(top, n_boot=5), lambda: A.read_curves(top)):
+        with pytest.raises(ValueError) as e:
+            call()
+        msg = str(e.value)
+        assert msg.startswith(f"{top / 'results.csv'}: the row of run {SMALL!r}: column "
+                              f"'run_dir' names {runs / OTHER}, which holds another run "
+                              "(model 'tiny-13k', the row 'tiny-9k'; n_params 13,440, the row "
+                              "8,928; tokens 266,240, the row 176,128; val_loss 4.645, the row "
+                              "5.084)"), msg
+
+
+def test_a_run_of_another_seed_is_told_by_its_config(tmp_path):
+    """Two seeds of one model and budget differ only in config.yaml's train.seed."""
+    top, _ = _demo(tmp_path)
+    _edit(top, lambda df: df.assign(seed=np.where(df.run_id == SMALL, 1, df.seed)))
+    with pytest.raises(ValueError, match=rf"the row of run {SMALL!r}: column 'run_dir' names "
+                       r".* holds another run \(seed 0, the row 1\)"):
+        A.read_curves(top)
+
+
+def test_a_moved_sweep_still_reads_its_runs_beside_results(tmp_path):
+    """run_dir naming where the sweep ran (gone now) is no error: the runs are beside it."""
+    top, runs = _demo(tmp_path)
+    _edit(top, lambda df: df.assign(run_dir="/nonexistent/" + df.run_id))
+    assert A.read_curves(top)["run_id"].nunique() == 6
+
+
+def test_noise_table_checks_the_run_directory_too(tmp_path):
+    """Runs of one model, budget and seed that differ in batch and LR: told apart by val_loss
+    and peak_lr."""
+    from analysis import gns
+
+    d = tmp_path / "cb"
+    shutil.copytree(Path(__file__).resolve().parents[1] / "notebooks" / "data" /
+                    "critical_batch" / "batch_sweep", d)
+    rows = pd.read_csv(d / "results.csv")
+    first, second = rows.run_id[0], rows.run_id[1]
+    _point(d, first, d / second)
+    with pytest.raises(ValueError, match=rf"the row of run {first!r}: column 'run_dir' names "
+                       rf".*{second}, which holds another run \(peak_lr 0.002, the row 0.001; "
+                       r"val_loss "):
+        gns.noise_table(d)
+
+
+@pytest.mark.parametrize("name", ["demo", "critical_batch/batch_sweep", "schedules",
+                                  "schedules_lr2e-3"])
+def test_every_bundled_sweep_holds_its_own_runs(name):
+    from analysis.results import locate_run
+
+    df = A.finished(A.load_results(DEMO.parent / name))
+    assert len(df) and all(locate_run(df, r, "metrics.jsonl", "").is_dir()
+                           for r in df.itertuples())
+
+
+def test_the_sweeps_own_folder_of_a_run_holding_another_is_named(tmp_path):
+    top, runs = _demo(tmp_path)
+    _point(top, SMALL, Path("/nonexistent") / SMALL)  # where it ran: gone
+    shutil.rmtree(runs / SMALL)
+    shutil.copytree(runs / OTHER, runs / SMALL)  # a folder copied over another
+    with pytest.raises(ValueError, match=rf"the row of run {SMALL!r}: the sweep's directory of "
+                       rf"that run, {runs / SMALL}, which holds another run \(model 'tiny-13k'"):
+        A.read_curves(top)

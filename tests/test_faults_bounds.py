@@ -190,10 +190,43 @@ def test_a_held_coordinator_port_is_named():
 @pytest.mark.parametrize("n, want", [(2**31 - 1, [2**31 - 1, 1]), (36, [36, 18, 12, 9, 6, 4, 3,
                                                                       2, 1])])
 def test_the_micro_batch_divisor_search_is_bounded(n, want):
-    from cgpt.train.fit import divisors_desc
+    from cgpt.sharding.fitrule import divisors_desc
 
     with within(20):  # 2**31 - 1 (a prime) took a scan of every count up to it
         assert divisors_desc(n) == want
+
+
+# ---- cgpt plan on absurd values: answered in seconds, or one line naming the flag ----------
+@pytest.mark.parametrize("flags", [
+    ["--batch", "1000000000"],  # every count up to 1e9 scanned for divisors: 65 s at load 7
+    ["--nodes", "2", "--gpus-per-node", "100000000"],  # stage counts up to 2e8: no end in 100 s
+])
+def test_an_absurd_plan_is_answered_in_seconds(flags, capsys):
+    from cgpt.cli import main
+
+    with within(30):
+        assert main(["plan", "--model", "tiny-17k", "--no-compile", "--json", *flags]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["batch"] % r["micro_batch"] == 0 and r["num_devices"] >= 8
+
+
+def test_a_compiled_plan_of_more_tokens_than_a_step_counts_names_batch():
+    """JAX's OverflowError from inside the loss (a traceback) after the step was traced."""
+    from cgpt.plan.planning import plan
+
+    with pytest.raises(ValueError, match=r"^--batch 1000000000: .* 128,000,000,000 tokens per "
+                       r"step, .* at most 16,777,215 \(at --seq-len 128\), or add --no-compile"):
+        plan("tiny-17k", "auto", batch=10**9)
+
+
+@pytest.mark.parametrize("value", ["1e400", "1e30GB", "1.2.3"])
+def test_an_impossible_device_memory_is_one_line_naming_the_flag(value, capsys):
+    from cgpt.cli import main
+
+    assert main(["plan", "--model", "tiny-17k", "--no-compile", "--device-memory", value]) == 2
+    err = capsys.readouterr().err  # 1e400: int(inf) raised OverflowError (a traceback)
+    assert err.count("\n") == 1 and err.startswith(f"cgpt plan: error: --device-memory "
+                                                    f"{value!r}: ") and "such as 80GB" in err
 
 
 # ---- lm-eval tasks: the real cause, not 'unknown task' or a traceback ----------------------

@@ -33,6 +33,53 @@ def test_a_resume_prunes_to_keep_checkpoints(tmp_path):
     assert sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir()) == [2, 3, 4]
 
 
+def test_an_old_checkpoint_that_cannot_be_deleted_is_one_line_and_the_save_stands(
+        tmp_path, monkeypatch, capsys, caplog):
+    """EBUSY (NFS, a file held open) while Orbax pruned an older checkpoint after committing
+    the new one: the line of the error, then Orbax's traceback, and the run failed. Now one
+    warning, the save stands, and the old one is pruned later."""
+    import errno
+    import logging
+    import os
+    import shutil
+
+    from cgpt.model.gpt import init_params
+    from cgpt.train import checkpoint
+
+    cfg = get_config("tiny-17k")
+    real, fired = shutil.rmtree, []
+
+    def busy(path, *a, **k):  # what Orbax's deleter calls (etils), once
+        if str(path).endswith(f"checkpoints{os.sep}1") and not fired:
+            fired.append(path)
+            raise OSError(errno.EBUSY, os.strerror(errno.EBUSY), str(path))
+        return real(path, *a, **k)
+
+    monkeypatch.setattr(shutil, "rmtree", busy)
+    # ERROR records are what must not be there; INFO would let a handler another test left
+    # on the root logger (a library's rich console handler) print Orbax's INFO lines
+    caplog.set_level(logging.WARNING)
+    ck = checkpoint.Checkpointer(tmp_path, keep=2)
+    try:
+        for step in (1, 2, 3):
+            ck.save(step, init_params(cfg, step), {"count": np.int32(step)})
+        assert ck.steps() == [1, 2, 3]  # 3 is committed and listed; 1 could not go
+    finally:
+        ck.close()
+    assert fired
+    lines = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
+    assert lines == [f"warning: checkpoint 3 saved, but the older {tmp_path.absolute()}/"
+                     "checkpoints/1 could not be deleted (Device or resource busy); it is kept "
+                     "until a later save or --resume prunes it (or delete it yourself)"], lines
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
+    ck = checkpoint.Checkpointer(tmp_path, keep=2)  # the next save prunes it
+    try:
+        ck.save(4, init_params(cfg, 4), {"count": np.int32(4)})
+        assert ck.steps() == [3, 4]
+    finally:
+        ck.close()
+
+
 def test_results_csv_cells_that_a_spreadsheet_would_run_are_quoted_and_read_back(tmp_path):
     """A model or error beginning with `=` became a formula (`=HYPERLINK(...)`) in a
     spreadsheet: such cells get a leading single quote (OWASP), which load_results strips."""

@@ -235,3 +235,42 @@ def test_rerun_never_moves_into_a_linked_superseded(tmp_path, capsys, target):
         sw.launch(s2, out, report=False, compile_cache=None, on_change="rerun")
     assert _tree(other) == before and (out / rid / "summary.json").is_file()
     assert not (tmp_path / "gone").exists()
+
+
+# ---- a cache directory that is a file -------------------------------------------------------
+@pytest.mark.parametrize("under", [False, True], ids=["is-a-file", "under-a-file"])
+def test_a_cgpt_cache_that_is_a_file_is_named_with_the_fix(tmp_path, monkeypatch, under):
+    """Before: `cgpt train: error: <file>/locks: Not a directory`, after the step compiled,
+    naming neither CGPT_CACHE nor the fix."""
+    from cgpt.config import backend
+    from cgpt.data.batches import cache_root
+
+    f = tmp_path / "cache-file"
+    f.write_text("not a folder\n")
+    cache = f / "sub" if under else f
+    for call in (lambda: backend.cache_home({"CGPT_CACHE": str(cache)}),
+                 lambda: backend.compile_cache_dir({"CGPT_CACHE": str(cache)})):  # the sweep's
+        with pytest.raises(ValueError, match=rf"^CGPT_CACHE={cache}: {cache} (is a file|lies "
+                           rf"under {f}, a file), not a directory; point CGPT_CACHE at a "
+                           "directory"):
+            call()
+    with pytest.raises(ValueError, match=rf"^data.cache_dir={cache}: .* give data.cache_dir a "
+                       "directory"):
+        cache_root(DataConfig(cache_dir=str(cache)))
+    assert backend.cache_home({"CGPT_CACHE": str(tmp_path / "new" / "c")}) == \
+        tmp_path / "new" / "c"  # missing: made when used
+
+
+def test_train_with_cgpt_cache_a_file_is_one_line_and_writes_nothing(corpus, tmp_path,
+                                                                      monkeypatch, capsys):
+    f = tmp_path / "cache-file"
+    f.write_text("not a folder\n")
+    monkeypatch.setenv("CGPT_CACHE", str(f))
+    out = tmp_path / "run"
+    flags = [x for x in _flags(corpus, tmp_path / "unused", out) if "cache_dir" not in x]
+    assert cli_main(flags) == 2
+    err = [x for x in capsys.readouterr().err.splitlines() if "error" in x]
+    assert err == [f"cgpt train: error: CGPT_CACHE={f}: {f} is a file, not a directory; point "
+                   "CGPT_CACHE at a directory (made if missing), or unset it to use "
+                   "~/.cache/cgpt"], err
+    assert f.read_text() == "not a folder\n" and rundir.recognise(out) == []

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from cgpt import rundir
+from cgpt.stop import received_line
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""}
@@ -97,6 +98,60 @@ def test_a_main_thread_stuck_in_c_is_ended_by_the_watchdog(sig, line):
     assert len(lines) == 1 and lines[0].startswith(line), err
 
 
+# A scheduler's SIGTERM, then its SIGKILL 0.1 s later, while the main thread is in C (an XLA
+# step or compile): before, the exit was -9 with no line (the watchdog waited GRACE_S for the
+# main thread, the loop's handler runs only between bytecodes).
+KILLED = """
+import signal, sys, time
+from cgpt.stop import GUARD
+GUARD.install("train"); GUARD.arm()
+if sys.argv[1] == "loop":  # a run's loop took the signals over (cgpt.train.preempt)
+    from cgpt.train.preempt import CheckpointTriggers
+    CheckpointTriggers().install()
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # as inside XLA
+print("ready", flush=True)
+time.sleep(120)
+"""
+
+
+@pytest.mark.parametrize("phase, line", [
+    ("loop", received_line(signal.SIGTERM)),
+    ("start", "cgpt train: stopped by SIGTERM before the first training step")])
+def test_sigterm_is_said_when_it_arrives_before_a_sigkill(phase, line):
+    p = subprocess.Popen([sys.executable, "-c", KILLED, phase], cwd=REPO, env=ENV, text=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert p.stdout.readline().strip() == "ready"
+    while not _asleep(p.pid):
+        time.sleep(0.01)
+    p.send_signal(signal.SIGTERM)
+    time.sleep(0.1)
+    p.send_signal(signal.SIGKILL)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == -signal.SIGKILL
+    assert [x for x in err.splitlines() if x.strip()][0].startswith(line), err
+
+
+def test_a_training_run_says_sigterm_before_the_sigkill_that_follows(tmp_path, corpus):
+    """The real thing: `cgpt train` in its loop (a checkpoint written), SIGTERM, SIGKILL
+    0.1 s later (SLURM's KillWait set to nothing): the line is in its stderr; --resume then
+    finishes the run."""
+    out, err_path = tmp_path / "run", tmp_path / "run.err"
+    argv = _train(tmp_path, corpus, out)
+    argv[argv.index("--tokens=2560")] = "--tokens=25600"  # 200 steps: the loop is still going
+    with open(err_path, "w") as err_file:
+        proc = subprocess.Popen(argv, cwd=tmp_path, env=ENV, stdout=subprocess.DEVNULL,
+                                stderr=err_file)
+        assert _when(proc, err_path, lambda e: (out / "checkpoints" / "5").exists())
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.1)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=120)
+    err = err_path.read_text()
+    assert proc.returncode in (-signal.SIGKILL, 128 + signal.SIGTERM), err
+    assert received_line(signal.SIGTERM) in err.splitlines(), err
+    assert "Traceback" not in err
+
+
 REPEATED = """
 import os, signal, sys, time
 from cgpt.errors import Stopped
@@ -109,7 +164,7 @@ except Stopped as e:
     for _ in range(3):  # the executor re-sends SIGUSR1 every second: the cleanup goes on
         os.kill(os.getpid(), signal.SIGUSR1)
         time.sleep(0.05)
-    print(f"cgpt train: {e}", file=sys.stderr)
+    GUARD.say(f"cgpt train: {e}")  # as the edge (cgpt.stop.status) says it: once
     GUARD.finish(e.exit_code)
 """
 
@@ -154,7 +209,7 @@ def _signal_train(tmp_path, corpus, sig, ready, name="run"):
 
 def _one_line_or_done(rc, err, out, sig):
     lines = [x for x in err.splitlines() if x.strip() and not x.startswith("tiny-17k:")
-             and not x.startswith("tokenizing")]
+             and not x.startswith("tokenizing") and x != received_line(sig)]  # said at arrival
     assert "Traceback" not in err and "Exception ignored" not in err and rc >= 0, err
     if rc == 0:  # the signal came after the work was done: the run is complete
         assert (out / "summary.json").is_file(), err

@@ -342,3 +342,52 @@ def test_sweep_parallel_below_one_is_refused(tmp_path, capsys, n):
     path.write_text(yaml.safe_dump(BASE))
     assert f"--parallel {n}" in _one_line_error(
         capsys, ["sweep", str(path), "--dry-run", "--no-fit", f"--parallel={n}"])
+
+
+def _launch_env() -> dict:
+    return {**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu"}
+
+
+def test_a_sweep_worker_starts_without_a_runpy_warning():
+    """The worker was run as `python -m cgpt.sweep.worker`, a second copy (`__main__`) of a
+    module its package had imported: every worker printed `<frozen runpy>:128: RuntimeWarning:
+    'cgpt.sweep.worker' found in sys.modules ...`, which a user reads as an error. The sweep's
+    own launcher, with no jobs (slow twin: a whole sweep)."""
+    p = subprocess.run([sys.executable, "-c", executors._LAUNCH, "", str(os.getpid()), "",
+                        "cgpt.sweep.worker", "--report"], input="[]", capture_output=True,
+                       text=True, timeout=300, env=_launch_env(), cwd=REPO)
+    assert p.returncode == 0 and p.stdout == "", (p.stdout, p.stderr)
+    assert "Warning" not in p.stderr, p.stderr
+
+
+@pytest.mark.slow  # a whole sweep (two runs, two workers); twin: the launcher above
+def test_a_sweep_prints_no_runpy_warning(tmp_path):
+    from tests.sweep_helpers import make_spec
+
+    spec = make_spec(tmp_path, "quiet", {"model": ["tiny-17k"], "seed": [0, 1]},
+                     base={"train": {"tokens": 2560}})
+    p = subprocess.run([sys.executable, "-m", "cgpt", "sweep", str(spec), "--out",
+                        str(tmp_path / "sw"), "--parallel", "2", "--no-fit"],
+                       capture_output=True, text=True, timeout=1200, env=_launch_env(),
+                       cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-3000:]
+    logs = "".join(f.read_text() for f in (tmp_path / "sw").rglob("train.log"))
+    assert "RuntimeWarning" not in p.stdout + p.stderr + logs, p.stderr
+
+
+@pytest.mark.parametrize("key, value, fix", [
+    ("flops", 1e40, r"give grid.flops at most 1.38e\+16 for this model"),  # 6 N x 1.37e11
+    ("tokens_per_param", 1e40, r"give grid.tokens_per_param at most 8.16e\+06 for"),
+    ("tokens", 1e40, r"give grid.tokens at most 1.37e\+11 for this model")])
+def test_a_grid_budget_beyond_any_run_names_its_grid_key(tmp_path, capsys, key, value, fix):
+    """The token budget the grid set was refused as `train.tokens=9.9e+34 ...`, a key the
+    spec does not have."""
+    spec = tmp_path / "absurd.yaml"
+    spec.write_text(yaml.safe_dump({
+        "name": "absurd", "base": {"preset": "tiny-17k", "data": {"vocab_size": 512,
+                                                                  "seq_len": 16},
+                                   "train": {"batch_size": 4, "tokens": 640}},
+        "grid": {"model": ["tiny-17k"], key: [value]}}))
+    line = _one_line_error(capsys, ["sweep", str(spec), "--dry-run", "--no-fit"])
+    assert f"{spec}: grid.{key} entry 1e+40 gives model tiny-17k (16,832 parameters)" in line
+    assert re.search(fix, line) and "train.tokens" not in line, line

@@ -252,8 +252,26 @@ def init_compile_options(platform: str) -> dict | None:
 
 def cache_home(environ=os.environ) -> Path:
     """Where cgpt caches what it can rebuild (prepared data, compiled programs): $CGPT_CACHE,
-    else ~/.cache/cgpt."""
-    return Path(environ.get("CGPT_CACHE") or Path.home() / ".cache" / "cgpt").expanduser()
+    else ~/.cache/cgpt. One that is, or lies under, a file is a ValueError naming the variable
+    (it ended in "<file>/locks: Not a directory" after the step had compiled)."""
+    given = environ.get("CGPT_CACHE")
+    home = Path(given or Path.home() / ".cache" / "cgpt").expanduser()
+    fix = ("point CGPT_CACHE at a directory (made if missing), or unset it to use "
+           "~/.cache/cgpt" if given else "move that file away, or set CGPT_CACHE to a directory")
+    return cache_folder(home, f"CGPT_CACHE={given}" if given else
+                        "the cache ~/.cache/cgpt (CGPT_CACHE is unset)", fix)
+
+
+def cache_folder(path: Path, named: str, fix: str) -> Path:
+    """`path`, a cache directory to be made if missing, unless it or a folder above it is a
+    file: then a ValueError naming it as the user set it (`named`) with `fix`."""
+    for p in (path, *path.parents):
+        if p.exists():
+            if p.is_dir():
+                return path
+            what = "is a file" if p == path else f"lies under {p}, a file"
+            raise ValueError(f"{named}: {path} {what}, not a directory; {fix}")
+    return path
 
 
 # JAX's persistent compilation cache, one per user (`compile_cache_dir`): a sweep's workers,

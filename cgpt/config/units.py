@@ -2,10 +2,12 @@
 `fmt_bytes` writes every size cgpt prints (plan, fit, auto mode, the sweep's dry run)."""
 from __future__ import annotations
 
+import math
 import re
 
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
           "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+MAX_BYTES = 2**63 - 1  # the most a size may be: an int64 count of bytes (1e400 is inf)
 _PREFIXES = (("PB", 1e15), ("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3))
 
 
@@ -14,9 +16,16 @@ def parse_bytes(text: str | int | float, what: str = "--device-memory") -> int:
     m = re.fullmatch(r"\s*([\d.]+(?:E[+-]?\d+)?)\s*([KMGT]?I?B?)\s*", str(text).upper())
     if not m or m.group(2) not in _UNITS:
         raise ValueError(f"{what} {text!r}: expected a size such as 80GB, 40GiB or 512MB")
-    value = float(m.group(1)) * _UNITS[m.group(2)]
+    try:
+        value = float(m.group(1)) * _UNITS[m.group(2)]
+    except ValueError:  # '1.2.3'
+        raise ValueError(f"{what} {text!r}: expected a size such as 80GB, 40GiB or 512MB") \
+            from None
     if value < 1:
         raise ValueError(f"{what} {text!r} must be positive")
+    if not math.isfinite(value) or value > MAX_BYTES:  # int(inf) raised OverflowError
+        raise ValueError(f"{what} {text!r}: beyond any device ({MAX_BYTES:,} bytes at most); "
+                         "give the memory of one device, such as 80GB")
     return int(value)
 
 

@@ -57,8 +57,13 @@ __all__ = [
 
 
 def cache_root(cfg: DataConfig) -> Path:
-    """The cache directory: cfg.cache_dir, else $CGPT_CACHE, else ~/.cache/cgpt."""
-    return Path(cfg.cache_dir).expanduser() if cfg.cache_dir else backend.cache_home()
+    """The cache directory: cfg.cache_dir, else $CGPT_CACHE, else ~/.cache/cgpt (one that is
+    a file: a ValueError naming the key or variable)."""
+    if not cfg.cache_dir:
+        return backend.cache_home()
+    return backend.cache_folder(Path(cfg.cache_dir).expanduser(),
+                                f"data.cache_dir={cfg.cache_dir}",
+                                "give data.cache_dir a directory (made if missing)")
 
 
 def _digest(obj: object) -> str:

@@ -22,7 +22,7 @@ from cgpt.errors import TrainError
 from cgpt.plan.costs import batch_advice
 from cgpt.sharding import auto, cost
 from cgpt.sharding.cost import axis_bytes
-from cgpt.sharding.fitrule import choose_step, usable_memory
+from cgpt.sharding.fitrule import choose_step, divisors_desc, usable_memory
 from cgpt.sharding.nodes import node_axes, weight_shards
 from cgpt.train.resolve import resolve
 
@@ -54,7 +54,7 @@ def plan_analytic(run, device_memory: int | str, devices: int, nodes: int = 1,
     T, t = res.seq_len, run.train
     per_replica = res.batch_size // res.replicas
     micros = ([t.micro_batch] if t.micro_batch else
-              [m for m in range(per_replica, 0, -1) if per_replica % m == 0])
+              divisors_desc(per_replica))
     ladder = backend.kernels(cfg, platform).remat_ladder  # the memory model tells full or not
     remats = ([cfg.remat] if cfg.remat is not None else
               list(dict.fromkeys((ladder[0], "full"))))
@@ -128,7 +128,7 @@ def _bubble(mode: str, mesh: dict[str, int], micro: int) -> float | None:
     from cgpt.sharding.pipeline import bubble_fraction  # loads JAX: only when this runs
 
     s = mesh.get("stage", 1)
-    divisors = [k for k in range(1, micro + 1) if micro % k == 0]
+    divisors = divisors_desc(micro)
     return bubble_fraction(s, min([k for k in divisors if k >= 4 * s] or [micro]))
 
 

@@ -13,6 +13,7 @@ from cgpt.config.data import DataConfig
 from cgpt.config.model import get_config, recomputes_forward, remat_value
 from cgpt.config.run import MODES, RunConfig, TrainConfig
 from cgpt.config.units import parse_bytes
+from cgpt.config.values import MAX_INT
 from cgpt.errors import TrainError
 from cgpt.plan import cudnn
 from cgpt.plan.analytic import plan_analytic
@@ -46,6 +47,12 @@ def plan(model: str, mode: str, mesh: str = "", devices: int = 8,
         mesh=mesh, host_offload=host_offload))
     if not compile:
         return plan_analytic(run, device_memory, devices, nodes, platform)
+    if batch and batch * T > MAX_INT:  # the compiled step counts its tokens in int32 (JAX's
+        # OverflowError from deep inside the loss, after seconds of tracing)
+        raise ValueError(f"--batch {batch}: {batch:,} sequences x {T} tokens is "
+                         f"{batch * T:,} tokens per step, more than the {MAX_INT:,} a compiled "
+                         f"step counts; give --batch at most {MAX_INT // T:,} (at --seq-len "
+                         f"{T}), or add --no-compile for the analytic plan")
     if cpu_devices is None:
         import jax  # loads JAX: only when this runs
         cpu_devices = jax.devices("cpu")[:devices]

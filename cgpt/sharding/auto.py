@@ -135,8 +135,11 @@ def choose_auto(cfg: ModelConfig, num_devices: int, memory: int, batch: int, seq
     else:
         # the rest of the devices become `data`, which the batch must split over
         step = batch // micro_batch if micro_batch and batch % micro_batch == 0 else batch
-        options = [s for s in range(1, num_devices + 1) if num_devices % s == 0
-                   and cfg.n_layer % s == 0 and step % (num_devices // s) == 0 or s == 1]
+        # a stage count divides both the devices and the layers: the divisors of their gcd
+        # (a scan up to --devices 10**6 took seconds per call)
+        options = [s for s in range(1, math.gcd(num_devices, cfg.n_layer) + 1)
+                   if num_devices % s == 0 and cfg.n_layer % s == 0
+                   and step % (num_devices // s) == 0 or s == 1]
         stages = max(options)
         if hardware:  # every stage count, the cost model ranks them
             pipelines = sorted(options, reverse=True)

@@ -96,16 +96,17 @@ def weight_streaming_axes(num_devices: int, batch: int, micro_batch: int | None 
     crossing = ""
     if nodes > 1 and num_devices % nodes == 0:
         per_node = num_devices // nodes
-        inside = [k for k in range(1, per_node + 1) if per_node % k == 0
-                  and step % (nodes * k) == 0]
-        if inside and max(inside) == per_node and per_node > 1:  # HSDP
+        # the most devices k of a node with nodes x k splitting the step (0: none), as a gcd:
+        # a scan of every count up to --gpus-per-node 2**40 never ended
+        inside = math.gcd(per_node, step // nodes) if step % nodes == 0 else 0
+        if inside == per_node and per_node > 1:  # HSDP
             return {"data": nodes, "fsdp": per_node}, (
                 f"HSDP: the global batch of {batch} splits over all {num_devices} devices, "
                 f"over data={nodes} (one per node: data crosses nodes) x fsdp={per_node} (a "
                 f"node's devices); weights and optimizer state sharded over fsdp={per_node} "
                 f"inside each node, replicated over the {nodes} nodes")
         if inside:
-            data = nodes * max(inside)
+            data = nodes * inside
             fsdp = num_devices // data
             why = (f"the global batch of {batch} splits over data={data} (a multiple of the "
                    f"{nodes} nodes: data crosses nodes)" + (
@@ -116,7 +117,7 @@ def weight_streaming_axes(num_devices: int, batch: int, micro_batch: int | None 
         crossing = (f"; fsdp CROSSES NODES: the batch of {batch} does not split over the "
                     f"{nodes} nodes (data would have to be a multiple of {nodes}); a batch "
                     f"that is a multiple of {nodes} keeps fsdp inside a node")
-    data = max(d for d in range(1, num_devices + 1) if num_devices % d == 0 and step % d == 0)
+    data = math.gcd(num_devices, step)  # the most devices the step splits over
     fsdp = num_devices // data
     if fsdp == 1:
         return {"data": data}, (f"the global batch of {batch} splits over all {num_devices} "

@@ -49,7 +49,7 @@ from cgpt.config import flops
 from cgpt.config.hardware import spec_peak
 from cgpt.config.model import ModelConfig, recomputes_forward
 from cgpt.sharding.axes import replica_axes
-from cgpt.sharding.fitrule import HEADROOM, choose_step, usable_memory
+from cgpt.sharding.fitrule import HEADROOM, choose_step, divisors_desc, usable_memory
 from cgpt.sharding.nodes import crossing_axes, weight_axes
 
 FIT_HEADROOM = HEADROOM  # the fit's (`cgpt.sharding.fitrule`)
@@ -150,7 +150,7 @@ def pipeline_micro_batches(per_replica_rows: int, stages: int,
     """`LayerPipelined.micro_batches_for` as arithmetic (tests compare the two): the fewest
     divisors of the rows reaching 4 x stages, else one sequence each; a configured M is
     lowered to the largest divisor below it."""
-    divisors = [m for m in range(1, per_replica_rows + 1) if per_replica_rows % m == 0]
+    divisors = divisors_desc(per_replica_rows)
     if configured:
         return max(m for m in divisors if m <= configured)
     return min([m for m in divisors if m >= 4 * stages] or [per_replica_rows])
@@ -340,8 +340,7 @@ def predict_fit(mode: str, axes: dict[str, int], batch: int, memory: int,
     full remat against a smaller micro-batch as the fit on a GPU does. When nothing fits:
     the smallest, remat on."""
     per, _ = micro_and_replicas(mode, axes, batch, micro_batch)
-    micros = [micro_batch] if micro_batch else sorted(
-        (d for d in range(1, per + 1) if per % d == 0), reverse=True)
+    micros = [micro_batch] if micro_batch else divisors_desc(per)
     remats = [False, True] if remat is None else [recomputes_forward(remat)]
     usable = usable_memory(memory)
     step = choose_step(micros, remats, lambda m, r: need(mode, axes, m, r) <= usable, cost_of)
@@ -374,6 +373,6 @@ def cheapest(cfg: ModelConfig, mode: str, axes: dict[str, int], batch: int, seq_
     per, _ = micro_and_replicas(mode, axes, batch, None)
     usable = usable_memory(memory)
     steps = [step_cost(cfg, mode, axes, batch, seq_len, m, r, hw)
-             for m in range(1, per + 1) if per % m == 0 for r in (False, True)
+             for m in reversed(divisors_desc(per)) for r in (False, True)
              if need(mode, axes, m, r) <= usable]
     return min(steps, key=lambda c: c.total_s, default=None)

@@ -17,6 +17,7 @@ placement as train would run it) and `cgpt.plan.analytic` (the analytic plan's f
 """
 from __future__ import annotations
 
+import math
 from typing import Callable, Sequence, TypeVar
 
 R = TypeVar("R")  # a remat rung: the ladder's names, or remat off/on as bools
@@ -32,6 +33,14 @@ POOL_MARGIN = 0.05  # of the pool a step never plans to fill. The fit counts the
 # the evaluation program's temp, autotuning's scratch on the first steps. 5% is 3.6 GB of a
 # 72 GB pool. A chosen margin, not a measured one: bench/gpu_check.py prints a GPU's peak
 # in use beside the fit's figure, the measurement that confirms or resizes it.
+
+
+def divisors_desc(n: int) -> list[int]:
+    """Every divisor of n, largest first, in O(sqrt n): the micro-batches a per-replica batch
+    splits into. A batch of 10**9 sequences is decided in milliseconds, not by a scan of every
+    count up to it (`cgpt plan --batch 1000000000` ran for minutes)."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted({*small, *(n // d for d in small)}, reverse=True)
 
 
 def pool_memory(device_memory: int) -> int:

@@ -25,6 +25,7 @@ from cgpt.config.recipe import published_defaults
 from cgpt.sharding.auto import placement
 from cgpt.sharding.mesh import build_mesh, device_memory_bytes, maybe_initialize_distributed
 from cgpt.sharding.pipeline import bubble_fraction, pipelined_loss
+from cgpt.sharding.fitrule import divisors_desc
 from cgpt.sharding.axes import (HOST_OFFLOAD_REMOVED, SHARDED_MODES, batch_axes as ws_batch_axes,
                                 check_stages)
 from cgpt.sharding.nodes import node_axes, weight_axes
@@ -346,7 +347,7 @@ class LayerPipelined(Sharded):
         (eval batches). Default: the fewest that reach 4 x stages (GPipe's rule of thumb
         for a small bubble), else one sequence per micro-batch."""
         per = max(1, rows // self.data_replicas)
-        divisors = [m for m in range(1, per + 1) if per % m == 0]
+        divisors = divisors_desc(per)
         if self.micro_batches:
             return max(m for m in divisors if m <= self.micro_batches)
         return min([m for m in divisors if m >= 4 * self.stages] or [per])

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from cgpt import rundir, stop
 from cgpt.paths import check_destination
+from cgpt.sweep import compare
 from cgpt.sweep.fitcheck import fit_results, print_fit
 from cgpt.sweep.groups import fit_groups, plan_groups, print_groups
 from cgpt.sweep.launch import EXECUTORS, ON_CHANGE, check_identity, launch, print_table
@@ -73,7 +74,9 @@ def register(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "sweep", help="launch a grid of training runs from a spec (resumable)",
         description="Expand a sweep spec into runs and train each as its own process. "
-        "Relaunching the same command skips finished runs and resumes interrupted ones.")
+        "Relaunching the same command skips finished runs and resumes interrupted ones. "
+        "`cgpt sweep compare DIR_A DIR_B [--at C]` compares two finished sweeps (the compute "
+        "multiplier of recipe B over A; --help there).")
     add_arguments(p)
     p.set_defaults(func=cmd_sweep)
     return p
@@ -145,7 +148,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     """`python -m cgpt.sweep ...`, the same as `python -m cgpt sweep ...`: its process's edge
     (`cgpt.stop.edge`: a stop or an error is one line and an exit status)."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["compare"]:
+        return compare.main(argv[1:])
     ap = argparse.ArgumentParser(prog="cgpt sweep")
     add_arguments(ap)
-    args = ap.parse_args(sys.argv[1:] if argv is None else argv)
+    args = ap.parse_args(argv)
     return stop.edge("sweep", lambda: cmd_sweep(args))

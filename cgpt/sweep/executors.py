@@ -64,7 +64,11 @@ class Job:
 # Launcher run as `python -c`: hold the run's lock for the whole training process (the fd is
 # inherited across exec), pin to its CPU share, ignore SIGUSR1/2 until train handles them (an
 # early time-limit signal must not kill it), die with the parent (PR_SET_PDEATHSIG, Linux)
-# so a killed sweep leaves no orphan writing the run dir, then exec the train entry point.
+# so a killed sweep leaves no orphan writing the run dir, then exec the entry point: `cgpt`
+# as `python -m cgpt` (its package installs the signal guard from the first statement),
+# another module (the sweep's worker) by importing it and calling its `main`. `python -m` ran
+# the worker as a second copy, `__main__`, of a module its package had already imported
+# (`cgpt.sweep` -> launch -> worker): runpy's RuntimeWarning in every worker's output.
 _LAUNCH = r"""
 import ctypes, fcntl, os, signal, sys
 lock_path, parent, cpus, argv = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4:]
@@ -86,7 +90,10 @@ except (OSError, AttributeError):
     pass
 if os.getppid() != parent:
     sys.exit("cgpt sweep: the sweep process exited before this run started")
-os.execv(sys.executable, [sys.executable, "-m", *argv])  # argv: module, then its args
+if argv[0] == "cgpt":  # argv: module, then its args
+    os.execv(sys.executable, [sys.executable, "-m", *argv])
+os.execv(sys.executable, [sys.executable, "-c", "import sys; from " + argv[0]
+                          + " import main; sys.exit(main())", *argv[1:]])
 """
 
 _live: dict[str, subprocess.Popen] = {}  # run_id -> process (this process's runs)

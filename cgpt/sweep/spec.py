@@ -17,6 +17,7 @@ from pathlib import Path
 
 from cgpt.config import flops as flops_mod
 from cgpt.config.model import get_config
+from cgpt.config.recipe import MAX_STEPS
 from cgpt.config.overrides import SECTIONS, check_key, coerce_source, seed_overrides, set_key, \
     split_override
 from cgpt.config.run import RunConfig, from_dict, identity, load_yaml, parse_bytes
@@ -155,6 +156,30 @@ def _number(spec_path: Path, key: str, v) -> float:
     if not x > 0 or not math.isfinite(x):
         raise ValueError(f"{spec_path}: {key} entry {v!r} must be a positive number")
     return x
+
+
+def _budget_error(spec_path: Path, budget: tuple[str, float, str], model: str, n: int,
+                  raw: dict, e: ValueError) -> ValueError:
+    """A grid budget no run of `model` can train (beyond an int32 step count), named by its
+    grid key and value with the largest this model takes: the resolver's error names
+    train.tokens, which the grid set, not the user."""
+    kind, value, label = budget
+    key = ("grid.tokens" if kind == "tokens" or label == "chinchilla" else
+           "grid.tokens_per_param" if kind == "tpp" else "grid.flops")
+    scale = {"tokens": 1, "tpp": n, "flops": 1 / (6 * n)}[kind]  # tokens per unit (C = 6 N D)
+    what = f"{key} entry {label if label == 'chinchilla' else f'{value:g}'}"
+    try:  # the model's tokens per step, from a budget of one step
+        small = {**raw, "train": {**raw["train"], "tokens": 1}}
+        most = MAX_STEPS * resolve(from_dict(small, str(spec_path))).tokens_per_step
+    except (TrainError, ValueError):
+        return ValueError(f"{spec_path}: {what} (model {model}): {e}")
+    top = most / scale
+    top = math.floor(top / 10 ** (math.floor(math.log10(top)) - 2)) * 10 ** (
+        math.floor(math.log10(top)) - 2)  # 3 digits, rounded down: the bound itself trains
+    return ValueError(f"{spec_path}: {what} gives model {model} ({n:,} parameters) "
+                      f"{value * scale:.3g} tokens, beyond the {most:.3g} of a run's "
+                      f"{MAX_STEPS:,} steps at most; give {key} at most {top:.3g} for this "
+                      "model")
 
 
 def _overrides_entry(spec_path: Path, i: int, entry) -> tuple[str, dict]:
@@ -354,7 +379,8 @@ def load_sweep(path: str | Path, sets: list[str] | None = None, _spec: dict | No
             raise ValueError(f"{e} (run model={m}, seed={seed}, overrides={ovr or '{}'})") from None
         n = cfg.model.num_params()
         tokens_fixed = "train.tokens" in ovr or "tokens" in (set_run.get("train") or {})
-        if kind != "config" and not tokens_fixed:
+        derived = kind != "config" and not tokens_fixed  # the grid's budget sets train.tokens
+        if derived:
             d = (round(value) if kind == "tokens" else round(value * n) if kind == "tpp"
                  else round(value / (6 * n)))
             raw.setdefault("train", {})["tokens"] = max(1, int(d))
@@ -363,6 +389,10 @@ def load_sweep(path: str | Path, sets: list[str] | None = None, _spec: dict | No
             plan = resolve(cfg)
         except TrainError as e:
             raise ValueError(f"{spec_path}: run model={m}: {e}") from None
+        except ValueError as e:
+            if not derived:  # train.tokens as the user set it: the error names it
+                raise
+            raise _budget_error(spec_path, (kind, value, blabel), m, n, raw, e) from None
         d_run = plan.total_steps * plan.tokens_per_step
         if tpp_range and not (tpp_range[0] <= plan.tokens / n <= tpp_range[1]):
             dropped += 1

@@ -1,8 +1,9 @@
 """Training several jobs in one process: fused groups, and a local sweep's runs one after another.
 
-`python -m cgpt.sweep.worker [--report]` reads a JSON list of `Job`s on stdin and trains them
-in this one process, in order: a lone run as `cgpt train` would (`cgpt.train.loop.train`), a
-fused group with `cgpt.train.fused_loop.train_fused`. One interpreter start, one import of
+`main([--report])` (the sweep starts it with `python -c`, `executors._LAUNCH`) reads a JSON
+list of `Job`s on stdin and trains them in this one process, in order: a lone run as `cgpt
+train` would (`cgpt.train.loop.train`), a fused group with
+`cgpt.train.fused_loop.train_fused`. One interpreter start, one import of
 JAX and the model, compiled steps reused across same-shape jobs (and JAX's persistent
 compilation cache across processes, as before). Every run directory is locked while its job
 trains, and ends up as a `cgpt train` process would leave it: `train.log` (the job's output,

@@ -100,8 +100,12 @@ class Checkpointer:
         try:
             self.mngr.wait_until_finished()
         except BaseException as e:
-            self._release(step, e)  # raises
-        self._release(step, None)
+            old = self._prune_error(step, e)
+            if old is None:
+                self._release(step, e)  # raises
+            self._kept_old(step, old)
+        else:
+            self._release(step, None)
         self.last_save_s = (self._written_at or time.monotonic()) - t0
         if not distributed.is_writer():
             return
@@ -118,6 +122,41 @@ class Checkpointer:
                   f"the {grace:.0f} s the scheduler's signal leaves before the requeue: a save "
                   "on the signal would be cut off; set slurm.signal_delay_s to at least "
                   f"{math.ceil(1.25 * self.last_save_s) + 30}", file=sys.stderr, flush=True)
+
+    def _prune_error(self, step: int, error: BaseException) -> OSError | None:
+        """The OSError of `error`'s chain if it is Orbax failing to delete an older checkpoint
+        (its pruning to `keep`, after checkpoint `step` was committed), else None."""
+        ckpts = (self.run_dir / rundir.CKPT_DIR).absolute()
+        e, seen = error, set()
+        while e is not None and id(e) not in seen:
+            seen.add(id(e))
+            if isinstance(e, OSError) and e.filename:
+                try:
+                    part = Path(os.fsdecode(e.filename)).absolute().relative_to(ckpts).parts[0]
+                except (ValueError, IndexError, TypeError):
+                    return None
+                older = part.isdigit() and int(part) < step
+                return e if older and (ckpts / str(step)).is_dir() else None
+            e = e.__cause__ or e.__context__
+        return None
+
+    def _kept_old(self, step: int, old: OSError) -> None:
+        """Checkpoint `step` is committed but an older one could not be deleted (EBUSY on NFS,
+        a file held open): not a failed save. One line, and training goes on; the old one is
+        pruned by a later save or the next resume (`_prune`). Orbax's traceback of it (held
+        since the save began) is dropped, and Orbax, which forgot `step` on the failure,
+        lists the directory again."""
+        held, unraisable, prev_hook = self._holds
+        self._holds = None
+        sys.unraisablehook = prev_hook
+        logging.getLogger("absl").removeFilter(held)  # its records: this failure's traceback
+        for u in unraisable:
+            prev_hook(u)
+        self.mngr.reload()
+        if distributed.is_writer():
+            print(f"warning: checkpoint {step} saved, but the older {old.filename} could not be "
+                  f"deleted ({old.strerror or old}); it is kept until a later save or --resume "
+                  "prunes it (or delete it yourself)", file=sys.stderr, flush=True)
 
     def _hold(self) -> None:
         # Orbax logs a traceback per failed writer thread, and TensorStore reports writes that

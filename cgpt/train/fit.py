@@ -37,7 +37,7 @@ from cgpt.config.model import recomputes_forward, remat_value
 from cgpt.config.units import fmt_bytes
 from cgpt.sharding import cost
 from cgpt.sharding.fitrule import (HEADROOM, POOL_MARGIN, choose_step,  # noqa: F401 (re-exported)
-                                   memory_for, pool_memory, usable_memory)
+                                   divisors_desc, memory_for, pool_memory, usable_memory)
 
 _LESS = (f"less {HEADROOM:.0%} outside the allocator's pool and {POOL_MARGIN:.0%} of the pool "
          "kept free")
@@ -116,13 +116,6 @@ class Choice:
                 f"{fmt_bytes(b['argument'])}; temp {fmt_bytes(b['temp'])}) but "
                 f"{fmt_bytes(self.usable)} are usable ({fmt_bytes(self.device_memory)} per "
                 f"device {_LESS}); use " + "; or ".join(fixes))
-
-
-def divisors_desc(n: int) -> list[int]:
-    """Every divisor of n, largest first, in O(sqrt n): a batch of 2**31 - 1 sequences is
-    decided in milliseconds, not by a scan of every count up to it."""
-    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
-    return sorted({*small, *(n // d for d in small)}, reverse=True)
 
 
 def search(micros: Sequence[int], per_replica: int, compile_fn: Callable[[int, bool], Any],

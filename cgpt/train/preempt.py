@@ -16,7 +16,7 @@ import signal
 import threading
 import time
 
-from cgpt.stop import GUARD, SIGNALS
+from cgpt.stop import GUARD, SIGNALS, received_line
 
 
 class CheckpointTriggers:
@@ -30,6 +30,10 @@ class CheckpointTriggers:
         self._agree = None  # a multi-process job's agreement, made at the first poll
 
     def _handle(self, signum, frame) -> None:
+        if not self.signum:  # said at arrival by the process's watchdog (`cgpt.stop`); where
+            # there is none (a sweep's worker), here: on fd 2 (a print inside a print that the
+            # signal interrupted would raise "reentrant call")
+            GUARD.say(received_line(signum), now=True)
         self.signum = self.signum or signum
 
     def install(self) -> "CheckpointTriggers":
