@@ -29,7 +29,7 @@ ladders with known multipliers in bench/compare.py (docs/analysis.md).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -309,5 +309,5 @@ def compare(runs_a, runs_b, at: float | None = None, *, exponent: str = "separat
                      exponent=exponent, asymptote=asymptote, method=method, boot=boot,
                      u_ref=u_ref, points=((xa, ya), (xb, yb)), names=tuple(names))
     lo, hi = out.interval(at)
-    return Comparison(**{**out.__dict__, "multiplier": float(out.multiplier_at(at)),
-                         "lo": float(lo[0]), "hi": float(hi[0])})
+    return replace(out, multiplier=float(out.multiplier_at(at)), lo=float(lo[0]),
+                   hi=float(hi[0]))
