@@ -200,12 +200,15 @@ def test_07_compare_recipes_on_the_published_table_and_the_committed_ladders(ker
 
 
 def test_08_schedule_endpoints_on_real_sweeps(kernel, monkeypatch):
-    """notebooks/data/endpoints: real runs of sweeps/endpoints_wsd.yaml (WSD + branches) and
-    sweeps/endpoints_cosine.yaml (the cosine endpoints the predictions are judged against)."""
+    """notebooks/data/endpoints: real runs of sweeps/endpoints_wsd.yaml (WSD + branches),
+    sweeps/endpoints_cosine.yaml (the cosine endpoints the predictions are judged against) and
+    sweeps/endpoints_wsd_eval.yaml (the WSD runs with fixed-set evaluations every 10 steps)."""
     text, images = run("08_schedule_endpoints.ipynb", kernel, {"CGPT_N_BOOT": "20"}, monkeypatch)
     assert images >= 1
     assert re.search(r"9 cosine runs: the recipe's LRs equal the logged ones to \d\.\de-\d\d", text)
     assert re.search(r"predicted cosine endpoints: max \|error\| [\d.]+%", text)
+    assert re.search(r"predicted cosine val_loss endpoints \(fixed-set evaluations\): max "
+                     r"\|error\| [\d.]+%, mean \|error\| [\d.]+%, \d/9 inside", text)
     assert text.count("from trained endpoints: ") == 1 and "from predicted endpoints: " in text
     assert "the two laws on the nine (N, D): max |difference|" in text
     assert re.search(r"WSD runs \+ branches: [\d.e+]+ FLOPs \(9 runs\): \d+% saved", text)
