@@ -48,7 +48,10 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Path], None]) -> None
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    except OSError as e:  # named by the file it was for, not the temp name it drew
+        raise OSError(e.errno, e.strerror, str(path)) from None
     os.close(fd)
     try:
         try:
