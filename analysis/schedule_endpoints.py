@@ -6,7 +6,9 @@ cost one WSD run per size instead of one run per budget.
 
 The predicted endpoint is the law's mean loss over the summary's train_loss window of the
 target run (`cgpt.rundir.train_loss_window`), the number results.csv's train_loss holds for a
-trained run, with the law's bootstrap interval. A branch's metrics.jsonl repeats its parent's
+trained run, with the law's bootstrap interval; fitted to the fixed-set evaluations
+(`metric="val_loss"`, runs with a frequent train.eval_every), the evaluation after the target's
+last step, results.csv's val_loss. A branch's metrics.jsonl repeats its parent's
 lines up to the branch step, so each curve is whole from step 1 (the law needs every step's
 LR); the shared stable phase is fitted once per curve, as in any fit to WSD runs of one seed.
 """
@@ -49,7 +51,7 @@ def predict_endpoints(runs: pd.DataFrame, targets: Mapping, *, form: str = "mult
     law is fitted to; at least one must anneal). targets: {model: {label: lrs}}, lrs the LR of
     every step 1..T of the run to predict, as metrics.jsonl would log it (for cgpt's recipe:
     `cgpt.train.optim.lr_at` of the target's resolved recipe). fit_kw: passed to
-    fit_schedule_law (lam, start, resample, level, seed, max_points).
+    fit_schedule_law (metric, lam, start, resample, level, seed, max_points).
     """
     missing = [c for c in ("run_id", "model", "n_params", "run_dir") if c not in runs]
     if missing:

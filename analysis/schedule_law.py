@@ -19,9 +19,13 @@ S1(s) = Σ_{i=1}^{s} η_i over every step, warmup included (Luo et al.'s S1 + S_
 
 Conventions: LRs enter in units of `lr_scale` (the largest LR of the fitted curves), so S1 and
 S2 are in steps x peak LR and A, C, B are in those units. η_i is the LR metrics.jsonl logs at
-step i (the LR of step i's update); the loss logged at step s, computed before that step's
-update, is the papers' L(s−1): its areas sum η_1..η_{s−1}. Only steps after the peak are
-fitted (the papers fit from the end of warmup). Parameters linear in the law (L0, A, C;
+step i (the LR of step i's update). The law is fitted to one of two records (`metric=`):
+"loss", the training loss logged at step s, computed on step s's batch before its update: the
+papers' L(s−1), its areas sum η_1..η_{s−1}; or "val_loss", the evaluation logged at step s
+(every train.eval_every steps, on the same fixed validation sequences each time), computed on
+the weights after step s's update: L(s), its areas sum η_1..η_s. The training loss carries
+each batch's noise; the fixed set does not (docs/analysis.md). Only records after the peak
+are fitted (the papers fit from the end of warmup). Parameters linear in the law (L0, A, C;
 L0, A, B) are solved exactly for each value of the others (variable projection; A and C or B
 kept >= 0, as both papers define them: the annealing term lowers the loss), the rest by
 least squares from a few starts. The bootstrap resamples blocks of each curve's residuals
@@ -47,13 +51,17 @@ FORMS = ("tissue", "multipower")
 PARAMS = {"tissue": ("L0", "A", "alpha", "C"),
           "multipower": ("L0", "A", "alpha", "B", "C", "beta", "gamma")}
 COLUMNS = ("run_id", "step", "lr", "loss")
+# the records a law is fitted to -> the updates behind the weights of the record logged at step
+# s, minus s: the training loss is computed before step s's update, the evaluation after it
+METRICS = {"loss": -1, "val_loss": 0}
 LAMBDA = 0.999  # Tissue et al.'s momentum decay factor
 
 
 # ---- the curves --------------------------------------------------------------------------
 def read_schedule_curves(run_dirs) -> pd.DataFrame:
-    """The (run_id, step, lr, loss) records of each run directory's metrics.jsonl (run_id:
-    the directory's name), read through the run-directory contract (`cgpt.rundir`)."""
+    """The (run_id, step, lr, loss, val_loss) records of each run directory's metrics.jsonl
+    (run_id: the directory's name; val_loss NaN at the steps not evaluated), read through the
+    run-directory contract (`cgpt.rundir`)."""
     if isinstance(run_dirs, (str, os.PathLike)):
         run_dirs = [run_dirs]
     out = []
@@ -67,26 +75,31 @@ def read_schedule_curves(run_dirs) -> pd.DataFrame:
         if missing:
             raise ValueError(f"{log}: no {missing[0]!r} logged, which a schedule law needs at "
                              "every step; train with train.log_every=1")
-        out.append(m[["step", "lr", "loss"]].assign(run_id=d.name))
+        if "val_loss" not in m:
+            m["val_loss"] = np.nan
+        out.append(m[["step", "lr", "loss", "val_loss"]].assign(run_id=d.name))
     if not out:
         raise ValueError("no run directories given: pass one or more run directories or a "
                          "DataFrame with columns run_id, step, lr, loss")
-    return pd.concat(out, ignore_index=True)[list(COLUMNS)]
+    return pd.concat(out, ignore_index=True)[[*COLUMNS, "val_loss"]]
 
 
-def _check_curves(curves: pd.DataFrame) -> dict[str, pd.DataFrame]:
-    """One table per run, each with every step 1..T (the law needs each step's LR)."""
-    missing = [c for c in COLUMNS if c not in curves]
+def _check_curves(curves: pd.DataFrame, metric: str = "loss") -> dict[str, pd.DataFrame]:
+    """One table per run, each with every step 1..T (the law needs each step's LR) and the
+    `metric` at every step ("loss") or at some ("val_loss": NaN where not evaluated)."""
+    cols = [*COLUMNS[:3], metric]
+    missing = [c for c in cols if c not in curves]
     if missing:
-        raise ValueError(f"curves: no column(s) {missing}; a schedule law is fitted to columns "
-                         f"{list(COLUMNS)} (read_schedule_curves(run_dirs) reads them)")
+        raise ValueError(f"curves: no column(s) {missing}; a schedule law of {metric!r} is "
+                         f"fitted to columns {cols} (read_schedule_curves(run_dirs) reads them)")
     runs = {}
     for rid, g in curves.groupby("run_id", sort=False):
         g = g.sort_values("step")
-        for col in ("step", "lr", "loss"):
+        for col in ("step", "lr", metric):
             v = pd.to_numeric(g[col], errors="coerce").to_numpy(float)
-            if not np.isfinite(v).all():
-                step = g["step"].iloc[int(np.argmin(np.isfinite(v)))]
+            bad = ~np.isfinite(v) & ~(np.isnan(v) & (col == "val_loss"))  # not evaluated: NaN
+            if bad.any():
+                step = g["step"].iloc[int(np.argmax(bad))]
                 raise ValueError(f"curves: run {rid!r} has a {col} that is not a finite number "
                                  f"(at step {step}); drop that run or fix its log")
         steps = g["step"].to_numpy(int)
@@ -98,6 +111,9 @@ def _check_curves(curves: pd.DataFrame) -> dict[str, pd.DataFrame]:
             raise ValueError(f"curves: run {rid!r} has a negative lr; learning rates are >= 0")
         if not (g["lr"] > 0).any():
             raise ValueError(f"curves: run {rid!r} never has a positive lr")
+        if not g[metric].notna().any():
+            raise ValueError(f"curves: run {rid!r} has no {metric} record; evaluate during the "
+                             "run (train.eval_every=10, say) or fit metric='loss'")
         runs[str(rid)] = g.reset_index(drop=True)
     if not runs:
         raise ValueError("curves: no rows; pass at least one run's curve")
@@ -118,9 +134,9 @@ class _Features:
 
 
 def _features(eta: np.ndarray, at: np.ndarray, lam: float) -> _Features:
-    """`eta[i]`: the LR of step i+1's update, as metrics.jsonl logs it; `at`: 0-based logged
-    steps. The loss logged at step s is computed before that step's update, on the weights of
-    updates 1..s-1: the papers' L(s-1), so its areas sum the LRs of steps < s."""
+    """`eta[i]`: the LR of step i+1's update, as metrics.jsonl logs it; `at`: the number of
+    updates behind each record's weights (0..len(eta)), so its areas sum eta[:at]: s − 1 for
+    the loss logged at step s (before that step's update), s for the val_loss (after it)."""
     peak = int(np.argmax(eta))
     before = np.concatenate([[0.0], np.cumsum(eta)])   # before[i] = Σ_{τ<i} eta[τ]
     d = np.zeros_like(eta)
@@ -220,23 +236,25 @@ class ScheduleLawFit:
     lr_scale: float              # the largest LR of the fitted curves
     lam: float                   # Tissue's momentum decay factor (unused by multipower)
     runs: tuple                  # the run ids fitted
-    n_points: int                # loss records fitted (steps after each run's peak)
+    n_points: int                # records fitted (logged after each run's peak)
     rmse: float                  # of the fit over those records
     boot: np.ndarray = field(repr=False)   # (n_boot, n_params) refits
     level: float = 0.95
     resample: str = "blocks"
+    metric: str = "loss"         # the record fitted and predicted: "loss" or "val_loss"
 
     def _features(self, lrs) -> _Features:
         eta = np.asarray(lrs, float).ravel()
         if eta.size == 0 or not np.isfinite(eta).all() or (eta < 0).any() or not eta.max() > 0:
             raise ValueError("lrs: a sequence of the LR at every step 1..T, finite, >= 0 and not "
                              "all zero")
-        return _features(eta / self.lr_scale, np.arange(eta.size), self.lam)
+        steps = np.arange(1, eta.size + 1)
+        return _features(eta / self.lr_scale, steps + METRICS[self.metric], self.lam)
 
     def predict(self, lrs) -> pd.DataFrame:
-        """The law's loss at every step of the LR sequence `lrs` (step 1 first; NaN at step 1,
-        before any update), with the bootstrap percentile interval at `level`: columns step,
-        lr, loss, lo, hi."""
+        """The law's `metric` as it would be logged at every step of the LR sequence `lrs`
+        (step 1 first; for "loss" NaN at step 1, before any update), with the bootstrap
+        percentile interval at `level`: columns step, lr, loss, lo, hi."""
         f = self._features(lrs)
         p = np.array([self.params[k] for k in PARAMS[self.form]])
         loss = _curve(self.form, p, f)
@@ -251,11 +269,12 @@ class ScheduleLawFit:
                              "loss": loss, "lo": lo, "hi": hi})
 
     def final_loss(self, lrs, window: int | None = None) -> tuple[float, float, float]:
-        """(loss, lo, hi) averaged over the last `window` steps; default cgpt's summary
-        train_loss window (`cgpt.rundir.train_loss_window`), so it compares with results.csv."""
+        """(loss, lo, hi) averaged over the last `window` steps. Default: what results.csv
+        holds for a trained run, cgpt's summary train_loss window for "loss"
+        (`cgpt.rundir.train_loss_window`), the last step's evaluation for "val_loss"."""
         eta = np.asarray(lrs, float).ravel()
-        w = rundir.train_loss_window(eta.size) if window is None else check_count(
-            window, "window", 1)
+        default = rundir.train_loss_window(eta.size) if self.metric == "loss" else 1
+        w = default if window is None else check_count(window, "window", 1)
         f = self._features(eta)
         p = np.array([self.params[k] for k in PARAMS[self.form]])
         est = float(_curve(self.form, p, f)[-w:].mean())
@@ -290,29 +309,34 @@ class ScheduleLawFit:
                   f"{np.nanpercentile(self.boot[:, i], hi):.4g}]") if len(self.boot) else ""
             parts.append(f"{k} = {self.params[k]:.4g}{ci}")
         return (self._warnings() + f"{name} on {len(self.runs)} run(s) ({', '.join(self.runs)}), "
-                f"{self.n_points} loss records after warmup, rmse {self.rmse:.4g}; LRs in units "
+                f"{self.n_points} {self.metric} records after warmup, rmse {self.rmse:.4g}; LRs in units "
                 f"of {self.lr_scale:g}; " + ", ".join(parts) +
                 (f" ({self.level:.0%} intervals from {len(self.boot)} {self.resample} "
                  "resamples)" if len(self.boot) else ""))
 
 
-def fit_schedule_law(curves, form: str = "multipower", *, lam: float = LAMBDA,
-                     n_boot: int = 200, resample: str = "blocks", block: int | None = None,
-                     max_points: int = 400, start: int | None = None, seed: int = 0,
-                     level: float = 0.95) -> ScheduleLawFit:
+def fit_schedule_law(curves, form: str = "multipower", *, metric: str = "loss",
+                     lam: float = LAMBDA, n_boot: int = 200, resample: str = "blocks",
+                     block: int | None = None, max_points: int = 400, start: int | None = None,
+                     seed: int = 0, level: float = 0.95) -> ScheduleLawFit:
     """Fit `form` ("tissue" | "multipower") to the loss curves of one model size.
 
-    curves: a DataFrame with columns run_id, step, lr, loss (every step from 1), or run
-    directories (read with read_schedule_curves). At least one curve must anneal (its LR fall
-    after its peak): a constant LR says nothing of the annealing term. max_points: the loss
-    records per run fitted, evenly spaced after the peak (the areas use every step). start:
-    the first logged step fitted (default: the first after the peak, as the papers do; a later
-    one leaves out an early phase the law does not describe).
+    curves: a DataFrame with columns run_id, step, lr (every step from 1) and `metric`, or run
+    directories (read with read_schedule_curves). metric: "loss", the training loss logged at
+    every step, or "val_loss", the evaluations on the fixed validation set (logged every
+    train.eval_every steps; NaN at the others): the evaluation after step s's update is L(s),
+    the training loss of step s is L(s − 1) (module docstring). At least one curve must
+    anneal (its LR fall after its peak): a constant LR says nothing of the annealing term.
+    max_points: the records per run fitted, evenly spaced after the peak (the areas use every
+    step's LR). start: the first logged step fitted (default: the first record after the
+    peak, as the papers do; a later one leaves out an early phase the law does not describe).
     resample: "blocks" (moving blocks of `block` residuals per curve, default a tenth of it)
     or "runs" (whole runs, with replacement; needs >= 3 runs).
     """
     if form not in FORMS:
         raise ValueError(f"form={form!r}: use one of {', '.join(map(repr, FORMS))}")
+    if metric not in METRICS:
+        raise ValueError(f"metric={metric!r}: use one of {', '.join(map(repr, METRICS))}")
     if resample not in ("blocks", "runs"):
         raise ValueError(f"resample={resample!r}: use 'blocks' or 'runs'")
     if not 0 < lam <= 1:
@@ -324,25 +348,31 @@ def fit_schedule_law(curves, form: str = "multipower", *, lam: float = LAMBDA,
         start = check_count(start, "start", 1)
     if not isinstance(curves, pd.DataFrame):
         curves = read_schedule_curves(curves)
-    runs = _check_curves(curves)
+    runs = _check_curves(curves, metric)
     if resample == "runs" and len(runs) < 3:
         raise ValueError(f"resample='runs' with {len(runs)} run(s): resampling whole runs needs "
                          "at least 3; use resample='blocks'")
     scale = max(float(g["lr"].max()) for g in runs.values())
     feats, ys = {}, {}
+    shift = METRICS[metric]
     for rid, g in runs.items():
         eta = g["lr"].to_numpy(float) / scale
+        logged = g[metric].notna().to_numpy()
+        steps = g["step"].to_numpy(int)[logged]
+        y = g[metric].to_numpy(float)[logged]
+        # updates behind each record's weights; fitted from the first update after the peak
         first = int(np.argmax(eta)) + 1 if start is None else max(int(np.argmax(eta)) + 1,
-                                                                    start - 1)
-        after = np.arange(first, eta.size)
-        if after.size < 5:
-            raise ValueError(f"curves: run {rid!r} has {after.size} step(s) after its LR peak "
-                             f"(the end of warmup){'' if start is None else f' and step {start}'}"
-                             "; the law is fitted to those steps: lower start or pass longer runs")
-        at = after[np.unique(np.linspace(0, after.size - 1, min(max_points, after.size))
-                             .round().astype(int))]
-        feats[rid] = _features(eta, at, lam)
-        ys[rid] = g["loss"].to_numpy(float)[at]
+                                                                    start + shift)
+        keep = np.flatnonzero(steps + shift >= first)
+        if keep.size < 5:
+            raise ValueError(f"curves: run {rid!r} has {keep.size} {metric} record(s) after its "
+                             f"LR peak (the end of warmup)"
+                             f"{'' if start is None else f' and step {start}'}; the law is "
+                             "fitted to those records: lower start or pass longer runs")
+        keep = keep[np.unique(np.linspace(0, keep.size - 1, min(max_points, keep.size))
+                              .round().astype(int))]
+        feats[rid] = _features(eta, steps[keep] + shift, lam)
+        ys[rid] = y[keep]
     if not any(f.drop.size and f.drop.max() > 0 for f in feats.values()):
         raise ValueError(f"curves: no run's LR decays after its peak ({', '.join(runs)}); the "
                          "annealing term needs at least one decaying schedule (a WSD cooldown "
@@ -369,7 +399,7 @@ def fit_schedule_law(curves, form: str = "multipower", *, lam: float = LAMBDA,
     return ScheduleLawFit(form=form, params=dict(zip(PARAMS[form], map(float, p))),
                           lr_scale=scale, lam=float(lam), runs=tuple(ids), n_points=n_points,
                           rmse=rmse, boot=np.array(boot).reshape(-1, len(PARAMS[form])),
-                          level=level, resample=resample)
+                          level=level, resample=resample, metric=metric)
 
 
 def _blocks(r: np.ndarray, block: int | None, rng: np.random.Generator) -> np.ndarray:

@@ -10,7 +10,13 @@ holds the observed value, `curve` the mean |pred / observed - 1| over the steps 
 (observed: a centred 9-step rolling mean). Target (issue 41): |err| <= max(0.5%, the seed
 scatter: the standard deviation of the cosine seeds' final losses over their mean).
 
+--metric val_loss fits and predicts the evaluations on the fixed validation set instead
+(sweeps/schedules_eval.yaml: every 10 steps; notebooks/data/schedules_eval): `final` is
+results.csv's val_loss (the evaluation after the last step), `curve` compares with each
+evaluation after warmup as logged, and the seed scatter is of the cosine seeds' val_loss.
+
     python bench/schedule_law.py                                # ~4 min at load 6-9
+    python bench/schedule_law.py --metric val_loss --sweep notebooks/data/schedules_eval
     python bench/schedule_law.py --diagnose 6                   # why it misses, ~2 min
     python bench/schedule_law.py --sweep runs/schedules --fit constant,wsd_1sqrt20
     python bench/schedule_law.py --simulate 20                  # the intervals on known laws
@@ -127,14 +133,16 @@ def simulate(reps: int, forms: list[str], n_boot: int, steps: int = 300, sd: flo
     print(f"{time.time() - t0:.0f} s, load average {os.getloadavg()[0]:.1f}")
 
 
-def diagnose(sweep: str, forms: list[str], fit_on: list[str], reps: int, n_boot: int) -> None:
-    """Why a fit on `fit_on` misses, per size, in numbers: the noise (per-step sd, lag-1
-    correlation, the fraction shared with another schedule's run), how fast the loss still
-    falls, the annealing signal (each schedule's final loss minus constant's), whether each form
-    describes all seven curves at once (fitted on all of them from a third of the run), Tissue's
-    lambda, and simulated truth at these lengths and noise: the all-curves fit taken as the
-    truth, `reps` noise draws like the runs', fitted on `fit_on` as the table is."""
-    from analysis.schedule_law import _curve, _features
+def diagnose(sweep: str, forms: list[str], fit_on: list[str], reps: int, n_boot: int,
+             metric: str = "loss") -> None:
+    """Why a fit on `fit_on` misses, per size, in numbers: the noise (sd of a record about a
+    centred rolling mean, lag-1 correlation, the correlation with the cosine run's: the
+    fraction shared), how fast the loss still falls, the annealing signal (each schedule's
+    final loss minus constant's), whether each form describes all seven curves at once (fitted
+    on all of them from a third of the run), Tissue's lambda, and simulated truth at these
+    lengths and noise: the all-curves fit taken as the truth, `reps` noise draws like the
+    runs', fitted on `fit_on` as the table is. `metric`: the training loss (every step) or the
+    fixed-set evaluations (every train.eval_every steps)."""
     df = finished(load_results(sweep))
     df = df[df["seed"] == 0].assign(schedule=lambda d: d["run_id"].map(schedule_of))
     rng = np.random.default_rng(0)
@@ -145,24 +153,29 @@ def diagnose(sweep: str, forms: list[str], fit_on: list[str], reps: int, n_boot:
         by = {s: curves[curves["run_id"] == d.name].reset_index(drop=True)
               for s, d in zip(runs["schedule"], dirs)}
         n = len(by["constant"])
-        w = rundir.train_loss_window(n)
-        fin = {s: g["loss"].iloc[-w:].mean() for s, g in by.items()}
+        logged = by["constant"][metric].notna().to_numpy()   # the same steps in every run
+        w = rundir.train_loss_window(n) if metric == "loss" else 1
+        fin = {s: g[metric].dropna().iloc[-w:].mean() for s, g in by.items()}
+        k = 15 if metric == "loss" else 5                     # records in the rolling mean
 
         def resid(s):
-            x = by[s]["loss"]
-            return (x - x.rolling(15, center=True).mean()).iloc[n // 2:n - 10].to_numpy()
+            x = by[s][metric].dropna().reset_index(drop=True)
+            cut = len(x) - (10 if metric == "loss" else k)
+            return (x - x.rolling(k, center=True).mean()).iloc[len(x) // 2:cut].to_numpy()
         r0, rc = resid("constant"), resid("cosine")
         sd, lag = r0.std(), np.corrcoef(r0[1:], r0[:-1])[0, 1]
         shared = np.corrcoef(r0, rc)[0, 1]
-        sm = by["constant"]["loss"].rolling(w, min_periods=1).mean().to_numpy()
-        print(f"{model}: {n} steps; per-step noise sd {sd:.4f} (lag-1 {lag:+.2f}), correlation "
-              f"with the cosine run's {shared:.2f}; the final loss (mean of {w} steps) varies "
-              f"~{sd / np.sqrt(w) / fin['constant']:.2%} with the batches; constant's loss fell "
-              f"{1 - sm[-1] / sm[int(0.9 * n)]:.2%} over the last 10% of steps")
+        sm = by["constant"][metric].dropna()
+        sm = sm.rolling(w, min_periods=1).mean().to_numpy()
+        print(f"{model}: {n} steps, {int(logged.sum())} {metric} records; noise sd {sd:.4f} "
+              f"(lag-1 {lag:+.2f}), correlation with the cosine run's {shared:.2f}; the final "
+              f"loss (mean of {w} records) varies ~{sd / np.sqrt(w) / fin['constant']:.2%} with "
+              f"the noise; constant's loss fell {1 - sm[-1] / sm[int(0.9 * len(sm))]:.2%} over "
+              "the last 10% of steps")
         print("  final minus constant's: " + ", ".join(
             f"{s} {fin[s] - fin['constant']:+.4f}" for s in sorted(fin) if s != "constant"))
         for form in forms:
-            whole = fit_schedule_law(curves, form, n_boot=0, start=n // 3)
+            whole = fit_schedule_law(curves, form, metric=metric, n_boot=0, start=n // 3)
             errs = {s: whole.final_loss(g["lr"].to_numpy())[0] / fin[s] - 1
                     for s, g in by.items()}
             each = ", ".join(f"{s} {e:+.2%}" for s, e in errs.items())
@@ -172,26 +185,21 @@ def diagnose(sweep: str, forms: list[str], fit_on: list[str], reps: int, n_boot:
             if form == "tissue":
                 two = pd.concat([by[s] for s in fit_on])
                 for lam in (0.99, 0.995, 0.999):
-                    f = fit_schedule_law(two, form, n_boot=0, lam=lam)
+                    f = fit_schedule_law(two, form, metric=metric, n_boot=0, lam=lam)
                     e = {s: f.final_loss(by[s]["lr"].to_numpy())[0] / fin[s] - 1
                          for s in ("cosine", "linear")}
                     print(f"  tissue lambda {lam}: cosine {e['cosine']:+.2%}, linear "
                           f"{e['linear']:+.2%}")
-            p = np.array(list(whole.params.values()))
-            truth = {s: _curve(form, p, _features(g["lr"].to_numpy() / whole.lr_scale,
-                                                  np.arange(n), whole.lam))
-                     for s, g in by.items()}
-            for s in truth:
-                truth[s][:int(np.argmax(np.isfinite(truth[s])))] = np.nan
-                truth[s] = pd.Series(truth[s]).bfill().to_numpy()
+            truth = {s: whole.predict(g["lr"].to_numpy())["loss"].bfill().to_numpy()
+                     for s, g in by.items()}   # the training loss's step 1 (no update): step 2's
             err = {s: [] for s in ("cosine", "linear")}
             cover = {s: [] for s in err}
             for _ in range(reps):
                 common = rng.standard_normal(n)
-                sim = pd.concat([by[s].assign(loss=truth[s] + sd * (
-                    np.sqrt(shared) * common + np.sqrt(1 - shared) * rng.standard_normal(n)))
-                    for s in fit_on])
-                f = fit_schedule_law(sim, form, n_boot=n_boot)
+                sim = pd.concat([by[s].assign(**{metric: np.where(logged, truth[s] + sd * (
+                    np.sqrt(shared) * common + np.sqrt(1 - shared) * rng.standard_normal(n)),
+                    np.nan)}) for s in fit_on])
+                f = fit_schedule_law(sim, form, metric=metric, n_boot=n_boot)
                 for s in err:
                     want = truth[s][-w:].mean()
                     est, lo, hi = f.final_loss(by[s]["lr"].to_numpy())
@@ -210,6 +218,8 @@ def main() -> None:
     ap.add_argument("--fit", default="constant,wsd_linear20",
                     help="the schedules fitted (comma-separated), the others predicted")
     ap.add_argument("--forms", default="tissue,multipower")
+    ap.add_argument("--metric", default="loss", choices=("loss", "val_loss"),
+                    help="fit the training loss at every step, or the fixed-set evaluations")
     ap.add_argument("--n-boot", type=int, default=100)
     ap.add_argument("--start", type=float, default=0.0,
                     help="fit from this fraction of each run (default: the end of warmup)")
@@ -225,11 +235,12 @@ def main() -> None:
     args = ap.parse_args()
     if args.diagnose:
         return diagnose(args.sweep, args.forms.split(","), args.fit.split(","), args.diagnose,
-                        min(args.n_boot, 30))
+                        min(args.n_boot, 30), args.metric)
     if args.simulate:
         return simulate(args.simulate, args.forms.split(","), min(args.n_boot, 50), args.steps,
                         args.noise, args.lag1, args.shared)
-    fit_on = args.fit.split(",")
+    fit_on, metric = args.fit.split(","), args.metric
+    final_col = {"loss": "train_loss", "val_loss": "val_loss"}[metric]
     df = finished(load_results(args.sweep))
     df = df.assign(schedule=df["run_id"].map(schedule_of))
     rows, t0 = [], time.time()
@@ -242,13 +253,21 @@ def main() -> None:
         if missing:
             raise SystemExit(f"{args.sweep}: no {missing[0]!r} run of {model} at seed 0; the "
                              f"schedules there are {sorted(by_sched)}")
-        cos = runs[runs["schedule"].str.startswith("cosine")]["train_loss"]
+        cos = runs[runs["schedule"].str.startswith("cosine")][final_col]
         scatter = float(cos.std(ddof=1) / cos.mean()) if len(cos) > 1 else float("nan")
         target = max(GOAL, scatter) if np.isfinite(scatter) else GOAL
         fitted = curves[curves["run_id"].isin([by_sched[s] for s in fit_on])]
+        if metric == "val_loss":
+            const = curves[curves["run_id"] == dirs[by_sched["constant"]].name]["val_loss"]
+            half = const.dropna().to_numpy()
+            half = half[half.size // 2:]
+            sd = np.std(np.diff(half, 2)) / np.sqrt(6)  # white noise about a smooth trend
+            print(f"{model}: val_loss noise (second differences, the constant run's second "
+                  f"half): sd {sd:.5f} = {sd / half.mean():.3%} of the loss, {half.size} "
+                  "evaluations")
         for form in args.forms.split(","):
             n = int(fitted["step"].max())
-            fit = fit_schedule_law(fitted, form, n_boot=args.n_boot,
+            fit = fit_schedule_law(fitted, form, metric=metric, n_boot=args.n_boot,
                                    start=round(args.start * n) if args.start else None)
             print(f"{model}: {fit.summary()}")
             for r in runs[runs["seed"] == 0].itertuples():
@@ -257,18 +276,24 @@ def main() -> None:
                 g = curves[curves["run_id"] == dirs[r.run_id].name].sort_values("step")
                 pred = fit.predict(g["lr"].to_numpy())
                 est, lo, hi = fit.final_loss(g["lr"].to_numpy())
-                obs = g["loss"].rolling(9, center=True, min_periods=1).mean().to_numpy()
-                after = np.arange(len(g)) > int(np.argmax(g["lr"].to_numpy()))
+                peak = int(np.argmax(g["lr"].to_numpy()))
+                if metric == "loss":
+                    obs = g["loss"].rolling(9, center=True, min_periods=1).mean().to_numpy()
+                    after = np.arange(len(g)) > peak
+                else:  # the evaluations as logged, from the one after the peak step's update
+                    obs = g["val_loss"].to_numpy()
+                    after = (np.arange(len(g)) >= peak) & np.isfinite(obs)
                 curve = float(np.mean(np.abs(pred["loss"].to_numpy()[after] / obs[after] - 1)))
-                err = est / r.train_loss - 1
+                final = getattr(r, final_col)
+                err = est / final - 1
                 rows.append(dict(model=model, form=form, schedule=r.schedule,
-                                 final=r.train_loss, pred=est, lo=lo, hi=hi, err=err,
-                                 covers=lo <= r.train_loss <= hi, curve=curve,
+                                 final=final, pred=est, lo=lo, hi=hi, err=err,
+                                 covers=lo <= final <= hi, curve=curve,
                                  scatter=scatter, meets=abs(err) <= target))
     out = pd.DataFrame(rows)
     load = os.getloadavg()[0]
-    print(f"\nfit on {' + '.join(fit_on)} from {args.start:.0%} of each run (0%: the end of "
-          f"warmup); {args.n_boot} block-bootstrap resamples; "
+    print(f"\n{metric} fitted on {' + '.join(fit_on)} from {args.start:.0%} of each run (0%: "
+          f"the end of warmup); {args.n_boot} block-bootstrap resamples; "
           f"{time.time() - t0:.0f} s, load average {load:.1f}")
     print("| size | form | held-out schedule | final loss | predicted [95% interval] | error | "
           "covers | curve error | meets target |")

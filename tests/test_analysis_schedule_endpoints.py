@@ -43,13 +43,20 @@ def law(model: str, eta: np.ndarray) -> np.ndarray:
     return y
 
 
+def law_after(model: str, eta: np.ndarray) -> np.ndarray:
+    """The law's loss of the weights after step s's update (the val_loss logged at s)."""
+    return _curve("multipower", np.array(LAWS[model]),
+                  _features(eta / PEAK, np.arange(1, eta.size + 1), 0.999))
+
+
 def truth_end(model: str, eta: np.ndarray) -> float:
     return float(law(model, eta)[-max(1, min(50, eta.size // 20)):].mean())
 
 
-def write_sweep(tmp_path, sigma: float) -> pd.DataFrame:
+def write_sweep(tmp_path, sigma: float, every: int = 0, val_sigma: float = 0.0) -> pd.DataFrame:
     """Per model: a WSD parent of T steps and branches at 1/4 and 1/2 of its budget, whose
-    logs repeat the parent's lines up to the branch step (as `cgpt train --branch-from`)."""
+    logs repeat the parent's lines up to the branch step (as `cgpt train --branch-from`);
+    `every` > 0: val_loss every `every` steps and at the end, noise `val_sigma`."""
     rng = np.random.default_rng(0)
     rows = []
     for model in LAWS:
@@ -60,10 +67,14 @@ def write_sweep(tmp_path, sigma: float) -> pd.DataFrame:
                 branch = int(0.8 * eta.size) // 10 * 10
                 assert np.allclose(eta[:branch], parent[:branch])
             loss = law(model, eta) + noise[:eta.size]
+            val = law_after(model, eta) + (val_sigma * rng.standard_normal(eta.size) if every
+                                           else 0.0)
             d = tmp_path / f"{model}{name}"
             d.mkdir()
             (d / "metrics.jsonl").write_text("".join(
-                json.dumps({"step": i + 1, "lr": float(eta[i]), "loss": float(loss[i])}) + "\n"
+                json.dumps({"step": i + 1, "lr": float(eta[i]), "loss": float(loss[i])} |
+                           ({"val_loss": float(val[i])} if every and (
+                               (i + 1) % every == 0 or i + 1 == eta.size) else {})) + "\n"
                 for i in range(eta.size)))
             rows.append(dict(run_id=d.name, model=model, n_params=len(model), run_dir=str(d)))
     return pd.DataFrame(rows)
@@ -89,6 +100,20 @@ def test_cosine_endpoints_predicted_from_wsd_branches(tmp_path):
         assert want[T // 2] < law(m, wsd(T))[T // 2] - 0.02
         assert np.abs(got[WARM:] / want[WARM:] - 1).max() < 0.005
     assert "small: 0.25:" in out.summary() and "multi-power" in out.summary()
+
+
+def test_endpoints_from_the_fixed_set_evaluations(tmp_path):
+    """metric='val_loss': the law fitted to evaluations every 10 steps (the training loss
+    noisy, sd 0.05, and ignored) predicts the evaluation after each cosine run's last step."""
+    runs = write_sweep(tmp_path, 0.05, every=10, val_sigma=0.002)
+    targets = {m: {f"{f:g}": cosine(round(f * T)) for f in (0.5, 1.0)} for m in LAWS}
+    out = predict_endpoints(runs, targets, metric="val_loss", n_boot=20)
+    for r in out.table.itertuples():
+        want = float(law_after(r.model, targets[r.model][r.target])[-1])
+        assert abs(r.loss / want - 1) < 0.005, (r.model, r.target, r.loss, want)
+    assert all(f.metric == "val_loss" for f in out.fits.values())
+    # the peak is step 31: evaluations at 40, 50, .. of each run
+    assert out.fits["small"].n_points == sum(n // 10 - 3 for n in (T, T // 4, T // 2))
 
 
 def test_tissue_form_and_fit_options_pass_through(tmp_path):

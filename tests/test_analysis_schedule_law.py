@@ -148,7 +148,7 @@ def test_bad_input_is_one_clear_error(tmp_path):
         fit_schedule_law(good, resample="runs")
     with pytest.raises(ValueError, match="level=95"):
         fit_schedule_law(good, level=95)
-    with pytest.raises(ValueError, match="step 299; the law is fitted to those steps"):
+    with pytest.raises(ValueError, match="step 299; the law is fitted to those records"):
         fit_schedule_law(good, start=299)
     with pytest.raises(FileNotFoundError, match="no metrics.jsonl"):
         fit_schedule_law([tmp_path / "nope"])
@@ -158,3 +158,94 @@ def test_bad_input_is_one_clear_error(tmp_path):
     fit = fit_schedule_law(good, "tissue", n_boot=0)
     with pytest.raises(ValueError, match="lrs: a sequence"):
         fit.predict([0.001, -1.0])
+    with pytest.raises(ValueError, match="metric='val'"):
+        fit_schedule_law(good, metric="val")
+    with pytest.raises(ValueError, match=r"no column\(s\) \['val_loss'\]"):
+        fit_schedule_law(good, metric="val_loss")
+    with pytest.raises(ValueError, match="run 'constant' has no val_loss record.*eval_every"):
+        fit_schedule_law(good.assign(val_loss=np.nan), metric="val_loss")
+    inf = good.assign(val_loss=np.where(good["step"] == 100, np.inf, np.nan))
+    with pytest.raises(ValueError, match="has a val_loss that is not a finite number .at step 100"):
+        fit_schedule_law(inf, metric="val_loss")
+
+
+# ---- the law fitted to evaluations on a fixed set (metric="val_loss") ----------------------
+def tissue_after(params, eta, lam=0.999):
+    """Tissue's law written out step by step, independent of the module: the loss of the
+    weights after updates 1..s (the val_loss logged at step s), s = 1..T."""
+    l0, a, alpha, c = params
+    p = int(np.argmax(eta)) + 1                  # the peak step, 1-based
+    s1 = m = s2 = 0.0
+    out = []
+    for s in range(1, eta.size + 1):
+        s1 += eta[s - 1] / PEAK
+        if s > p:
+            m = lam * m + (eta[s - 2] - eta[s - 1]) / PEAK
+        s2 += m
+        out.append(l0 + a * s1 ** -alpha - c * s2)
+    return np.array(out)
+
+
+def evaluations(kinds, every, sigma, seed=0, params=TISSUE):
+    """val_loss every `every` steps (and at the end), NaN elsewhere; loss noise-free."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for name, eta in kinds.items():
+        after = tissue_after(params, eta)
+        steps = np.arange(1, T + 1)
+        val = np.where((steps % every == 0) | (steps == T),
+                       after + sigma * rng.standard_normal(T), np.nan)
+        out.append(pd.DataFrame({"run_id": name, "step": steps, "lr": eta,
+                                 "loss": truth("tissue", params, eta), "val_loss": val}))
+    return pd.concat(out, ignore_index=True)
+
+
+def test_val_loss_is_the_law_after_the_steps_update():
+    """Noise-free evaluations after a step drop of the LR (where one step of offset shows):
+    the fit reproduces them exactly and predicts the law written out step by step; read as
+    if logged before the update (the training loss's convention), the same records do not."""
+    drop = lrs("constant")
+    drop[200:] = PEAK / 4        # the LR falls 4x at step 201: S2 jumps there
+    kinds = {"constant": lrs("constant"), "drop": drop}
+    curves = evaluations(kinds, every=1, sigma=0.0)
+    fit = fit_schedule_law(curves, "tissue", metric="val_loss", n_boot=0)
+    assert fit.rmse < 1e-7 and fit.metric == "val_loss"
+    for k, v in zip(PARAMS["tissue"], TISSUE):
+        assert fit.params[k] == pytest.approx(v, rel=1e-4)
+    for eta in (drop, lrs("cosine")):
+        pred = fit.predict(eta)["loss"].to_numpy()
+        assert np.max(np.abs(pred - tissue_after(TISSUE, eta))) < 1e-6
+        assert fit.final_loss(eta)[0] == pytest.approx(tissue_after(TISSUE, eta)[-1], abs=1e-6)
+    shifted = curves.assign(loss=curves["val_loss"]).drop(columns="val_loss")
+    wrong = fit_schedule_law(shifted, "tissue", n_boot=0)    # the training loss's L(s - 1)
+    assert wrong.rmse > 1e-4 and wrong.params["L0"] != pytest.approx(TISSUE[0], abs=5e-3)
+
+
+def test_val_loss_every_ten_steps_predicts_unseen_schedules():
+    """Evaluations every 10 steps (28 after the peak) at noise 0.002, on constant + WSD: the
+    cosine and linear decays' last evaluation within 0.5% and inside the interval."""
+    kinds = {"constant": lrs("constant"), "wsd": lrs("wsd")}
+    curves = evaluations(kinds, every=10, sigma=0.002, seed=3)
+    fit = fit_schedule_law(curves, "tissue", metric="val_loss", n_boot=40)
+    # steps 30, 40, .., 300: the evaluation at the peak step 30 is after its update
+    assert fit.n_points == 2 * 28 and "val_loss records" in fit.summary()
+    assert fit.params["C"] == pytest.approx(0.004, rel=0.1)
+    for kind in ("cosine", "linear"):
+        want = tissue_after(TISSUE, lrs(kind))[-1]
+        est, lo, hi = fit.final_loss(lrs(kind))
+        assert abs(est / want - 1) < 0.005 and lo <= want <= hi
+
+
+def test_reads_val_loss_from_run_directories(tmp_path):
+    curves = evaluations({"constant": lrs("constant"), "wsd": lrs("wsd")}, every=10, sigma=0.0)
+    dirs = []
+    for name, g in curves.groupby("run_id"):
+        recs = [{"step": int(s), "lr": float(lr), "loss": float(x)} |
+                ({"val_loss": float(v)} if np.isfinite(v) else {})
+                for s, lr, x, v in zip(g["step"], g["lr"], g["loss"], g["val_loss"])]
+        _write_run(tmp_path / name, recs)
+        dirs.append(tmp_path / name)
+    back = read_schedule_curves(dirs)
+    assert back["val_loss"].notna().sum() == 2 * 30
+    fit = fit_schedule_law(dirs, "tissue", metric="val_loss", n_boot=0)
+    assert fit.params["C"] == pytest.approx(0.004, rel=1e-3)
