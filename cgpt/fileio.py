@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+import stat
 import tempfile
 from pathlib import Path
 from typing import Callable
@@ -20,6 +21,25 @@ def probe_writable(directory: str | os.PathLike) -> None:
     probe.unlink()
 
 
+def shared_subfolder(root: str | os.PathLike, name: str) -> Path:
+    """root/name, created if missing. When `root` is shared as /tmp is (sticky and
+    world-writable: a lab's cache on a group disk), the folder is made shared the same way, so
+    that another user of the cache can add entries beside this user's without touching them
+    (what git's core.sharedRepository does for a repository's folders)."""
+    root = Path(root)
+    folder = root / name
+    if folder.is_dir():
+        return folder
+    folder.mkdir(parents=True, exist_ok=True)
+    mode = root.stat().st_mode
+    if mode & stat.S_ISVTX and mode & stat.S_IWOTH:
+        try:
+            os.chmod(folder, stat.S_IMODE(mode))
+        except PermissionError:  # another user made it first: theirs to share
+            pass
+    return folder
+
+
 def atomic_write(path: str | os.PathLike, write: Callable[[Path], None]) -> None:
     """Call write(tmp) on a temp file next to `path`, then rename it into place.
 
@@ -28,7 +48,10 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Path], None]) -> None
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    except OSError as e:  # named by the file it was for, not the temp name it drew
+        raise OSError(e.errno, e.strerror, str(path)) from None
     os.close(fd)
     try:
         try:
@@ -59,6 +82,17 @@ STORAGE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO, errno.EACC
 _TEXT_ERRNO = {os.strerror(n): n for n in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO,
                                            errno.EACCES, errno.EFBIG)}
 _STORAGE_TEXT = re.compile("|".join(map(re.escape, _TEXT_ERRNO)))
+
+
+_FIX = {errno.ENOSPC: "free space on its disk", errno.EDQUOT: "free space within your quota",
+        errno.EFBIG: "free space, or use a filesystem that takes larger files",
+        errno.EROFS: "make its filesystem writable", errno.EACCES: "fix its permissions",
+        errno.EPERM: "fix its permissions", errno.EIO: "check its disk (an I/O failed)"}
+
+
+def storage_fix(e: OSError) -> str:
+    """What the user does about the storage refusing `e`: a full disk is not a permission."""
+    return _FIX.get(e.errno, "free space or fix its permissions")
 
 
 def storage_oserror(exc: BaseException) -> OSError | None:

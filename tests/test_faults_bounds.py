@@ -197,26 +197,37 @@ def test_the_micro_batch_divisor_search_is_bounded(n, want):
 
 
 # ---- cgpt plan on absurd values: answered in seconds, or one line naming the flag ----------
-@pytest.mark.parametrize("flags", [
-    ["--batch", "1000000000"],  # every count up to 1e9 scanned for divisors: 65 s at load 7
-    ["--nodes", "2", "--gpus-per-node", "100000000"],  # stage counts up to 2e8: no end in 100 s
+@pytest.mark.parametrize("model,flags", [
+    ("13B", ["--batch", "100000000"]),  # every count up to 1e8 scanned for divisors (1e9: 65 s)
+    ("tiny-17k", ["--nodes", "2", "--gpus-per-node", "100000000"]),  # stage counts up to 2e8
 ])
-def test_an_absurd_plan_is_answered_in_seconds(flags, capsys):
+def test_an_absurd_plan_is_answered_in_seconds(model, flags, capsys):
     from cgpt.cli import main
 
     with within(30):
-        assert main(["plan", "--model", "tiny-17k", "--no-compile", "--json", *flags]) == 0
+        assert main(["plan", "--model", model, "--no-compile", "--json", *flags]) == 0
     r = json.loads(capsys.readouterr().out)
     assert r["batch"] % r["micro_batch"] == 0 and r["num_devices"] >= 8
+
+
+def test_a_plan_of_a_batch_beyond_the_whole_budget_is_refused(capsys):
+    """`--batch 1e9` on tiny-17k: one step is 128B tokens, the model's budget 337k; the plan
+    timed one step of it (the budget rounded up to a step) as if that were the run."""
+    from cgpt.cli import main
+
+    assert main(["plan", "--model", "tiny-17k", "--no-compile", "--batch", "1000000000"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--batch 1000000000: one step of" in err[0], err
+    assert "give --batch at most 2,630" in err[0], err
 
 
 def test_a_compiled_plan_of_more_tokens_than_a_step_counts_names_batch():
     """JAX's OverflowError from inside the loss (a traceback) after the step was traced."""
     from cgpt.plan.planning import plan
 
-    with pytest.raises(ValueError, match=r"^--batch 1000000000: .* 128,000,000,000 tokens per "
-                       r"step, .* at most 16,777,215 \(at --seq-len 128\), or add --no-compile"):
-        plan("tiny-17k", "auto", batch=10**9)
+    with pytest.raises(ValueError, match=r"^--batch 10000000: .* 20,480,000,000 tokens per "
+                       r"step, .* at most 1,048,575 \(at --seq-len 2048\), or add --no-compile"):
+        plan("13B", "auto", batch=10**7)
 
 
 @pytest.mark.parametrize("value", ["1e400", "1e30GB", "1.2.3"])

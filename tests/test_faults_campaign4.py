@@ -309,3 +309,101 @@ def test_the_analytic_plan_refuses_a_pipeline_it_could_not_build(capsys, argv, n
     assert main([*argv, "--no-compile", "--json"]) == 2
     err = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
     assert len(err) == 1 and named in err[0], err
+
+
+def test_a_token_budget_below_one_batch_is_refused_not_rounded_up_to_a_step():
+    """`tokens: 3` (or batch_size 1e9) planned one whole step: a run of 16B tokens for a
+    budget of 640. The budget is refused with the key, the batch and the fix."""
+    from cgpt.config.recipe import steps_for_tokens
+
+    assert steps_for_tokens(64, 4, 16) == 1 and steps_for_tokens(127, 4, 16) == 1
+    with pytest.raises(ValueError, match=r"train.tokens=63 is less than one step of "
+                       r"train.batch_size=4 x data.seq_len=16 = 64 tokens: raise train.tokens"):
+        steps_for_tokens(63, 4, 16)
+
+
+@pytest.mark.parametrize("grid,train,named", [
+    ("tokens: [3]", "batch_size: 4", "grid.tokens entry 3"),
+    ("seed: [0]", "batch_size: 1000000000", "train.batch_size=1,000,000,000"),
+])
+def test_a_dry_run_refuses_a_budget_below_one_batch(tmp_path, grid, train, named):
+    spec = tmp_path / "absurd.yaml"
+    spec.write_text(f"name: absurd\nbase: {{preset: tiny-17k, data: {{seq_len: 16}}, train: "
+                    f"{{{train}, tokens: 640}}}}\ngrid: {{model: [tiny-17k], {grid}}}\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu"}
+    r = subprocess.run([sys.executable, "-m", "cgpt", "sweep", str(spec), "--out",
+                        str(tmp_path / "out"), "--dry-run", "--no-fit"], env=env,
+                       capture_output=True, text=True, timeout=300)
+    lines = [x for x in r.stderr.splitlines() if x.strip()]
+    assert r.returncode == 2 and len(lines) == 1, r.stderr
+    assert named in lines[0] and "less than one step" in lines[0], lines[0]
+
+
+def test_folders_made_in_a_sticky_shared_cache_stay_shared(tmp_path):
+    """User A's first run in a lab's cache (mode 1777, like /tmp) made tokenizers/, locks/ and
+    tokens/ 0755 under umask 022, so user B could not prepare a store of its own there. Folders
+    made in such a cache take its mode; in an ordinary one they keep the umask's."""
+    from cgpt.fileio import shared_subfolder
+
+    lab, own = tmp_path / "lab", tmp_path / "own"
+    lab.mkdir()
+    lab.chmod(0o1777)
+    own.mkdir(mode=0o777)
+    own.chmod(0o777)  # world-writable but not sticky: not a shared cache's convention
+    old = os.umask(0o022)
+    try:
+        for name in ("tokenizers", "locks", "tokens"):
+            assert (shared_subfolder(lab, name).stat().st_mode & 0o7777) == 0o1777
+            assert (shared_subfolder(own, name).stat().st_mode & 0o7777) == 0o755
+    finally:
+        os.umask(old)
+    (lab / "tokens").chmod(0o755)  # an existing folder is never changed
+    assert (shared_subfolder(lab, "tokens").stat().st_mode & 0o7777) == 0o755
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as a second user")
+def test_a_second_user_prepares_a_store_in_a_sticky_cache_the_first_user_made(shared):
+    """End to end through `load_data`: A (this user) prepares a store in a 1777 cache, B (uid
+    65534) prepares another (a different vocabulary) beside it, and A's files are untouched."""
+    from cgpt.data import batches
+
+    cache, corpus = shared / "cache", shared / "corpus"
+    cache.mkdir()
+    cache.chmod(0o1777)
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("the quick brown fox jumps over the lazy dog. " * 400)
+    data = batches.DataConfig(source=str(corpus), vocab_size=300, seq_len=16,
+                              cache_dir=str(cache))
+    batches.load_data(data)
+    before = {p: p.stat().st_mtime_ns for p in cache.rglob("*") if p.is_file()}
+    script = ("import mmap, os, sys\nfrom cgpt.data import batches\n"  # (stdlib under /root)
+              "os.setgroups([]); os.setgid(65534); os.setuid(65534)\n"
+              f"batches.load_data(batches.DataConfig(source={str(corpus)!r}, vocab_size=280, "
+              f"seq_len=16, cache_dir={str(cache)!r}))\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu"}
+    r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert len(list((cache / "tokens").iterdir())) == 2
+    assert {p: p.stat().st_mtime_ns for p in before} == before
+
+
+@pytest.mark.parametrize("err,fix", [
+    (28, "free space on its disk"), (13, "fix its permissions"), (30, "make its filesystem "
+                                                                     "writable")])
+def test_a_run_stopped_by_its_storage_is_told_the_fix_for_that_refusal(tmp_path, err, fix):
+    """Every storage refusal used to end in "free space (or fix the permissions)": a folder
+    of another user's is not a full disk."""
+    from cgpt.train.launch import kept, storage_error
+
+    said, how = storage_error(OSError(err, os.strerror(err), str(tmp_path / "x")))
+    assert said == f"cannot write {tmp_path / 'x'}: {os.strerror(err)}" and how == fix
+    assert kept(tmp_path, how) == f"no checkpoint was written yet; {fix} and rerun"
+
+
+def test_an_io_error_is_not_called_a_failed_write():
+    """EIO while reading a run's tokenizer was reported as "cannot write" it."""
+    from cgpt.train.launch import storage_error
+
+    said, how = storage_error(OSError(5, os.strerror(5), "/r/tokenizer.json"))
+    assert said.startswith("cannot read or write /r/tokenizer.json") and "disk" in how

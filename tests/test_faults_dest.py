@@ -114,7 +114,7 @@ def test_a_run_whose_failure_cannot_be_recorded_is_failed_not_pending(tmp_path, 
     assert "free space" in res["error"]
 
     spec = tmp_path / "s.yaml"
-    spec.write_text("name: s\nbase: {preset: tiny-17k, train: {tokens: 1000}}\n"
+    spec.write_text("name: s\nbase: {preset: tiny-17k, train: {tokens: 4096}}\n"
                     "grid: {model: [tiny-17k], seed: [0, 1]}\n")
     runs = sweep_spec.load_sweep(spec).runs
     rows = {r["run_id"]: r for r in (state.result_row(x, tmp_path / "out",

@@ -81,9 +81,15 @@ def warmup_steps_for(total_steps: int, tokens_per_step: int, published: bool) ->
 
 
 def steps_for_tokens(tokens: int, batch_size: int, seq_len: int) -> int:
-    """Whole steps within the budget, rounded down as in the published runs (111M: 9,037).
+    """Whole steps within the budget, rounded down as in the published runs (111M: 9,037);
+    a budget below one step is refused rather than rounded up to a run it did not ask for.
     At most MAX_STEPS: the optimizer counts steps in int32 inside the jitted update."""
-    steps = max(1, tokens // (batch_size * seq_len))
+    steps = tokens // (batch_size * seq_len)
+    if steps < 1:
+        raise ValueError(f"train.tokens={tokens:,} is less than one step of train.batch_size="
+                         f"{batch_size:,} x data.seq_len={seq_len:,} = "
+                         f"{batch_size * seq_len:,} tokens: raise train.tokens or lower "
+                         "train.batch_size")
     if steps > MAX_STEPS:
         raise ValueError(f"train.tokens={tokens:.3g} is {steps:.3g} steps of train.batch_size="
                          f"{batch_size} x data.seq_len={seq_len} tokens; a run takes at most "

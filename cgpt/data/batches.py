@@ -42,7 +42,7 @@ import numpy as np
 from cgpt.config import backend
 from cgpt.config.data import DataConfig
 from cgpt.data import corpus
-from cgpt.fileio import atomic_write
+from cgpt.fileio import atomic_write, shared_subfolder
 from cgpt.data.prepare import RECIPE, Corpus, prepare
 from cgpt.data.sources import DataError, file_sha256, list_files
 from cgpt.data.store import (MANIFEST, TokenStore, is_store, read_windows,
@@ -82,7 +82,6 @@ class _Source:
 
 
 def _resolve_source(cfg: DataConfig, root: Path) -> _Source:
-    hf_cache = str(root / "datasets")
     column = cfg.text_column
     if cfg.source == "default":
         return _Source({"corpus": corpus.identity(cfg.fraction), "column": column},
@@ -91,7 +90,8 @@ def _resolve_source(cfg: DataConfig, root: Path) -> _Source:
     if cfg.source.startswith("hf:"):
         name, _, config = cfg.source[3:].partition(":")
         return _Source({"hf": name, "config": config or None, "split": cfg.split, "column": column},
-                       cache(lambda: Corpus(cfg.source, column, cfg.split, hf_cache)))
+                       cache(lambda: Corpus(cfg.source, column, cfg.split,
+                                            str(shared_subfolder(root, "datasets")))))
     files = list_files(Path(cfg.source).expanduser())
     # The content hash keeps a cached store honest when a file changes; a prepared store
     # (`cgpt data prepare`) is never re-hashed.
@@ -148,7 +148,7 @@ def _resolve_tokenizer(cfg: DataConfig, run_dir: Path | None, root: Path, source
         tok, origin = load_tokenizer(run_dir / TOKENIZER_FILE), str(run_dir / TOKENIZER_FILE)
     elif cfg.tokenizer == "train":
         digest = _digest([RECIPE, source.identity])[:20]
-        path = root / "tokenizers" / f"bpe{cfg.vocab_size}-{digest}.json"
+        path = shared_subfolder(root, "tokenizers") / f"bpe{cfg.vocab_size}-{digest}.json"
         if not path.is_file():
             tok = train_tokenizer(source.corpus().texts(), cfg.vocab_size)
             atomic_write(path, lambda tmp: tok.save(str(tmp)))
@@ -358,13 +358,14 @@ def load_data(cfg: DataConfig, run_dir: str | os.PathLike | None = None,
         tok, tok_origin = _store_tokenizer(cfg, store, run_dir), str(store.root / TOKENIZER_FILE)
     else:
         source = _resolve_source(cfg, root)
-        with _one_preparer(root / "locks" / f"{_digest([RECIPE, source.identity])[:24]}.lock"):
+        locks = shared_subfolder(root, "locks")
+        with _one_preparer(locks / f"{_digest([RECIPE, source.identity])[:24]}.lock"):
             if on_lock:
                 on_lock()
             tok, tok_origin = _resolve_tokenizer(cfg, run_dir, root, source)
             dtype = np.dtype(_token_dtype(tok.get_vocab_size(with_added_tokens=True))).name
             key = _digest([RECIPE, source.identity, tokenizer_sha256(tok), dtype])[:24]
-            path = root / "tokens" / key
+            path = shared_subfolder(root, "tokens") / key
             if (path / MANIFEST).is_file():
                 store = TokenStore(path)
             else:

@@ -31,7 +31,7 @@ import sysconfig
 from pathlib import Path
 from typing import Iterator
 
-from cgpt.fileio import atomic_write
+from cgpt.fileio import atomic_write, shared_subfolder
 
 NAME = "python-stdlib"
 INCLUDE_TESTS = True  # see module docstring: needed to reach >= 5M tokens
@@ -133,8 +133,7 @@ def materialize(cache_dir: str | os.PathLike, fraction: float = 1.0) -> Path:
     write is atomic (temp file in the same directory + os.replace), so an interrupted
     write never leaves a truncated file that a later run would trust.
     """
-    out_dir = Path(cache_dir) / "corpus"
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = shared_subfolder(cache_dir, "corpus")
     path = out_dir / f"{identity(fraction)}.jsonl"
     if path.exists():
         return path

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from cgpt import rundir
-from cgpt.fileio import atomic_write_text
+from cgpt.fileio import atomic_write_text, storage_fix
 from cgpt.sweep.state import log_error
 
 # AutoExecutor's cluster-independent parameters; every other `slurm:` key gets a slurm_ prefix.
@@ -263,7 +263,7 @@ def outcome(job: Job, rc: int | None, t0: float, log: Path) -> dict:
                 {**res, "status": "failed", "error": err, "log": str(log)}, indent=2))
         except OSError as e:  # a full disk: the sweep still reports the run failed (results.csv)
             err = (f"{err}; could not record the failure in {d / rundir.FAILED_FILE} "
-                   f"({e.strerror or e}): free space on the disk of {d} and rerun the sweep")
+                   f"({e.strerror or e}): {storage_fix(e)} and rerun the sweep")
     return {**res, "status": "failed", "error": err}
 
 

@@ -19,7 +19,7 @@ from cgpt import rundir
 from cgpt.config import backend
 from cgpt.config.run import cadence
 from cgpt.data.batches import load_data
-from cgpt.fileio import atomic_write_text, probe_writable
+from cgpt.fileio import atomic_write_text, probe_writable, storage_fix
 from cgpt.paths import check_destination
 from cgpt.sweep.executors import Job, run_submitit
 from cgpt.sweep.groups import group_jobs, plan_groups
@@ -281,7 +281,7 @@ def launch(sweep: Sweep, out: Path, parallel: int | None = None, executor: str =
                 write_results(sweep.runs, out, failures)
             except OSError as e:
                 bar.write(f"cgpt sweep: could not write {out / rundir.RESULTS_FILE} "
-                          f"({e.strerror or e}); free space on its disk")
+                          f"({e.strerror or e}); {storage_fix(e)}")
 
         def finished(res: dict) -> None:
             if "members" in res:  # a fused group: one result per run

@@ -23,7 +23,7 @@ from cgpt.config.overrides import SECTIONS, check_key, coerce_source, seed_overr
 from cgpt.config.run import RunConfig, from_dict, identity, load_yaml, parse_bytes
 from cgpt.errors import TrainError
 from cgpt.sweep.suggest import with_runs
-from cgpt.train.resolve import resolve
+from cgpt.train.resolve import resolve, tokens_per_step
 from cgpt.sweep.validate import check_estimate, check_slurm, check_spec
 
 SPEC_KEYS = ("name", "description", "base", "models", "grid", "per_model", "filter", "require",
@@ -160,19 +160,23 @@ def _number(spec_path: Path, key: str, v) -> float:
 
 def _budget_error(spec_path: Path, budget: tuple[str, float, str], model: str, n: int,
                   raw: dict, e: ValueError) -> ValueError:
-    """A grid budget no run of `model` can train (beyond an int32 step count), named by its
-    grid key and value with the largest this model takes: the resolver's error names
+    """A grid budget no run of `model` can train (below one step, or beyond an int32 step
+    count), named by its grid key and value with the least or largest this model takes: the resolver's error names
     train.tokens, which the grid set, not the user."""
     kind, value, label = budget
     key = ("grid.tokens" if kind == "tokens" or label == "chinchilla" else
            "grid.tokens_per_param" if kind == "tpp" else "grid.flops")
     scale = {"tokens": 1, "tpp": n, "flops": 1 / (6 * n)}[kind]  # tokens per unit (C = 6 N D)
     what = f"{key} entry {label if label == 'chinchilla' else f'{value:g}'}"
-    try:  # the model's tokens per step, from a budget of one step
-        small = {**raw, "train": {**raw["train"], "tokens": 1}}
-        most = MAX_STEPS * resolve(from_dict(small, str(spec_path))).tokens_per_step
-    except (TrainError, ValueError):
-        return ValueError(f"{spec_path}: {what} (model {model}): {e}")
+    step = tokens_per_step(from_dict(raw, str(spec_path)))
+    if value * scale < step:
+        least = math.ceil(step / scale / 10 ** (math.floor(math.log10(step / scale)) - 2)) * 10 ** (
+            math.floor(math.log10(step / scale)) - 2)  # 3 digits, rounded up: one step trains
+        return ValueError(f"{spec_path}: {what} gives model {model} ({n:,} parameters) "
+                          f"{value * scale:.3g} tokens, less than one step of {step:,} "
+                          f"(train.batch_size x data.seq_len); give {key} at least "
+                          f"{least:.3g} for this model, or lower train.batch_size")
+    most = MAX_STEPS * step
     top = most / scale
     top = math.floor(top / 10 ** (math.floor(math.log10(top)) - 2)) * 10 ** (
         math.floor(math.log10(top)) - 2)  # 3 digits, rounded down: the bound itself trains
@@ -391,7 +395,7 @@ def load_sweep(path: str | Path, sets: list[str] | None = None, _spec: dict | No
             raise ValueError(f"{spec_path}: run model={m}: {e}") from None
         except ValueError as e:
             if not derived:  # train.tokens as the user set it: the error names it
-                raise
+                raise ValueError(f"{spec_path}: run model={m}: {e}") from None
             raise _budget_error(spec_path, (kind, value, blabel), m, n, raw, e) from None
         d_run = plan.total_steps * plan.tokens_per_step
         if tpp_range and not (tpp_range[0] <= plan.tokens / n <= tpp_range[1]):

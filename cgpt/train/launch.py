@@ -8,12 +8,13 @@ create is removed.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 from pathlib import Path
 
 from cgpt import rundir
 from cgpt.errors import RunDirError
-from cgpt.fileio import atomic_write_text, storage_oserror
+from cgpt.fileio import atomic_write_text, storage_fix, storage_oserror
 
 
 # ---- a launch: lock, then commit or leave nothing -------------------------------------------
@@ -65,7 +66,7 @@ class Launch:
             self.lock.release()
         err = storage_error(exc)
         if err is not None:
-            raise RunDirError(f"{err}; {kept(self.out)}") from exc
+            raise RunDirError(f"{err[0]}; {kept(self.out, err[1])}") from exc
         return False
 
     def _clean(self, lock_too: bool) -> None:
@@ -89,24 +90,25 @@ class Launch:
 
 
 # ---- storage errors ---------------------------------------------------------------------
-def storage_error(exc: BaseException) -> str | None:
-    """'cannot write PATH: REASON' when `exc` is the storage refusing a write, else None."""
+def storage_error(exc: BaseException) -> tuple[str, str] | None:
+    """('cannot write PATH: REASON', the fix) when `exc` is the storage refusing a write (or,
+    for EIO, a read), else None."""
     e = storage_oserror(exc)
     if e is None:
         return None
-    return f"cannot write {e.filename or 'the run directory'}: {e.strerror}"
+    verb = "cannot read or write" if e.errno == errno.EIO else "cannot write"
+    return f"{verb} {e.filename or 'the run directory'}: {e.strerror}", storage_fix(e)
 
 
-def kept(out: Path) -> str:
+def kept(out: Path, fix: str) -> str:
     """What a stopped run leaves usable: its complete checkpoints, and how to continue."""
     d = Path(out) / rundir.CKPT_DIR
     steps = sorted(int(p.name) for p in d.iterdir() if p.name.isdigit()) if d.is_dir() else []
     if not steps:
-        return "no checkpoint was written yet; free space (or fix the permissions) and rerun"
+        return f"no checkpoint was written yet; {fix} and rerun"
     what = (f"checkpoint {steps[0]} is kept" if len(steps) == 1 else
             f"checkpoints {', '.join(map(str, steps))} are kept")
-    return (f"{what} in {d}; free space (or fix the permissions) and rerun with --resume "
-            "to continue")
+    return f"{what} in {d}; {fix} and rerun with --resume to continue"
 
 
 # ---- what a launch may do with a directory ----------------------------------------------

@@ -134,10 +134,10 @@ def _b_case(umask_a: int, *, via_env: bool = False, cache_mode: int | None = Non
 add("b_reuses_a_store_umask022", "ok", "sharedcache", _b_case(0o022))
 add("b_reuses_a_store_via_cgpt_cache", "ok", "sharedcache", _b_case(0o022, via_env=True))
 add("b_cannot_read_a_store_umask077", "either", "sharedcache", _b_case(0o077))
-add("b_new_store_in_a_folder", "either", "sharedcache",
-    _b_case(0o022, b_extra=("data.vocab_size=300",)))
+NEW_STORE = ("data.vocab_size=300", "model.vocab_size=300")  # B's own store beside A's
+add("b_new_store_in_a_folder", "either", "sharedcache", _b_case(0o022, b_extra=NEW_STORE))
 add("b_new_store_in_sticky_folder", "ok", "sharedcache",
-    _b_case(0o022, cache_mode=0o1777, b_extra=("data.vocab_size=300",)))
+    _b_case(0o022, cache_mode=0o1777, b_extra=NEW_STORE))
 add("b_first_in_sticky_folder", "ok", "sharedcache",
     _b_case(0o022, cache_mode=0o1777, a_first=False))
 
