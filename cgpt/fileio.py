@@ -56,8 +56,9 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Path], None]) -> None
     try:
         try:
             write(Path(tmp))
-        except OSError as e:  # named by the file it was for, not left unnamed
-            e.filename = e.filename or str(path)
+        except OSError as e:  # named by the file it was for, not unnamed or by its temp name
+            if not e.filename or str(e.filename) == tmp:
+                e.filename = str(path)
             raise
         except Exception as e:  # a Rust or C++ writer (tokenizers) keeps only "os error N"
             errno = re.search(r"os error (\d+)", str(e))
@@ -87,7 +88,7 @@ _STORAGE_TEXT = re.compile("|".join(map(re.escape, _TEXT_ERRNO)))
 _FIX = {errno.ENOSPC: "free space on its disk", errno.EDQUOT: "free space within your quota",
         errno.EFBIG: "free space, or use a filesystem that takes larger files",
         errno.EROFS: "make its filesystem writable", errno.EACCES: "fix its permissions",
-        errno.EPERM: "fix its permissions", errno.EIO: "check its disk (an I/O failed)"}
+        errno.EPERM: "fix its permissions", errno.EIO: "check the disk"}
 
 
 def storage_fix(e: OSError) -> str:

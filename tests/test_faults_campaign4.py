@@ -406,4 +406,17 @@ def test_an_io_error_is_not_called_a_failed_write():
     from cgpt.train.launch import storage_error
 
     said, how = storage_error(OSError(5, os.strerror(5), "/r/tokenizer.json"))
-    assert said.startswith("cannot read or write /r/tokenizer.json") and "disk" in how
+    assert said.startswith("the storage failed on /r/tokenizer.json: ") and how == "check the disk"
+
+
+def test_a_failed_atomic_write_names_its_file_not_the_temp_name(tmp_path):
+    """An ESTALE while writing metrics.jsonl was reported on `metrics.jsonl.bsr4rztx.tmp`."""
+    from cgpt.fileio import atomic_write
+
+    def stale(tmp):
+        raise OSError(116, os.strerror(116), str(tmp))
+
+    with pytest.raises(OSError) as e:
+        atomic_write(tmp_path / "metrics.jsonl", stale)
+    assert e.value.filename == str(tmp_path / "metrics.jsonl")
+    assert list(tmp_path.iterdir()) == []

@@ -91,13 +91,13 @@ class Launch:
 
 # ---- storage errors ---------------------------------------------------------------------
 def storage_error(exc: BaseException) -> tuple[str, str] | None:
-    """('cannot write PATH: REASON', the fix) when `exc` is the storage refusing a write (or,
-    for EIO, a read), else None."""
+    """('cannot write PATH: REASON', the fix) when `exc` is the storage refusing a write; an
+    EIO, which may have been a read, as 'the storage failed on PATH: ...'. Else None."""
     e = storage_oserror(exc)
     if e is None:
         return None
-    verb = "cannot read or write" if e.errno == errno.EIO else "cannot write"
-    return f"{verb} {e.filename or 'the run directory'}: {e.strerror}", storage_fix(e)
+    what = "the storage failed on" if e.errno == errno.EIO else "cannot write"
+    return f"{what} {e.filename or 'the run directory'}: {e.strerror}", storage_fix(e)
 
 
 def kept(out: Path, fix: str) -> str:
