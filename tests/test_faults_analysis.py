@@ -187,7 +187,7 @@ def test_noise_table_checks_the_run_directory_too(tmp_path):
 
 
 @pytest.mark.parametrize("name", ["demo", "critical_batch/batch_sweep", "schedules",
-                                  "schedules_lr2e-3"])
+                                  "schedules_lr2e-3", "schedules_eval_2500"])
 def test_every_bundled_sweep_holds_its_own_runs(name):
     from analysis.results import locate_run
 
