@@ -309,8 +309,8 @@ class ScheduleLawFit:
                   f"{np.nanpercentile(self.boot[:, i], hi):.4g}]") if len(self.boot) else ""
             parts.append(f"{k} = {self.params[k]:.4g}{ci}")
         return (self._warnings() + f"{name} on {len(self.runs)} run(s) ({', '.join(self.runs)}), "
-                f"{self.n_points} {self.metric} records after warmup, rmse {self.rmse:.4g}; LRs in units "
-                f"of {self.lr_scale:g}; " + ", ".join(parts) +
+                f"{self.n_points} {self.metric} records after warmup, rmse {self.rmse:.4g}; "
+                f"LRs in units of {self.lr_scale:g}; " + ", ".join(parts) +
                 (f" ({self.level:.0%} intervals from {len(self.boot)} {self.resample} "
                  "resamples)" if len(self.boot) else ""))
 

@@ -161,8 +161,8 @@ def _number(spec_path: Path, key: str, v) -> float:
 def _budget_error(spec_path: Path, budget: tuple[str, float, str], model: str, n: int,
                   raw: dict, e: ValueError) -> ValueError:
     """A grid budget no run of `model` can train (below one step, or beyond an int32 step
-    count), named by its grid key and value with the least or largest this model takes: the resolver's error names
-    train.tokens, which the grid set, not the user."""
+    count), named by its grid key and value with the least or largest this model takes: the
+    resolver's error names train.tokens, which the grid set, not the user."""
     kind, value, label = budget
     key = ("grid.tokens" if kind == "tokens" or label == "chinchilla" else
            "grid.tokens_per_param" if kind == "tpp" else "grid.flops")
