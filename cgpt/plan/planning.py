@@ -42,11 +42,11 @@ def plan(model: str, mode: str, mesh: str = "", devices: int = 8,
     T = seq_len or cfg.n_ctx
     if not 1 <= T <= cfg.n_ctx:
         raise ValueError(f"--seq-len {T}: must be between 1 and the model's n_ctx={cfg.n_ctx}")
-    if batch and batch * T > cfg.chinchilla_tokens():  # the run a plan times: one step at least
+    budget = cfg.chinchilla_tokens()
+    if batch and batch * T > budget:  # the run a plan times: one step at least
         raise ValueError(f"--batch {batch}: one step of {batch:,} x {T} tokens is more than "
-                         f"{model}'s Chinchilla budget of {cfg.chinchilla_tokens():,} tokens, the "
-                         f"run a plan times; give --batch at most {cfg.chinchilla_tokens() // T:,}"
-                         f" (at --seq-len {T})")
+                         f"{model}'s Chinchilla budget of {budget:,} tokens, the run a plan "
+                         f"times; give --batch at most {budget // T:,} (at --seq-len {T})")
     run = RunConfig(preset=model, model=cfg, data=DataConfig(seq_len=T), train=TrainConfig(
         batch_size=batch, micro_batch=micro_batch, micro_batches=micro_batches, mode=mode,
         mesh=mesh, host_offload=host_offload))

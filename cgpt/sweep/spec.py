@@ -23,7 +23,7 @@ from cgpt.config.overrides import SECTIONS, check_key, coerce_source, seed_overr
 from cgpt.config.run import RunConfig, from_dict, identity, load_yaml, parse_bytes
 from cgpt.errors import TrainError
 from cgpt.sweep.suggest import with_runs
-from cgpt.train.resolve import resolve, tokens_per_step
+from cgpt.train.resolve import batch_of, resolve
 from cgpt.sweep.validate import check_estimate, check_slurm, check_spec
 
 SPEC_KEYS = ("name", "description", "base", "models", "grid", "per_model", "filter", "require",
@@ -158,6 +158,12 @@ def _number(spec_path: Path, key: str, v) -> float:
     return x
 
 
+def _three_digits(x: float, rounding) -> float:
+    """`x` to three significant digits, rounded by `rounding` (math.ceil or math.floor)."""
+    unit = 10 ** (math.floor(math.log10(x)) - 2)
+    return rounding(x / unit) * unit
+
+
 def _budget_error(spec_path: Path, budget: tuple[str, float, str], model: str, n: int,
                   raw: dict, e: ValueError) -> ValueError:
     """A grid budget no run of `model` can train (below one step, or beyond an int32 step
@@ -168,18 +174,16 @@ def _budget_error(spec_path: Path, budget: tuple[str, float, str], model: str, n
            "grid.tokens_per_param" if kind == "tpp" else "grid.flops")
     scale = {"tokens": 1, "tpp": n, "flops": 1 / (6 * n)}[kind]  # tokens per unit (C = 6 N D)
     what = f"{key} entry {label if label == 'chinchilla' else f'{value:g}'}"
-    step = tokens_per_step(from_dict(raw, str(spec_path)))
+    run = from_dict(raw, str(spec_path))
+    step = batch_of(run) * run.data.seq_len
     if value * scale < step:
-        least = math.ceil(step / scale / 10 ** (math.floor(math.log10(step / scale)) - 2)) * 10 ** (
-            math.floor(math.log10(step / scale)) - 2)  # 3 digits, rounded up: one step trains
+        least = _three_digits(step / scale, math.ceil)  # rounded up: one step trains
         return ValueError(f"{spec_path}: {what} gives model {model} ({n:,} parameters) "
                           f"{value * scale:.3g} tokens, less than one step of {step:,} "
                           f"(train.batch_size x data.seq_len); give {key} at least "
                           f"{least:.3g} for this model, or lower train.batch_size")
     most = MAX_STEPS * step
-    top = most / scale
-    top = math.floor(top / 10 ** (math.floor(math.log10(top)) - 2)) * 10 ** (
-        math.floor(math.log10(top)) - 2)  # 3 digits, rounded down: the bound itself trains
+    top = _three_digits(most / scale, math.floor)  # rounded down: the bound itself trains
     return ValueError(f"{spec_path}: {what} gives model {model} ({n:,} parameters) "
                       f"{value * scale:.3g} tokens, beyond the {most:.3g} of a run's "
                       f"{MAX_STEPS:,} steps at most; give {key} at most {top:.3g} for this "

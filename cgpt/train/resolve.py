@@ -109,17 +109,16 @@ def _check_pipeline(mode: str, mesh: dict, model: ModelConfig, micro_batches: in
                          "out, or use --mode layer_pipelined")
 
 
-def tokens_per_step(run: RunConfig) -> int:
-    """The run's batch (train.batch_size, else the published default) times data.seq_len."""
-    return (run.train.batch_size or published_defaults(run.model)["batch_size"]) * \
-        run.data.seq_len
+def batch_of(run: RunConfig) -> int:
+    """The run's global batch in sequences: train.batch_size, else the published default."""
+    return run.train.batch_size or published_defaults(run.model)["batch_size"]
 
 
 def recipe_of(run: RunConfig) -> tuple[int, Recipe]:
     """(token budget, recipe): the published defaults under the run's train.* values."""
     cfg, t, seq = run.model, run.train, run.data.seq_len
     d = published_defaults(cfg)
-    batch = tokens_per_step(run) // seq
+    batch = batch_of(run)
     tokens = cfg.chinchilla_tokens() if t.tokens == "chinchilla" else int(t.tokens)
     total = steps_for_tokens(tokens, batch, seq)
     warmup = t.warmup_steps or warmup_steps_for(total, batch * seq, d["published"])
