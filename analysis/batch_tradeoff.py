@@ -23,9 +23,18 @@ Conventions:
     every batch size; with a constant LR after it, S does not depend on the run's length).
   - D, for the fit of B_crit against N and D (`analysis.gns.fit_bcrit_scaling`), is E_min in
     tokens: the data the target takes when every example counts fully.
+
+Two definitions of the critical batch (`definition=`), both read off the same fitted S(B):
+  - "mccandlish": B_crit = E_min / S_min, where the two asymptotes of S(B) meet (S = 2 S_min).
+  - "overhead": Zhang et al. 2024's CBS, the batch at which the steps exceed linear scaling
+    from a reference batch b_ref (S(B) = S(b_ref) b_ref / B) by a fraction `overhead` (their
+    20%, from b_ref = 256 sequences): solving S_min + E_min / B = (1 + o) S(b_ref) b_ref / B
+    gives CBS = (1 + o) b_ref + o E_min / S_min. On the same data it is 3-4x below McCandlish's
+    at o = 0.2 (o B_crit plus 1.2 b_ref); it needs b_ref in the linear-scaling regime.
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,11 +44,39 @@ from scipy import stats
 
 from cgpt import rundir
 
-from .checks import check_count, check_level
+from .checks import as_numbers, check_count, check_level, numeric_column
 from .gns import read_noise
 from .results import finished, load_results, locate_run, n_params
 
 WITHIN = 2.0  # "the noise scale predicts B_crit": B_crit / B_simple within [1/2, 2]
+MAX_BATCH_TOKENS = 1e8  # 25x the largest published batch (Llama 3: 16M tokens): a unit mix-up
+DEFINITIONS = ("mccandlish", "overhead")
+
+
+def check_definition(definition: str, b_ref, overhead) -> tuple[float, float]:
+    """(b_ref, overhead) for `definition`, or one error naming the argument and the fix."""
+    if definition not in DEFINITIONS:
+        raise ValueError(f"definition={definition!r}: use 'mccandlish' (E_min / S_min) or "
+                         "'overhead' (Zhang et al.'s CBS, with b_ref= and overhead=)")
+    if definition == "mccandlish":
+        return float("nan"), float("nan")
+    if b_ref is None or not np.isfinite(b_ref) or not b_ref > 0:
+        raise ValueError(f"b_ref={b_ref!r}: definition='overhead' needs the reference batch "
+                         "(sequences) whose steps linear scaling starts from, e.g. b_ref=256 "
+                         "as Zhang et al. use")
+    if not np.isfinite(overhead) or not overhead > 0:
+        raise ValueError(f"overhead={overhead!r}: the fraction of extra steps over linear "
+                         "scaling that defines the CBS, > 0, e.g. overhead=0.2 (Zhang et al.)")
+    return float(b_ref), float(overhead)
+
+
+def critical_batch_of(s_min, e_min, definition: str = "mccandlish", *, b_ref=None,
+                      overhead: float = 0.2):
+    """The critical batch (sequences) of S(B) = S_min + E_min / B by `definition` (module
+    docstring): E_min / S_min, or (1 + overhead) b_ref + overhead E_min / S_min."""
+    b_ref, overhead = check_definition(definition, b_ref, overhead)
+    ratio = np.asarray(e_min, float) / np.asarray(s_min, float)
+    return ratio if definition == "mccandlish" else (1 + overhead) * b_ref + overhead * ratio
 
 
 def smooth_loss(steps: np.ndarray, loss: np.ndarray, width: float = 0.1) -> np.ndarray:
@@ -118,8 +155,9 @@ def best_lr(table: pd.DataFrame) -> pd.DataFrame:
     batch size's grid (the optimum may lie outside it, so S is an upper bound) and `n_lr`."""
     reached = table[np.isfinite(table["steps"])]
     keys = ["N", "target", "batch_size"]
-    best = reached.loc[reached.groupby(keys)["steps"].idxmin()].copy()
-    grid = table.groupby(["N", "batch_size"])["peak_lr"].agg(["min", "max", "nunique"])
+    best = reached.loc[reached.groupby(keys, dropna=False)["steps"].idxmin()].copy()
+    grid = table.groupby(["N", "batch_size"], dropna=False)["peak_lr"].agg(
+        ["min", "max", "nunique"])
     g = grid.loc[list(zip(best["N"], best["batch_size"]))]
     best["n_lr"] = g["nunique"].to_numpy()
     best["lr_at_edge"] = ((best["n_lr"].to_numpy() > 1)
@@ -195,9 +233,36 @@ class TradeoffFit:
     def bracketed(self) -> bool:
         return bool(self.batch.min() <= self.b_crit <= self.batch.max())
 
+    def critical_batch(self, definition: str = "mccandlish", *, b_ref=None,
+                       overhead: float = 0.2) -> tuple[float, float, float]:
+        """(B_crit, lo, hi) by `definition` (module docstring), the interval from the same
+        bootstrap as `ci` (log percentiles widened by t_{n-2}/z)."""
+        est = float(critical_batch_of(self.s_min, self.e_min, definition, b_ref=b_ref,
+                                      overhead=overhead))
+        if self.boot is None or not len(self.boot):
+            return est, float("nan"), float("nan")
+        v = critical_batch_of(np.exp(self.boot[:, 0]), np.exp(self.boot[:, 1]), definition,
+                              b_ref=b_ref, overhead=overhead)
+        lo, hi = _widened(np.log(est), np.log(v), self.level, self.batch.size)
+        return est, lo, hi
+
     def predict(self, batch) -> np.ndarray:
         """Steps to the target at batch sizes `batch`."""
         return self.s_min + self.e_min / np.asarray(batch, float)
+
+
+def _grows(batch: np.ndarray, steps: np.ndarray) -> str:
+    """'S at B' of the smallest and largest batch when the steps (mean over each batch size's
+    runs) never fall and grow from the smallest batch to the largest: no trade-off fits that,
+    and noise about a flat S_min (B far above B_crit) does it by chance only at 2 sizes. Else
+    ""."""
+    sizes = np.unique(batch)
+    if sizes.size < 3:
+        return ""
+    s = np.array([steps[batch == b].mean() for b in sizes])
+    if not (np.all(np.diff(s) >= 0) and s[-1] > s[0]):
+        return ""
+    return f"{s[0]:.4g} at B = {sizes[0]:g}, {s[-1]:.4g} at B = {sizes[-1]:g}"
 
 
 def fit_tradeoff(batch, steps, *, n_boot: int = 1000, level: float = 0.95,
@@ -207,12 +272,29 @@ def fit_tradeoff(batch, steps, *, n_boot: int = 1000, level: float = 0.95,
     squares on log S; intervals from a residual bootstrap (residuals of log S rescaled by
     sqrt(n / (n - 2)) for the two fitted parameters; percentile intervals of the log
     parameters widened by t_{n-2}/z), the batch sizes held fixed, as they are in a sweep."""
-    batch, steps = np.asarray(batch, float), np.asarray(steps, float)
+    if isinstance(batch, dict) or isinstance(steps, dict):
+        raise TypeError("batch and steps: sequences of numbers (lists, arrays, columns), not a "
+                        "dict; pass list(d.values())")
+    shapes = np.shape(batch), np.shape(steps)
+    batch, steps = (as_numbers(np.asarray(v, object), name).reshape(shape)
+                    for v, name, shape in ((batch, "batch", shapes[0]),
+                                           (steps, "steps", shapes[1])))
     n_boot, level = check_count(n_boot, "n_boot"), check_level(level)
     if batch.shape != steps.shape or batch.ndim != 1:
         raise ValueError(f"batch and steps must be 1-d of equal length, got {batch.shape} "
                          f"and {steps.shape}")
-    ok = np.isfinite(steps) & (steps > 0) & np.isfinite(batch) & (batch > 0)
+    if not np.all(np.isfinite(batch) & (batch > 0)):
+        raise ValueError(f"batch: batch sizes are > 0 sequences, got "
+                         f"{batch[~(np.isfinite(batch) & (batch > 0))][:5].tolist()}")
+    if (steps <= 0).any() or np.isinf(steps).any():
+        raise ValueError(f"steps: {steps[(steps <= 0) | np.isinf(steps)][:5].tolist()}: steps to "
+                         "a target are > 0 (NaN: the batch size never reached it)")
+    ok = np.isfinite(steps)
+    grow = _grows(batch[ok], steps[ok])
+    if grow:
+        raise ValueError(f"steps grow with the batch size ({grow}): S = S_min + E_min / B "
+                         "takes fewer steps at a larger batch; check that each step count "
+                         "belongs to its batch size (and its target)")
     if np.unique(batch[ok]).size < 3:
         raise ValueError(f"fit_tradeoff needs steps at >= 3 distinct batch sizes, got "
                          f"{np.unique(batch[ok]).size} (batch sizes that never reach the target "
@@ -230,21 +312,22 @@ def fit_tradeoff(batch, steps, *, n_boot: int = 1000, level: float = 0.95,
     # Percentile intervals of the log parameters, their half-widths widened by t_{n-2} / z: the
     # residual bootstrap reproduces the scatter but not the small-sample spread of a fit with
     # n - 2 degrees of freedom (6 batch sizes leave 4; without it 95% intervals covered ~86%
-    # of simulated truths, with it ~95%: tests/test_critical_batch.py).
+    # of simulated truths, with it ~95%: tests/analysis/test_batch_tradeoff.py).
     est = {"s_min": th[0], "e_min": th[1], "b_crit": th[1] - th[0]}
     logs = {"s_min": boot[:, 0], "e_min": boot[:, 1], "b_crit": boot[:, 1] - boot[:, 0]}
-    widen = stats.t.ppf((1 + level) / 2, max(n - 2, 1)) / stats.norm.ppf((1 + level) / 2)
-    ci = {}
-    for name, v in logs.items():
-        if not n_boot:
-            ci[name] = (np.nan, np.nan)
-            continue
-        lo, hi = np.percentile(v, [(1 - level) / 2 * 100, (1 + level) / 2 * 100])
-        ci[name] = (float(np.exp(est[name] - widen * (est[name] - lo))),
-                    float(np.exp(est[name] + widen * (hi - est[name]))))
+    ci = {name: _widened(est[name], v, level, n) if n_boot else (np.nan, np.nan)
+          for name, v in logs.items()}
     return TradeoffFit(batch=batch, steps=steps, s_min=float(np.exp(th[0])),
                        e_min=float(np.exp(th[1])), ci=ci, level=level,
                        rms_log=float(np.sqrt(np.mean((log_s - fitted) ** 2))), boot=boot)
+
+
+def _widened(est: float, boot: np.ndarray, level: float, n: int) -> tuple[float, float]:
+    """exp of the bootstrap percentile interval of a log parameter, its half-widths widened by
+    t_{n-2} / z (fit_tradeoff's docstring)."""
+    widen = stats.t.ppf((1 + level) / 2, max(n - 2, 1)) / stats.norm.ppf((1 + level) / 2)
+    lo, hi = np.percentile(boot, [(1 - level) / 2 * 100, (1 + level) / 2 * 100])
+    return float(np.exp(est - widen * (est - lo))), float(np.exp(est + widen * (hi - est)))
 
 
 def pooled_noise_scale(best: pd.DataFrame, *, n_boot: int = 1000,
@@ -260,42 +343,104 @@ def pooled_noise_scale(best: pd.DataFrame, *, n_boot: int = 1000,
     return float(np.median(v)), np.median(v[rng.integers(0, v.size, (n_boot, v.size))], axis=1)
 
 
+def steps_table(table: pd.DataFrame, seq_len: int | None = None) -> pd.DataFrame:
+    """Any steps-to-target table as `best_lr`'s rows: columns batch_size (sequences) and steps
+    are required; N and target (one model / one target if absent), peak_lr (the fewest steps
+    per batch size are kept if present; else one row per batch size is required), b_simple
+    and seq_len (the `seq_len` argument if absent) are optional."""
+    if not isinstance(table, pd.DataFrame):
+        raise TypeError(f"table: a DataFrame of steps to a target, not a "
+                        f"{type(table).__name__} (a CSV: pandas.read_csv(path); a sweep: "
+                        "crossings(sweep_dir, targets))")
+    missing = [c for c in ("batch_size", "steps") if c not in table.columns]
+    if missing:
+        raise ValueError(f"table: no column {missing[0]!r}; measure_critical_batch reads the "
+                         "steps to a target loss (column 'steps') at each batch size in "
+                         "sequences (column 'batch_size'); rename yours, e.g. "
+                         "table.rename(columns={'batch': 'batch_size'})")
+    t = table.copy()
+    for c in ("batch_size", "steps", "N", "target", "b_simple", "seq_len", "peak_lr"):
+        if c in t:   # text in a cell is named, not read as NaN ("1,000" as "never reached")
+            t[c] = numeric_column(t, c)
+    for c in ("batch_size", "steps"):
+        if c == "batch_size" and not (np.isfinite(t[c]) & (t[c] > 0)).all():
+            raise ValueError("table: column 'batch_size' has a value that is not a positive "
+                             "number; batch sizes count sequences (convert tokens with "
+                             "batch_size = tokens / seq_len)")
+    t["N"] = t["N"] if "N" in t else np.nan
+    t["target"] = t["target"] if "target" in t else np.nan
+    t["b_simple"] = t["b_simple"] if "b_simple" in t else np.nan
+    if "seq_len" not in t:
+        t["seq_len"] = np.nan if seq_len is None else check_count(seq_len, "seq_len", 1)
+    tokens = t["batch_size"] * t["seq_len"]
+    if (tokens > MAX_BATCH_TOKENS).any():
+        i = int(np.argmax((tokens > MAX_BATCH_TOKENS).to_numpy()))
+        raise ValueError(f"table: batch_size {t['batch_size'].iloc[i]:g} x seq_len "
+                         f"{t['seq_len'].iloc[i]:g} = {tokens.iloc[i]:.3g} tokens in one batch "
+                         f"(row {t.index[i]}), more than any model trains with "
+                         f"({MAX_BATCH_TOKENS:.0e}): is batch_size in tokens? batch sizes count "
+                         "sequences (batch_size = tokens / seq_len)")
+    if "peak_lr" in t and t["peak_lr"].notna().all():
+        return best_lr(t)
+    keys = ["N", "target", "batch_size"]
+    dup = t[t.duplicated(keys, keep=False)]
+    if len(dup):
+        r = dup.iloc[0]
+        raise ValueError(f"table: {int(dup.duplicated(keys).sum() + 1)} rows for batch size "
+                         f"{r.batch_size:g} (N {r.N:g}, target {r.target:g}) and no 'peak_lr' "
+                         "column to choose among them; give one row per batch size (its fewest "
+                         "steps) or a peak_lr column")
+    return t.assign(lr_at_edge=False, n_lr=1).sort_values(keys).reset_index(drop=True)
+
+
 def measure_critical_batch(table: pd.DataFrame, *, n_boot: int = 1000, level: float = 0.95,
-            seed: int = 0) -> tuple[pd.DataFrame, dict]:
-    """The measured critical batch per model and target loss from `crossings`' rows: the
-    trade-off fit on each batch size's best LR, beside the pooled noise scale. Returns a table
-    (N, target, n_batch, s_min, e_min, b_crit with b_crit_lo/hi, bracketed, b_simple with
-    lo/hi, ratio = b_crit / b_simple with its interval (the two intervals' log half-widths in
-    quadrature), within_2x, D = e_min * seq_len tokens,
+                           seed: int = 0, definition: str = "mccandlish", b_ref=None,
+                           overhead: float = 0.2,
+                           seq_len: int | None = None) -> tuple[pd.DataFrame, dict]:
+    """The measured critical batch per model and target loss from a steps-to-target table
+    (`crossings`' rows, or any table `steps_table` reads: batch_size and steps, optionally N,
+    target, peak_lr, b_simple, seq_len): the trade-off fit on each batch size's best LR,
+    beside the pooled noise scale where the table has it. B_crit by `definition`
+    ("mccandlish", or "overhead" with b_ref and overhead: module docstring). Returns a table
+    (N, target, n_batch, s_min, e_min, b_crit with b_crit_lo/hi, definition, b_ref,
+    overhead, bracketed, b_simple with lo/hi, ratio = b_crit / b_simple with its interval (the
+    two intervals' log half-widths in quadrature), within_2x, D = e_min * seq_len tokens,
     lr_at_edge = how many batch sizes' best LR sits at its grid's edge) and the fits by
     (N, target)."""
     n_boot, level = check_count(n_boot, "n_boot"), check_level(level)
-    best = best_lr(table)
-    rows, fits = [], {}
-    for (n, t), g in best.groupby(["N", "target"], sort=False):
+    b_ref, overhead = check_definition(definition, b_ref, overhead)
+    best = steps_table(table, seq_len)
+    rows, fits, short = [], {}, []
+    for (n, t), g in best.groupby(["N", "target"], sort=False, dropna=False):
+        g = g[np.isfinite(g["steps"])]
         if g["batch_size"].nunique() < 3:
+            short.append(f"{t:g}" + ("" if np.isnan(n) else f" (N {n:g})"))
             continue                                  # fit_tradeoff's minimum: not measurable
         fit = fit_tradeoff(g["batch_size"], g["steps"], n_boot=n_boot, level=level, seed=seed)
+        b, c_lo, c_hi = fit.critical_batch(definition, b_ref=b_ref, overhead=overhead)
         bs, bs_boot = pooled_noise_scale(g, n_boot=n_boot, seed=seed + 1)
-        ratio = fit.b_crit / bs
+        ratio = b / bs
         bs_lo, bs_hi = _interval(bs_boot, level)
         # the two estimates' errors are independent: their log half-widths add in quadrature
-        (c_lo, c_hi) = fit.ci["b_crit"]
-        r_lo = ratio * np.exp(-np.hypot(np.log(fit.b_crit / c_lo), np.log(bs_hi / bs)))
-        r_hi = ratio * np.exp(np.hypot(np.log(c_hi / fit.b_crit), np.log(bs / bs_lo)))
-        seq = int(g["seq_len"].iloc[0])
+        r_lo = ratio * np.exp(-np.hypot(np.log(b / c_lo), np.log(bs_hi / bs)))
+        r_hi = ratio * np.exp(np.hypot(np.log(c_hi / b), np.log(bs / bs_lo)))
+        seq = float(g["seq_len"].iloc[0])
         fits[(n, t)] = fit
         rows.append({"N": n, "target": t, "n_batch": fit.batch.size, "s_min": fit.s_min,
-                     "e_min": fit.e_min, "b_crit": fit.b_crit, "b_crit_lo": fit.ci["b_crit"][0],
-                     "b_crit_hi": fit.ci["b_crit"][1], "bracketed": fit.bracketed,
+                     "e_min": fit.e_min, "b_crit": b, "b_crit_lo": c_lo, "b_crit_hi": c_hi,
+                     "definition": definition, "b_ref": b_ref, "overhead": overhead,
+                     "bracketed": bool(fit.batch.min() <= b <= fit.batch.max()),
                      "b_simple": bs, "b_simple_lo": bs_lo, "b_simple_hi": bs_hi,
                      "ratio": ratio, "ratio_lo": r_lo, "ratio_hi": r_hi,
                      "within_2x": bool(1 / WITHIN <= ratio <= WITHIN), "seq_len": seq,
-                     "D": fit.e_min * seq, "b_crit_tokens": fit.b_crit * seq,
+                     "D": fit.e_min * seq, "b_crit_tokens": b * seq,
                      "lr_at_edge": int(g["lr_at_edge"].sum())})
     if not rows:
         raise ValueError("no target loss is reached by >= 3 batch sizes: choose targets the "
                          "runs reach (crossings(..., targets=...)) or train longer")
+    if short:
+        warnings.warn(f"left out target(s) {', '.join(short)}: reached by fewer than 3 batch "
+                      "sizes, so no trade-off can be fitted there", stacklevel=2)
     return pd.DataFrame(rows), fits
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numbers
 
 import numpy as np
+import pandas as pd
 
 
 def check_level(level, name: str = "level") -> float:
@@ -40,14 +41,18 @@ def as_numbers(v, name: str) -> np.ndarray:
     try:
         return np.asarray(arr, float)
     except (TypeError, ValueError):
-        for item in arr:
+        out = np.empty(arr.size)
+        for k, item in enumerate(arr):
+            if item is None or item is pd.NA:  # pandas' missing value
+                out[k] = np.nan
+                continue
             try:
-                float(item)
+                out[k] = float(item)
             except (TypeError, ValueError):
                 raise ValueError(f"{name} must be numbers, got {item!r}; convert the column "
                                  "first (pandas.to_numeric) or load it with "
                                  "analysis.load_results") from None
-        raise
+        return out
 
 
 def check_xy(x, y, name_x: str = "x", name_y: str = "y") -> tuple[np.ndarray, np.ndarray]:
@@ -87,3 +92,26 @@ def fmt_bound(v: float, ref: float) -> str:
     if abs(v) < 1e-6 * max(abs(ref), 1e-300):
         return "0"
     return f"{v:.4g}"
+
+
+# cells a table may leave without a value (read as NaN: not logged, not reached)
+EMPTY_CELLS = ("", "nan", "none", "null", "n/a", "na", "-", "\u2014")
+
+
+def numeric_column(table, col: str, where: str = "table", what: str = ""):
+    """Column `col` of a DataFrame as floats: numbers and numbers written as text ("3.21",
+    "1e-3") are read, cells left empty (EMPTY_CELLS: "", "NaN", "n/a", "-") are NaN, and any
+    other text ("1,000", "125M", ">10000", "3.5 nats") is one ValueError naming the column, its
+    row (and `what` it holds) and the value (pandas' to_numeric(errors="coerce") would make it
+    NaN without a word)."""
+    v = pd.to_numeric(table[col], errors="coerce")
+    text = v.isna() & table[col].notna() & ~table[col].astype(str).str.strip().str.lower() \
+        .isin(EMPTY_CELLS)
+    if text.any():
+        i = int(np.argmax(text.to_numpy()))
+        raise ValueError(f"{where}: column {col!r}{f' ({what})' if what else ''} has "
+                         f"{table[col].iloc[i]!r} at row "
+                         f"{table.index[i]}, not a number (no thousands separators, units or "
+                         "suffixes: write 1000, not 1,000 or 1k); fix that cell, or leave it "
+                         "empty where there is no value")
+    return v.astype(float)

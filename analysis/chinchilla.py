@@ -7,10 +7,19 @@ log L - log L_hat, and L-BFGS-B from Epoch's grid of starts, keeping the best. T
 a second we refine only the grid points with the lowest starting loss (n_refine); each
 bootstrap refit screens the same grid on its own resample (n_refine_boot).
 Compute-optimal allocation uses C = 6 N D (Hoffmann eq. 4).
+
+tie="alpha=beta" fits L = E + A/N^alpha + B/D^alpha, the form Gadre et al. 2024 and Muennighoff
+et al. 2023 fit (one exponent: 4 parameters). Runs far below 20 tokens per parameter (D/N <=
+`undertrained`, default 10) are checked by a refit without them: where that moves E, alpha or
+beta by more than 5% and those runs sit more than 4 standard errors off the law the others
+follow, a warning names them (`fit.undertrained`). Their loss carries more than the law
+(warmup, a schedule tuned for longer runs), so they pull the exponents a long extrapolation
+rests on; docs/published_studies.md says which runs to fit.
 """
 from __future__ import annotations
 
 import itertools
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -24,6 +33,9 @@ from .fit import bootstrap_indices, huber_loss, percentile_ci
 from .profile import profile, profile_interval
 
 NAMES = ("E", "A", "B", "alpha", "beta")
+TIES = (None, "alpha=beta")
+UNDERTRAINED = 10.0   # tokens per parameter at or below which a run is "far below 20"
+PULL = 0.05           # a relative move of E, alpha or beta that counts as a pull
 
 # Epoch's grid (4,500 starts): alpha, beta in {0, .5, .., 2}; e in {-1, -.5, .., 1};
 # a, b in {0, 5, .., 25}.
@@ -92,6 +104,8 @@ class ChinchillaFit:
     skipped: int = 0
     failed: int = 0
     profiles: dict = field(default_factory=dict)   # name -> DataFrame(value, stat)
+    tie: str | None = None
+    undertrained: dict = field(default_factory=dict)   # the leave-them-out check, if it ran
 
     @property
     def params(self) -> dict[str, float]:
@@ -127,7 +141,7 @@ class ChinchillaFit:
                 float(np.percentile(vals, 50 * (1 + level))))
 
     def summary(self) -> str:
-        lines = [f"L = E + A/N^alpha + B/D^beta, {self.n} runs, "
+        lines = [f"L = E + A/N^alpha + B/D^{'alpha' if self.tie else 'beta'}, {self.n} runs, "
                  f"{int(100 * self.level)}% bootstrap CI ({len(self.boot)} resamples; "
                  f"{self.skipped} skipped, {self.failed} failed)"]
         prof = self.profile_ci()
@@ -141,6 +155,9 @@ class ChinchillaFit:
             lines.append(line)
         a, b = self.law.exponents
         lines.append(f"  N_opt ~ C^{a:.4f}, D_opt ~ C^{b:.4f}")
+        u = self.undertrained
+        if u.get("pulls"):
+            lines.append(f"  UNDER-TRAINED RUNS PULL THE FIT: {u['message']}")
         if self.unidentified:
             lines.append(f"  these runs do not pin down {', '.join(self.unidentified)}: any value "
                          f"in the profile interval fits within the {int(100 * self.level)}% "
@@ -162,9 +179,23 @@ def _objective(theta, lN, lD, lL, delta):
     return f, grad
 
 
-def _minimise(x0, lN, lD, lL, delta):
-    return minimize(_objective, x0, args=(lN, lD, lL, delta), jac=True, method="L-BFGS-B",
-                    options={"maxiter": 1000, "ftol": 1e-13, "gtol": 1e-10})
+def _objective_tied(theta, lN, lD, lL, delta):
+    """`_objective` with beta = alpha: theta[4] is ignored (its gradient 0), alpha moves both."""
+    t = np.array(theta, float)
+    t[4] = t[3]
+    f, g = _objective(t, lN, lD, lL, delta)
+    g = g.copy()
+    g[3] += g[4]
+    g[4] = 0.0
+    return f, g
+
+
+def _minimise(x0, lN, lD, lL, delta, objective=_objective):
+    r = minimize(objective, x0, args=(lN, lD, lL, delta), jac=True, method="L-BFGS-B",
+                 options={"maxiter": 1000, "ftol": 1e-13, "gtol": 1e-10})
+    if objective is _objective_tied:
+        r.x[4] = r.x[3]
+    return r
 
 
 def _to_law(theta) -> ChinchillaLaw:
@@ -183,11 +214,11 @@ def _screen(starts, lN, lD, lL, delta, n_refine):
     return starts[np.argsort(f0, kind="stable")[:n_refine]]
 
 
-def _best_of(starts, lN, lD, lL, delta):
+def _best_of(starts, lN, lD, lL, delta, objective=_objective):
     """L-BFGS-B from each start; the best finite result (None if none is finite)."""
     best = None
     for start in starts:
-        r = _minimise(start, lN, lD, lL, delta)
+        r = _minimise(start, lN, lD, lL, delta, objective)
         if np.all(np.isfinite(r.x)) and (best is None or r.fun < best.fun):
             best = r
     return best
@@ -197,7 +228,8 @@ def _best_of(starts, lN, lD, lL, delta):
 def fit_chinchilla(N, D, L, *, delta: float = 1e-3, grid: dict | None = None,
                    n_refine: int | None = 64, n_refine_boot: int | None = 4,
                    n_boot: int = 200, seed: int = 0, level: float = 0.95,
-                   groups=None, profile_params=("E", "alpha", "beta")) -> ChinchillaFit:
+                   groups=None, profile_params=("E", "alpha", "beta"), tie: str | None = None,
+                   undertrained: float | None = UNDERTRAINED) -> ChinchillaFit:
     """Fit L = E + A/N^alpha + B/D^beta (Chinchilla approach 3, Epoch's procedure).
 
     N: parameters (total by default in this package, see analysis.results), D: tokens, L: loss.
@@ -211,6 +243,11 @@ def fit_chinchilla(N, D, L, *, delta: float = 1e-3, grid: dict | None = None,
     size), else B and beta are unidentifiable.
     profile_params: parameters to profile (analysis.profile; () skips it, ~1 s): the summary
     prints their profile intervals beside the bootstrap's and names any the runs cannot pin.
+    tie: None, or "alpha=beta" for L = E + A/N^alpha + B/D^alpha (Gadre et al., Muennighoff
+    et al.): beta is reported equal to alpha in every refit.
+    undertrained: the runs at D/N <= this many tokens per parameter are refitted without
+    (module docstring); a warning names them if E, alpha or beta move (`.undertrained`);
+    None skips the check.
     """
     N, L = check_xy(N, L, "N", "L")
     D, _ = check_xy(D, L, "D", "L")
@@ -227,6 +264,11 @@ def fit_chinchilla(N, D, L, *, delta: float = 1e-3, grid: dict | None = None,
                          f"({np.median(D / N):.3g}), so N and D move together and alpha and "
                          "beta (A and B) cannot be told apart; add runs at other D/N "
                          "(e.g. an isoFLOP grid)")
+    if tie not in TIES:
+        raise ValueError(f"tie={tie!r}: use None (five parameters) or 'alpha=beta' (one "
+                         "exponent for N and D, as Gadre et al. and Muennighoff et al. fit)")
+    if tie and profile_params:
+        profile_params = tuple(p for p in profile_params if p != "beta")   # beta is alpha
     bad = sorted(set(profile_params) - {"E", "alpha", "beta"})
     if bad:
         raise ValueError(f"profile_params: unknown {bad}; choose from E, alpha, beta")
@@ -236,7 +278,11 @@ def fit_chinchilla(N, D, L, *, delta: float = 1e-3, grid: dict | None = None,
     lN, lD, lL = np.log(N), np.log(D), np.log(L)
     starts = np.array(list(itertools.product(*(np.atleast_1d(g[k]) for k in
                                                ("a", "b", "e", "alpha", "beta")))), float)
-    best = _best_of(_screen(starts, lN, lD, lL, delta, n_refine), lN, lD, lL, delta)
+    objective = _objective
+    if tie:
+        objective = _objective_tied
+        starts = np.unique(starts[starts[:, 3] == starts[:, 4]], axis=0)
+    best = _best_of(_screen(starts, lN, lD, lL, delta, n_refine), lN, lD, lL, delta, objective)
     if best is None:
         raise ValueError("the Chinchilla fit found no finite optimum from any start; "
                          "check the runs for outliers or pass a wider grid")
@@ -248,15 +294,57 @@ def fit_chinchilla(N, D, L, *, delta: float = 1e-3, grid: dict | None = None,
             continue
         # A full refit: the same grid of starts as the main fit, screened on the resample.
         grid = _screen(starts, lN[idx], lD[idx], lL[idx], delta, n_refine_boot)
-        r = _best_of(grid, lN[idx], lD[idx], lL[idx], delta)
+        r = _best_of(grid, lN[idx], lD[idx], lL[idx], delta, objective)
         if r is None or not r.success:
             failed += 1
             continue
         rows.append(tuple(_to_law(r.x).params.values()))
     boot = pd.DataFrame(rows, columns=list(NAMES), dtype=float)
-    profs = profile(best.x, _objective, (lN, lD, lL, delta), tuple(profile_params),
+    profs = profile(best.x, objective, (lN, lD, lL, delta), tuple(profile_params),
                     level=level) if profile_params else {}
-    return ChinchillaFit(law=_to_law(best.x), ci=percentile_ci(boot, level), boot=boot, n=N.size,
+    law, ci = _to_law(best.x), percentile_ci(boot, level)
+    under = {}
+    if undertrained is not None:
+        under = _undertrained(N, D, lL, law, undertrained, starts, delta, n_refine, objective)
+        if under.get("pulls"):
+            warnings.warn(f"fit_chinchilla: {under['message']}", UserWarning, stacklevel=3)
+    return ChinchillaFit(law=law, ci=ci, boot=boot, n=N.size,
                          level=level, loss=float(best.fun),
                          grad_norm=float(np.linalg.norm(best.jac)),
-                         skipped=skipped, failed=failed, profiles=profs)
+                         skipped=skipped, failed=failed, profiles=profs, tie=tie,
+                         undertrained=under)
+
+
+def _undertrained(N, D, lL, law, threshold, starts, delta, n_refine, objective) -> dict:
+    """The runs at D/N <= threshold, refitted without: {runs, law (without them), z (their
+    mean log residual under that law over its standard error, the kept runs' scatter / sqrt
+    of their number), moved (E, alpha, beta that moved by more than PULL), pulls (moved and
+    |z| > 4: they disagree with the law the others follow, and move it), message}. Empty if
+    there are none, or too few runs are left to refit."""
+    low = np.flatnonzero(D / N <= threshold)
+    keep = np.setdiff1d(np.arange(N.size), low)
+    if not low.size or keep.size < 6 or np.unique(N[keep]).size < 2 \
+            or np.unique(D[keep]).size < 2 \
+            or np.linalg.matrix_rank(np.c_[np.ones(keep.size), np.log(N[keep]),
+                                           np.log(D[keep])], tol=1e-6) < 3:
+        return {}
+    lN, lD = np.log(N[keep]), np.log(D[keep])
+    r = _best_of(_screen(starts, lN, lD, lL[keep], delta, n_refine), lN, lD, lL[keep], delta,
+                 objective)
+    if r is None:
+        return {}
+    out = _to_law(r.x)
+    res_keep = lL[keep] - np.log(out(N[keep], D[keep]))
+    scatter = np.sqrt(res_keep @ res_keep / (keep.size - 5))
+    z = float(np.mean(lL[low] - np.log(out(N[low], D[low]))) / (scatter / np.sqrt(low.size)))
+    moved = [f"{k} {law.params[k]:.4g} -> {out.params[k]:.4g}" for k in ("E", "alpha", "beta")
+             if abs(out.params[k] - law.params[k]) > PULL * abs(law.params[k])]
+    pulls = bool(moved) and abs(z) > 4
+    runs = [f"{N[i]:.3g}/{D[i]:.3g}" for i in low]
+    msg = (f"{low.size} run(s) at <= {threshold:g} tokens per parameter (N/D "
+           f"{', '.join(runs[:6])}{' ...' if len(runs) > 6 else ''}) pull the fit: without "
+           f"them {'; '.join(moved)}, and their loss sits {abs(z):.1f} standard errors "
+           f"{'above' if z > 0 else 'below'} the law the other runs follow. To extrapolate, "
+           "fit without them (docs/published_studies.md)") if pulls else ""
+    return {"runs": low.tolist(), "law": out, "z": z, "moved": moved, "pulls": pulls,
+            "message": msg}

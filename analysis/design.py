@@ -21,7 +21,7 @@ beyond the seeds' scatter. It warns where the losses gather, and every lost cell
 target under SHORT_REACH x the largest run it may add (7 of the 11 lost cells), fewer than
 MIN_NOISE_RUNS runs fitted (no noise estimate; 2 more), and a budget over MAX_LEAP x the compute
 of the runs fitted (one-shot plans from small starts; the last 2, below the grid at 36 seeds).
-docs/analysis.md has the table.
+docs/analysis_planning.md has the table.
 The least-squares fit and its intervals live in analysis.lsfit (re-exported here).
 """
 from __future__ import annotations
@@ -176,23 +176,24 @@ def suggest_runs(results: pd.DataFrame, target_flops: float, budget_flops: float
 
 def _warn_where_it_loses(reach: float, n_runs: int, leap: float) -> None:
     """Warn where bench/design.py's family shows the robust plan losing to a true-optimum grid
-    with twice its compute (docs/analysis.md): a short reach, a fit with no noise estimate, or
-    one plan spending far more than the fit's runs (a single leap where rounds held)."""
+    with twice its compute (docs/analysis_planning.md): a short reach, a fit with no noise
+    estimate, or one plan spending far more than the fit's runs (a single leap where rounds
+    held)."""
     if reach < SHORT_REACH:
         warnings.warn(f"target_flops is {reach:.3g}x the largest run (under {SHORT_REACH:g}x): "
                       "at such short reaches an isoFLOP grid at the largest compute is as good "
-                      "as this plan (docs/analysis.md: the cells it lost)", stacklevel=3)
+                      "as this plan (docs/analysis_planning.md: the cells it lost)", stacklevel=3)
     if n_runs < MIN_NOISE_RUNS:
         warnings.warn(f"{n_runs} finished runs fitted (under {MIN_NOISE_RUNS}): no noise estimate "
                       "from the residuals, and the fit's optimum rests on the exponent prior; "
                       "plan in rounds (a few runs, refit, plan again), where one-shot plans lost "
-                      "to a grid (docs/analysis.md)", stacklevel=3)
+                      "to a grid (docs/analysis_planning.md)", stacklevel=3)
     if leap > MAX_LEAP:
         warnings.warn(f"budget_flops is {leap:.3g}x the compute of the runs fitted (over "
                       f"{MAX_LEAP:g}x): one plan puts it all where a fit to much smaller runs "
                       "puts the optimum; plan in rounds (a third of the budget, refit, plan "
-                      "again), where such one-shot plans lost to a grid (docs/analysis.md)",
-                      stacklevel=3)
+                      "again), where such one-shot plans lost to a grid "
+                      "(docs/analysis_planning.md)", stacklevel=3)
 
 
 def _table(picked, sd0, theta, sigma) -> pd.DataFrame:

@@ -20,6 +20,7 @@ batch-size sweep (`analysis.batch_tradeoff`, D = E_min in tokens).
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,6 +35,7 @@ from .fit import PowerLawFit, fit_power_law
 from .results import compute, finished, load_results, locate_run, n_params
 
 STEP_KEYS = ("gns_g2", "gns_trace")  # the estimates of one logged step
+NEAR_COLLINEAR = 0.9   # |r| of two log predictors above which fit_bcrit_scaling warns
 
 
 def read_noise(run_dir: str | Path) -> pd.DataFrame:
@@ -47,7 +49,13 @@ def read_noise(run_dir: str | Path) -> pd.DataFrame:
         raise ValueError(f"{log}: no gradient noise scale was logged (no {STEP_KEYS[0]!r}); "
                          "train the run with train.gns=true")
     keep = [c for c in ("step", "tokens", "loss", *STEP_KEYS, "gns_b_simple") if c in m]
-    return m[keep].dropna(subset=list(STEP_KEYS)).reset_index(drop=True)
+    m = m[keep].dropna(subset=list(STEP_KEYS)).reset_index(drop=True)
+    if "loss" not in m or m["loss"].isna().any():  # a curve with a hole: crossings misread
+        at = m["step"][m["loss"].isna()].tolist()[:5] if "loss" in m else "every step"
+        raise ValueError(f"{log}: the loss is null (not a finite number) at step(s) {at}; the "
+                         "critical batch reads the loss of every logged step: restore the "
+                         "run's log, or leave the run out of the sweep")
+    return m
 
 
 def critical_batch(noise: pd.DataFrame, late: float = 0.5) -> float:
@@ -133,6 +141,8 @@ class BcritScaling:
     n: int
     rms_log: float
     level: float = 0.95
+    max_corr: float = 0.0    # the largest |correlation| between two log columns, signed
+    pair: tuple = ()         # the two columns it is between
 
     def predict(self, **x) -> np.ndarray:
         out = np.log(self.k)
@@ -147,6 +157,9 @@ class BcritScaling:
             lo, hi = self.ci[v]
             parts.append(f"  exponent of {v}: {self.exponents[v]:.3f}  "
                          f"[{lo:.3f}, {hi:.3f}] ({self.level:.0%})")
+        if abs(self.max_corr) > NEAR_COLLINEAR:
+            parts.append(f"  NEAR COLLINEAR: log {self.pair[0]} and log {self.pair[1]} correlate "
+                         f"r = {self.max_corr:.3f}; their exponents trade off")
         return "\n".join(parts)
 
 
@@ -156,7 +169,9 @@ def fit_bcrit_scaling(table: pd.DataFrame, on=("N", "D"), *, b: str = "b_crit",
     B_crit = k * N^p * D^q with on=("N", "D"); on=("target",) gives B_crit against loss).
     Columns that take one value (a single model's N) or move together (D = 20 N in a
     Chinchilla-optimal sweep, up to rounding: 1 - |r| of their logs below 1e-3) cannot be
-    separated: an error says which. Works on
+    separated: an error says which; above |r| = 0.9 (NEAR_COLLINEAR) a warning names the pair
+    and r, and the summary repeats it. B_crit is whichever column `b` names (the measured
+    table's b_crit follows its `definition=`). Works on
     `noise_table`'s rows (B_crit from the noise scale; D = the tokens each run trained on,
     target -> late_loss) and on `analysis.batch_tradeoff.measure_critical_batch`'s (B_crit
     measured from a batch-size sweep; D = E_min in tokens, the loss is the target's)."""
@@ -182,12 +197,24 @@ def fit_bcrit_scaling(table: pd.DataFrame, on=("N", "D"), *, b: str = "b_crit",
     y = np.log(d[b].to_numpy())
     z = x[:, 1:] - x[:, 1:].mean(0)
     z = z / np.linalg.norm(z, axis=0)
+    max_corr, pair = 0.0, ()
+    if p > 2:   # the most correlated pair of log columns
+        r = z.T @ z
+        np.fill_diagonal(r, 0.0)
+        i, j = np.unravel_index(np.argmax(np.abs(r)), r.shape)
+        max_corr, pair = float(r[i, j]), (on[min(i, j)], on[max(i, j)])
     # the smallest eigenvalue of the log columns' correlation matrix: 1 - |r| for two columns
     if p > 2 and np.linalg.svd(z, compute_uv=False).min() ** 2 < 1e-3:
         raise ValueError(f"fit_bcrit_scaling: the columns {list(on)} are collinear in log "
-                         "space (e.g. D = 20 N in a Chinchilla-optimal sweep), so their "
-                         "exponents are not separately identified; fit one of them, or add "
-                         "runs at other D/N")
+                         f"space ({pair[0]!r} and {pair[1]!r}: r = {max_corr:.4f}; e.g. D = "
+                         "20 N in a Chinchilla-optimal sweep), so their exponents are not "
+                         "separately identified; fit one of them, or add runs at other D/N")
+    if abs(max_corr) > NEAR_COLLINEAR:
+        warnings.warn(f"fit_bcrit_scaling: columns {pair[0]!r} and {pair[1]!r} correlate "
+                      f"r = {max_corr:.3f} in log space (near collinear): their exponents "
+                      "trade off against each other, so each interval is wide and the two "
+                      "errors are tied; trust their sum along the runs' path, or add runs "
+                      "that move one without the other", UserWarning, stacklevel=2)
     coef, *_ = np.linalg.lstsq(x, y, rcond=None)
     res = y - x @ coef
     s2 = res @ res / (n - p)
@@ -197,6 +224,7 @@ def fit_bcrit_scaling(table: pd.DataFrame, on=("N", "D"), *, b: str = "b_crit",
     ci = {c: (coef[i + 1] - tq * se[i + 1], coef[i + 1] + tq * se[i + 1]) for i, c in enumerate(on)}
     ci["k"] = (float(np.exp(coef[0] - tq * se[0])), float(np.exp(coef[0] + tq * se[0])))
     return BcritScaling(on=on, k=float(np.exp(coef[0])),
-                      exponents={c: float(coef[i + 1]) for i, c in enumerate(on)},
-                      ci={c: tuple(map(float, v)) for c, v in ci.items()}, n=n,
-                      rms_log=float(np.sqrt(res @ res / n)), level=level)
+                        exponents={c: float(coef[i + 1]) for i, c in enumerate(on)},
+                        ci={c: tuple(map(float, v)) for c, v in ci.items()}, n=n,
+                        rms_log=float(np.sqrt(res @ res / n)), level=level,
+                        max_corr=max_corr, pair=pair)

@@ -18,9 +18,9 @@ import numpy as np
 import pandas as pd
 
 from cgpt import rundir  # the run and sweep directories' contract (JAX-free)
-
-from .schema import (COLUMNS, NUMERIC, REQUIRED, STATUSES, TEXT,  # noqa: F401  (re-exported)
-                     restore)
+# the results.csv columns, which cgpt writes and this reads (re-exported)
+from cgpt.results_schema import (COLUMNS, NUMERIC, REQUIRED, STATUSES, TEXT,  # noqa: F401
+                                 restore)
 
 PARAMS = {"total": "n_params", "nonembed": "n_params_nonembed"}
 FLOPS = {"counted": "flops", "6nd": "flops_6nd"}
@@ -83,22 +83,27 @@ COUNTS = ("n_params", "tokens", "flops", "flops_6nd")
 FLOPS_RATIO, SPREAD = (1e-2, 1e2), 30.0
 
 def _runs(df: pd.DataFrame, bad) -> str:
-    ids = df.loc[bad, "run_id"].astype(str).tolist()
+    ids = (df.loc[bad, "run_id"] if "run_id" in df else df.index[bad]).astype(str).tolist()
     lines = (np.flatnonzero(np.asarray(bad)) + 2).tolist()  # the header is line 1
     more = f" and {len(ids) - 5} more" if len(ids) > 5 else ""
     return f"run(s) {ids[:5]}{more} (line(s) {lines[:5]})"
 
 
-def _check_rows(df: pd.DataFrame, csv: Path) -> None:
+def _check_rows(df: pd.DataFrame, csv: Path | str) -> None:
     """What cannot be a loss or a count, refused naming the column and the runs: a run listed
     twice (fitted twice), a negative loss, a finished run's count that is not finite and > 0,
-    a FLOPs column in other units than the runs' sizes imply."""
-    ids = df["run_id"].astype(str)
-    twice = ids.duplicated(keep=False) & df["run_id"].notna()
+    a FLOPs column in other units than the runs' sizes imply. A check whose columns a table
+    lacks is skipped (a table built by hand)."""
+    twice = (df["run_id"].astype(str).duplicated(keep=False) & df["run_id"].notna()
+             if "run_id" in df else pd.Series(False, index=df.index))
     if twice.any():
         raise ValueError(f"{csv}: column 'run_id' lists {_runs(df, twice)} more than once; a "
                          "sweep lists each run once and a fit would count them twice: keep one "
                          "row per run (df.drop_duplicates('run_id', keep='last') for copies)")
+    odd = sorted(set(df["status"].dropna().astype(str)) - set(STATUSES))
+    if odd:   # a table from elsewhere (W&B's "finished", "crashed"): no run would count
+        raise ValueError(f"{csv}: column 'status' has {odd}; allowed are {list(STATUSES)} "
+                         "(a finished run is 'done': map the other tool's states onto these)")
     done = df["status"] == "done"
     for col in ("val_loss", "train_loss"):  # cross-entropies: never negative, > 0 when done
         if col not in df.columns:
@@ -107,16 +112,18 @@ def _check_rows(df: pd.DataFrame, csv: Path) -> None:
         if bad.any():
             raise ValueError(f"{csv}: column '{col}' is negative (or 0 for a finished run) for "
                              f"{_runs(df, bad)}; a cross-entropy is > 0: fix or remove those rows")
-    for col in COUNTS:
+    for col in (c for c in COUNTS if c in df):
         v = df[col].astype(float)
         bad = done & ~(np.isfinite(v) & (v > 0))
         if bad.any():
             raise ValueError(f"{csv}: column '{col}' must be > 0 for a finished run, got "
                              f"{', '.join(f'{x:g}' for x in v[bad][:5])} for {_runs(df, bad)}; "
                              "fix those rows, or mark them failed")
+    if "n_params" not in df or "tokens" not in df:
+        return
     nd = 6 * df["n_params"].astype(float) * df["tokens"].astype(float)
     lo, hi = FLOPS_RATIO
-    for col in ("flops", "flops_6nd"):
+    for col in (c for c in ("flops", "flops_6nd") if c in df):
         r = df[col].astype(float) / nd
         med = float(np.median(r[done])) if done.any() else 1.0
         bad = done & ((r < lo) | (r > hi) | (r > SPREAD * med) | (r < med / SPREAD))
@@ -198,7 +205,10 @@ def _shown(v) -> str:
 
 def finished(df: pd.DataFrame) -> pd.DataFrame:
     """Runs that completed and have a validation loss: the only rows a fit should see. A done
-    run whose val_loss is not finite (a diverged run) is left out with a warning naming it."""
+    run whose val_loss is not finite (a diverged run) is left out with a warning naming it.
+    The rows' checks (`_check_rows`) run here too: every fit passes here, also one of a table
+    read by pandas itself rather than by `load_results`."""
+    _check_rows(df, df.attrs.get("source", "results"))
     done = df["status"] == "done"
     finite = np.isfinite(df["val_loss"].astype(float))
     if (done & ~finite).any():
@@ -214,6 +224,10 @@ def n_params(df: pd.DataFrame, params: str = "total") -> np.ndarray:
     """Parameter counts under the chosen convention ("total" default, or "nonembed")."""
     if params not in PARAMS:
         raise ValueError(f"params={params!r}: use one of {list(PARAMS)}")
+    if PARAMS[params] not in df:
+        raise ValueError(f"{df.attrs.get('source', 'results')}: no column "
+                         f"{PARAMS[params]!r} (parameters, params={params!r}); name your "
+                         f"parameter counts {PARAMS[params]!r}")
     return df[PARAMS[params]].to_numpy(float)
 
 
@@ -221,6 +235,13 @@ def compute(df: pd.DataFrame, flops: str = "counted") -> np.ndarray:
     """Training compute under the chosen convention ("counted" default, or "6nd")."""
     if flops not in FLOPS:
         raise ValueError(f"flops={flops!r}: use one of {list(FLOPS)}")
+    if FLOPS[flops] not in df:
+        other = [f"flops={k!r}" for k, c in FLOPS.items() if c in df and k != flops]
+        raise ValueError(f"{df.attrs.get('source', 'results')}: no column {FLOPS[flops]!r} "
+                         f"(FLOPs, flops={flops!r}); "
+                         + (f"pass {other[0]}, or " if other else "")
+                         + f"name your compute column {FLOPS[flops]!r} "
+                         f"(df.rename(columns={{'compute': {FLOPS[flops]!r}}}))")
     return df[FLOPS[flops]].to_numpy(float)
 
 

@@ -5,7 +5,7 @@ at a quarter of the budget spends 40% of its steps warming up. This trains, per 
 and init seed: the WSD parent, branches at 1/4 and 1/2 of its budget (`--branch-from`), and
 independent WSD runs of those budgets warmed up for their own length (10%). It prints each
 branch's final validation loss against the independent run's. The model and data are the
-ones tests/test_branch.py uses (tiny-17k, six stdlib modules, batch 8 x 16 tokens, peak 3e-3).
+ones tests/train/test_branch.py uses (tiny-17k, six stdlib modules, batch 8 x 16 tokens, peak 3e-3).
 
     python bench/branch_warmup.py [--parents 200 400] [--seeds 0 1 2]
 """

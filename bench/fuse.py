@@ -56,13 +56,14 @@ def _launch(sweep, out: Path, arm: str, only: str | None) -> tuple[float, dict]:
     from cgpt.sweep import executors, launch, worker
 
     def per_process(jobs, finished):  # the sequential local sweep as it was before #21
-        executors.run_local(jobs, 1, finished)
+        for job in jobs:
+            finished(executors.execute_run(job))
 
     t0 = time.perf_counter()
     with redirect_stdout(io.StringIO()), (mock.patch.object(worker, "run_one_process",
                                                             per_process)
                                           if arm == "procs" else contextlib.nullcontext()):
-        rc = launch(sweep, out, only=only, fuse=arm == "fused", report=False)
+        rc = launch(sweep, out, only=only, fuse=arm == "fused")
     wall = time.perf_counter() - t0
     if rc != 0:
         raise SystemExit(f"bench/fuse.py: the sweep in {out} did not finish (rc {rc}); see its "

@@ -7,9 +7,10 @@
 Run from a plain copy of the repository (nothing installed: the script puts its repository
 first on sys.path, for itself and its children), with only jax (+ CUDA plugin), flax, optax,
 orbax, torch and transformers installed. The plan half runs on a CPU box beforehand
-(`--plan-only`): what `train`'s fit chooses for each model on one 80 GB H100 (81,559 MiB),
-compiled on the CPU with the GPU's dtype and kernels, committed as bench/gpu_plan.json; the
-GPU run compiles that step only (a check, no search), so its minutes go to measurement.
+(`--plan-only`): what `train`'s fit chooses for each model on one 80 GB H100, compiled by the
+H100's own compiler without a GPU (JAX's CUDA plugin: `cgpt plan --target h100`), committed
+as bench/gpu_plan.json; the GPU run compiles that step only (a check, no search), so its
+minutes go to measurement.
 
 Results, in order of value, each in its own process (XLA_FLAGS are read at backend start and
 neither framework holds the other's memory), one printed line as each finishes and
@@ -52,7 +53,7 @@ H100_MEMORY = 81_559 * 2**20  # what an 80 GB H100 reports (nvidia-smi: 81559 Mi
 PLAN_FILES = {"full": HERE / "gpu_plan.json", "smoke": HERE / "gpu_plan_smoke.json"}
 NOT_MEASURED = (
     "not measured on one GPU (no verdict here): bf16 weight all-gathers (a one-device step has "
-    "no collectives; tests/test_head.py reads them from the partitioned HLO of 8 emulated "
+    "no collectives; tests/model/test_head.py reads them from the partitioned HLO of 8 emulated "
     "devices, before the CPU compiler widens them to f32), the overlap of collectives with "
     "compute that most of the XLA flags schedule (on one GPU only the while-loop "
     "double-buffering flag acts), and node-aware meshes (several nodes)")
@@ -309,23 +310,31 @@ def child_torch(a) -> dict:
 
 def child_plan(a) -> dict:
     """What `train`'s fit chooses for each model (and the fused group's member) on one
-    device of `device_memory` bytes: compiled on one CPU device with the GPU's dtype,
-    vocabulary padding and loss chunking (XLA's attention for cuDNN's: a CPU cannot lower
-    it)."""
+    device of `device_memory` bytes: compiled by the H100's own compiler without a GPU where
+    JAX's CUDA plugin is installed (`cgpt plan --target h100`: cuDNN attention, cgpt's GPU
+    flags), else on one CPU device with the GPU's dtype, vocabulary padding and loss chunking
+    (XLA's attention for cuDNN's: it overstates the GPU's memory)."""
+    from cgpt.config import backend
+    from cgpt.plan import target
+
+    name = "h100" if target.plugin_available() else "cpu"
+    if name != "cpu":
+        backend.gpu_xla_flags(os.environ, "gpu")  # before JAX starts, as on the GPU
     import jax
 
-    from cgpt.plan.planning import plan_run
+    from cgpt.plan.planning import plan_run, target_devices
 
-    cpu = jax.devices("cpu")[:1]
+    devs = target_devices(name, 1)
     out = {}
     for model, seq, batch in [*[(m, a.seq, a.batch) for m in a.models.split(",")],
                               (a.fused_model, a.fused_seq, a.fused_batch)]:
-        r = plan_run(_run_config(model, seq, batch), a.device_memory, cpu, platform="gpu")
+        r = plan_run(_run_config(model, seq, batch), a.device_memory, devs, platform="gpu")
         out[f"{model}@{batch}x{seq}"] = {
             "micro_batch": r["micro_batch"], "accum": r["accum"], "remat": r["remat"],
             "fits": r["fits"], "predicted": r["per_device_bytes"]["total"],
             "usable_memory": r["usable_memory"], "attention_compiled": r["attention"],
-            "tried": r["fit"]["tried"], "compile_s": r["compile_s"]}
+            "compiled_for": r["compiled_for"], "tried": r["fit"]["tried"],
+            "compile_s": r["compile_s"]}
     return {"jax": jax.__version__, "entries": out}
 
 
@@ -396,8 +405,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def plan_only(a) -> int:
-    """The plan half, on a CPU: one child process (JAX on the CPU, no GPU flags)."""
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "CGPT_GPU_XLA_FLAGS": "0"}
+    """The plan half, on a CPU: one child process (JAX on the CPU; the H100's compiler when
+    the CUDA plugin is installed, with cgpt's GPU flags, else the CPU's without them)."""
+    from cgpt.plan.target import plugin_available  # JAX-free
+
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    if not plugin_available():
+        env["CGPT_GPU_XLA_FLAGS"] = "0"
     t0 = time.monotonic()
     r = _spawn(["--child", "plan", "--models", a.models, "--seq", str(a.seq), "--batch",
                 str(a.batch), "--device-memory", str(H100_MEMORY),

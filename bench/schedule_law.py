@@ -2,8 +2,8 @@
 form on two schedules' curves and predict the final loss and whole curve of the others.
 
 The runs: sweeps/schedules.yaml (two tiny sizes x constant, cosine, linear, WSD 10%/20% with
-linear and 1-sqrt cooldowns, cosine at seeds 0-2); their metrics and results.csv are kept in
-notebooks/data/schedules. Per held-out run: `final` the observed final loss (results.csv
+linear and 1-sqrt cooldowns, cosine at seeds 0-2), run first with
+`python -m cgpt sweep sweeps/schedules.yaml --out runs/schedules` (~20 min). Per held-out run: `final` the observed final loss (results.csv
 train_loss: the mean logged loss over the summary's window), `pred` the law's mean over the
 same steps with its bootstrap interval, `err` = pred / final - 1, `covers` whether the interval
 holds the observed value, `curve` the mean |pred / observed - 1| over the steps after warmup
@@ -11,12 +11,12 @@ holds the observed value, `curve` the mean |pred / observed - 1| over the steps 
 scatter: the standard deviation of the cosine seeds' final losses over their mean).
 
 --metric val_loss fits and predicts the evaluations on the fixed validation set instead
-(sweeps/schedules_eval.yaml: every 10 steps; notebooks/data/schedules_eval): `final` is
+(sweeps/schedules_eval.yaml: every 10 steps; runs/schedules_eval): `final` is
 results.csv's val_loss (the evaluation after the last step), `curve` compares with each
 evaluation after warmup as logged, and the seed scatter is of the cosine seeds' val_loss.
 
     python bench/schedule_law.py                                # ~4 min at load 6-9
-    python bench/schedule_law.py --metric val_loss --sweep notebooks/data/schedules_eval
+    python bench/schedule_law.py --metric val_loss --sweep runs/schedules_eval
     python bench/schedule_law.py --diagnose 6                   # why it misses, ~2 min
     python bench/schedule_law.py --sweep runs/schedules --fit constant,wsd_1sqrt20
     python bench/schedule_law.py --simulate 20                  # the intervals on known laws
@@ -214,7 +214,7 @@ def diagnose(sweep: str, forms: list[str], fit_on: list[str], reps: int, n_boot:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--sweep", default=str(ROOT / "notebooks/data/schedules"))
+    ap.add_argument("--sweep", default=str(ROOT / "runs/schedules"))
     ap.add_argument("--fit", default="constant,wsd_linear20",
                     help="the schedules fitted (comma-separated), the others predicted")
     ap.add_argument("--forms", default="tissue,multipower")
@@ -241,6 +241,9 @@ def main() -> None:
                         args.noise, args.lag1, args.shared)
     fit_on, metric = args.fit.split(","), args.metric
     final_col = {"loss": "train_loss", "val_loss": "val_loss"}[metric]
+    if not (Path(args.sweep) / "results.csv").is_file():
+        raise SystemExit(f"error: --sweep {args.sweep}: no results.csv; run the sweep first "
+                         "(python -m cgpt sweep sweeps/schedules.yaml --out runs/schedules)")
     df = finished(load_results(args.sweep))
     df = df.assign(schedule=df["run_id"].map(schedule_of))
     rows, t0 = [], time.time()

@@ -28,7 +28,7 @@ def one(spec: str, only: str | None, out: Path, cache: Path | None) -> dict:
     """{run_id: (overhead s, process s)} of one launch into `out`, plus the sweep's wall."""
     sweep = load_sweep(spec)
     t0 = time.perf_counter()
-    assert launch(sweep, out, only=only, report=False, compile_cache=cache) == 0
+    assert launch(sweep, out, only=only, compile_cache=cache) == 0
     res = {"_sweep_wall": (time.perf_counter() - t0,) * 2}
     for r in select(sweep.runs, only):
         d = out / r.run_id

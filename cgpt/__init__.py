@@ -1,12 +1,5 @@
-"""cgpt: Cerebras-GPT scaling-law studies in JAX."""
-import sys as _sys
-
-if _sys.argv[:1] == ["-m"] and "-m" in _sys.orig_argv:  # `python -m cgpt CMD`, being located:
-    _m = _sys.orig_argv.index("-m")  # Ctrl-C or a scheduler's signal is one line from here on
-    if _sys.orig_argv[_m + 1:_m + 2] == ["cgpt"]:
-        from cgpt.stop import GUARD as _GUARD
-
-        _GUARD.install((_sys.orig_argv[_m + 2:_m + 3] or [""])[0])
+"""cgpt: Cerebras-GPT scaling-law studies in JAX. Importing it installs nothing (no signal
+handler: the process entry, `cgpt.cli.entry`, does) and loads little."""
 from cgpt.errors import CgptError, LoadError, TrainError
 
 __all__ = ["ModelConfig", "get_config", "list_configs", "CgptError", "LoadError", "TrainError",

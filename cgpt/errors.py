@@ -77,15 +77,19 @@ class Stopped(BaseException):
         return 128 + self.signum
 
 
+# a run stopped before its first step: its launch removed what it made, and a rerun of the
+# same command starts it (or resumes the run that was there: the default)
+NOTHING_WRITTEN = "before the first training step: nothing of the run was written; rerun the " \
+    "same command"
+
+
 class NotStarted(Stopped):
     """A scheduler's signal before the first training step: stopped, nothing to checkpoint."""
 
     def __init__(self, signum: int):
         self.signum, self.step = signum, 0
-        BaseException.__init__(
-            self, f"stopped by {signal.Signals(signum).name} before the first training step; "
-            "rerun the same command (with --resume once the run's config.yaml is written) to "
-            "start again")
+        BaseException.__init__(self, f"stopped by {signal.Signals(signum).name} "
+                               f"{NOTHING_WRITTEN}")
 
 
 class CheckpointsChanged(Exception):

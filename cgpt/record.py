@@ -2,15 +2,15 @@
 with where it comes from and where it goes.
 
 Both loops read a step's `device` fields from the step's output dict in one transfer
-(`cgpt.train.ahead.Reader`); `cgpt.train.lifecycle.Lifecycle.record` adds the `host` fields and
+(`cgpt.train.loop.Reader`); `cgpt.train.lifecycle.Lifecycle.record` adds the `host` fields and
 writes the fields present, in this order, to metrics.jsonl, the `tensorboard` ones as
 `train/<name>` scalars and the `wandb` ones to the W&B run (`cgpt.train.metrics`); the summary
 reduces the ones with a `summary` into summary.json (`cgpt.train.summary`), and the `results`
-ones are results.csv columns (`analysis.schema`), which the sweep fills from summary.json.
+ones are results.csv columns (`cgpt.results_schema`), which the sweep fills from summary.json.
 
 So a new per-step metric of the step is two edits: return it from the step
 (`cgpt.train.step.make_step`'s metrics dict; the fused step passes every one through) and add
-its `Field` here (`tests/test_record.py` makes both edits to a copy of the code and follows
+its `Field` here (`tests/train/test_record.py` makes both edits to a copy of the code and follows
 the metric from the step to `analysis`). No imports, so `analysis` and the sweep read it
 without JAX.
 """
@@ -54,7 +54,7 @@ FIELDS = (
     Field("step", "host", tensorboard=False, wandb=False),  # the x axis of both
     Field("loss", "device", summary="mean", summary_key="train_loss", results=True),
     Field("grad_norm", "device"),
-    Field("lr", "host"),  # the schedule's rate at the step (`cgpt.train.ahead.LearningRates`)
+    Field("lr", "host"),  # the schedule's rate at the step (`cgpt.train.optim.lr_at`)
     Field("tokens", "host", tensorboard=False),  # trained so far
     Field("epoch", "host", tensorboard=False),  # passes over the training split so far
     Field("tokens_per_s", "host", summary="final", results=True),  # `cgpt.train.mfu.Throughput`

@@ -9,7 +9,8 @@ A run directory (one training run) holds:
 * `tokenizer.json`, `metrics.jsonl` (one strict-JSON object per logged step), `events/`
   (TensorBoard), `checkpoints/<step>/` (Orbax), `config_changes.json` (train.* values a resume
   changed), `branch.json` (a cooldown branch's parent);
-* `summary.json` once finished, or `failed.json` when its last attempt failed;
+* `summary.json` once finished, and `loss.png` (its loss curve: training loss and validation
+  loss against tokens), or `failed.json` when its last attempt failed;
 * with `train.wandb`: `wandb.json` (the W&B run id, so a resume continues the same W&B run)
   and `wandb/` (W&B's own files: the offline runs `wandb sync` uploads);
 * `.lock`, an `flock` held while one process trains in it; the kernel drops it when its holder
@@ -23,7 +24,8 @@ Its state (`state`): done (a summary.json that parses), running (the lock is hel
 failed (failed.json), interrupted (config.yaml, no summary: `--resume` continues it), or new.
 
 A sweep directory holds one run directory per run, `DIR/<run_id>/`, beside `results.csv` (one
-row per run, its columns `analysis.schema`'s), `sweep.yaml` (the spec it ran), `.sweep.lock`
+row per run, its columns `cgpt.results_schema`'s), `curves.png` (the finished runs' training
+curves on one figure), `sweep.yaml` (the spec it ran), `.sweep.lock`
 and `.superseded/` (run directories whose config changed). `analysis` reads both kinds of
 directory through this module, which imports neither JAX nor more of cgpt than its errors
 and path rule (`cgpt.errors`, `cgpt.paths`).
@@ -49,6 +51,7 @@ RUN_FILE = "run.yaml"
 LOG_FILE = "train.log"
 TOKENIZER_FILE = "tokenizer.json"
 METRICS_FILE = "metrics.jsonl"
+CURVE_FILE = "loss.png"  # the finished run's loss curve, drawn from metrics.jsonl
 CHANGES_FILE = "config_changes.json"
 BRANCH_FILE = "branch.json"
 SUMMARY_FILE = "summary.json"
@@ -64,12 +67,13 @@ WANDB_DIR = "wandb"  # where W&B writes its files when given the run directory
 RESULTS_FILE = "results.csv"
 SWEEP_SPEC_FILE = "sweep.yaml"  # the spec the sweep ran
 SWEEP_LOCK_FILE = ".sweep.lock"
+SWEEP_CURVES_FILE = "curves.png"  # every finished run's training curve on one figure
 SUPERSEDED_DIR = ".superseded"  # run directories whose config changed (--on-change rerun)
-SWEEP_NAMES = (RESULTS_FILE, SWEEP_SPEC_FILE, SWEEP_LOCK_FILE, SUPERSEDED_DIR)
+SWEEP_NAMES = (RESULTS_FILE, SWEEP_SPEC_FILE, SWEEP_LOCK_FILE, SUPERSEDED_DIR, SWEEP_CURVES_FILE)
 # what each name cgpt writes in a run directory must be
 KINDS = {**dict.fromkeys((CONFIG_FILE, IDENTITY_FILE, RUN_FILE, LOG_FILE, TOKENIZER_FILE,
-                          METRICS_FILE, CHANGES_FILE, BRANCH_FILE, SUMMARY_FILE, FAILED_FILE,
-                          LOCK_FILE, WANDB_FILE), "file"),
+                          METRICS_FILE, CURVE_FILE, CHANGES_FILE, BRANCH_FILE, SUMMARY_FILE,
+                          FAILED_FILE, LOCK_FILE, WANDB_FILE), "file"),
          **dict.fromkeys((CKPT_DIR, EVENTS_DIR, DISCARDED_DIR, CORRUPT_DIR, WANDB_DIR), "dir")}
 STATES = ("done", "running", "failed", "interrupted", "new")
 STORAGE = (CKPT_DIR,)  # the one entry users may put on another disk (a symlink)

@@ -9,6 +9,7 @@ commands in subprocesses (some signalled, some started together) and is classifi
   REFUSED     a valid request was refused
   TRACEBACK   a traceback, asyncio/TensorStore noise, an unhandled signal, no clean last line
   MISLEADING  refused, but the message does not name what the case says it must
+  SILENT      answered, but without the warning the case says it must give
   LOST        results lost or mislabelled (the case's own check)
   ORPHAN      a process of the case outlived its command
   HANG        no end within the case's time limit
@@ -18,7 +19,8 @@ commands in subprocesses (some signalled, some started together) and is classifi
                                           [--json FILE] [--list] [--keep]
 
 The summary also counts verdicts: OK (ok, error), WEAK (MISLEADING: refused, but the line
-does not name what the user typed), TRACEBACK, SETUP, and FAIL (everything else: bad input
+does not name what the user typed; SILENT: answered without a warning it owed), TRACEBACK,
+SETUP, and FAIL (everything else: bad input
 taken, a valid request refused, results lost, a process left running, a hang).
 
 Slow (each command starts JAX; the ones that train take seconds to minutes): not a test. The
@@ -44,7 +46,8 @@ from qa.context import Ctx, tagged_pids
 from qa.registry import Case, all_cases
 
 WANTED = ("ok", "error")
-_VERDICTS = {"ok": "OK", "error": "OK", "MISLEADING": "WEAK", "TRACEBACK": "TRACEBACK",
+_VERDICTS = {"ok": "OK", "error": "OK", "MISLEADING": "WEAK", "SILENT": "WEAK",
+             "TRACEBACK": "TRACEBACK",
              "SETUP": "SETUP"}  # any other outcome is a FAIL
 
 
@@ -117,6 +120,7 @@ def run_case(ctx: Ctx, c: Case) -> tuple[str, str]:
       check         () -> None or what was lost (LOST), after every command
       check_ok      the same, only when the command (or `then`) succeeded
       stdout_check  (CompletedProcess) -> None or what is wrong with its stdout (LOST)
+      silent_check  (CompletedProcess) -> None or the warning a success did not give (SILENT)
       expect_text   what a refusal's message must name (else MISLEADING)
       timeout       seconds per command (default 1200; past it: HANG)
       fired         () -> whether the case's fault happened at all (else SETUP: the case
@@ -170,6 +174,10 @@ def run_case(ctx: Ctx, c: Case) -> tuple[str, str]:
     if check:
         return "LOST", check
     outcome, text = classify(c.expect, results, sent), spec.get("expect_text")
+    if outcome[0] == "ok" and spec.get("silent_check"):
+        quiet = spec["silent_check"](results[-1])
+        if quiet:
+            return "SILENT", quiet
     if outcome[0] == "error" and text and text not in results[-1].stderr:  # a clean refusal
         return "MISLEADING", f"message does not name {text!r}"  # (a traceback stays one)
     return outcome

@@ -1,5 +1,6 @@
-"""What the sweep tests share (tests/test_sweep.py, tests/test_sweep_fuse.py): a tiny corpus,
-a spec over it, results.csv's rows, and SIGKILL-ing a sweep once a run has checkpointed."""
+"""What the sweep tests share (tests/sweep/test_sweep.py, tests/sweep/test_sweep_fuse.py): a
+tiny corpus, a spec over it, results.csv's rows, and SIGKILL-ing a sweep once a run has
+checkpointed."""
 from __future__ import annotations
 
 import csv

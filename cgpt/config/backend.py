@@ -55,7 +55,8 @@ from pathlib import Path
 from cgpt.config.model import ModelConfig
 
 PLATFORMS = ("cpu", "gpu", "rocm", "tpu")
-GPU_MEM_FRACTION = 0.90  # = 1 - cgpt.train.fit.HEADROOM (tests/test_distributed.py checks)
+# = 1 - cgpt.train.fit.HEADROOM (tests/multiprocess/test_distributed.py checks)
+GPU_MEM_FRACTION = 0.90
 JAX_DEFAULT_MEM_FRACTION = 0.75  # JAX's preallocated share when the variable is unset
 _ALIASES = {"cuda": "gpu"}
 
@@ -229,7 +230,7 @@ def device_memory(bytes_limit: int, environ) -> int:
 # rosetta/docs/GPU_performance.md ("Tips for High-Performance LLMs with JAX and XLA") and
 # MaxText's H100 (A3) recipes (configs/gpu/a3/*/1vm.sh, thresholds from there). XLA aborts
 # the process on a flag it does not know, so each is checked against the installed XLA
-# (tests/test_backend.py starts a process with all of them); dropped from this list:
+# (tests/model/test_backend.py starts a process with all of them); dropped from this list:
 # --xla_gpu_enable_async_all_gather/_reduce_scatter/_all_reduce, --xla_gpu_graph_level,
 # --xla_gpu_enable_triton_softmax_fusion, --xla_gpu_enable_pipelined_collectives (unknown to
 # XLA in jaxlib 0.10.2: async collectives are XLA's default now).
@@ -238,7 +239,7 @@ def device_memory(bytes_limit: int, environ) -> int:
 # optimization level 1 instead of XLA's default, measured on the 2-core CPU (tiny-45k, CPU
 # seconds of the compile, options interleaved in one process, 4 rounds): 1.7-2.5 -> 1.2-1.3 s,
 # its values bit-identical (an elementwise program: RNG bits, their transforms to normals;
-# `tests/test_warm.py` checks). Not for the step or the evaluation: they compile ~20% faster
+# `tests/train/test_warm.py` checks). Not for the step or the evaluation: they compile ~20% faster
 # too, but the step's update differs in the last bit at some shapes (tiny-17k at batch 4 x 33:
 # 6e-8), and results must not depend on the compile. Level 0 changes the init too.
 CPU_INIT_COMPILE_OPTIONS: dict[str, int] = {"xla_backend_optimization_level": 1}
@@ -325,6 +326,31 @@ def forced_cpu_devices(environ=os.environ) -> int:
     return int(m.group(1)) if m else 0
 
 
+ADDED_FLAGS_VAR = "CGPT_ADDED_XLA_FLAGS"  # the names of the flags cgpt added to XLA_FLAGS
+# Per execution mode, the GPU flags above that the H100 compile (`cgpt plan --target h100`)
+# shows doing harm there, turned off for that mode's compile alone (`compile_options`):
+# (flag, what the compile showed).
+GPU_FLAGS_OFF_BY_MODE: dict[str, tuple[tuple[str, str], ...]] = {
+    "layer_pipelined": (
+        ("xla_gpu_enable_pipelined_all_gather",
+         "it peels the pipeline's tick scan so every forward tick runs twice: 111M on "
+         "stage=2,data=4 ran 180 cuDNN forward calls for 90 backward and took 18.8 GB, "
+         "against 90 and 7.7 GB without it"),),
+}
+
+
+def compile_options(mode: str, platform: str, environ=os.environ) -> dict[str, bool]:
+    """XLA options for one compile of a `mode` step on `platform`: the GPU flags that mode
+    turns off (GPU_FLAGS_OFF_BY_MODE), unless the user set that flag in XLA_FLAGS or
+    CGPT_GPU_XLA_FLAGS=0 asked for XLA's defaults."""
+    if _platform_name(platform) != "gpu" or (environ.get("CGPT_GPU_XLA_FLAGS") or "1").strip(
+            ).lower() in ("0", "false", "off", "no"):
+        return {}
+    ours = set((environ.get(ADDED_FLAGS_VAR) or "").split(","))
+    mine = _user_flag_names(environ.get("XLA_FLAGS") or "") - ours
+    return {name: False for name, _ in GPU_FLAGS_OFF_BY_MODE.get(mode, ()) if name not in mine}
+
+
 def _user_flag_names(xla_flags: str) -> set[str]:
     return {m.group(1) for tok in xla_flags.split() if (m := _FLAG_NAME.match(tok))}
 
@@ -362,7 +388,10 @@ def gpu_xla_flags(environ, platform: str) -> list[str]:
     composed = compose_xla_flags(user, "gpu")
     if composed != user:
         environ["XLA_FLAGS"] = composed
-    return composed[len(user.strip()):].split()
+    added = composed[len(user.strip()):].split()
+    if added:  # told apart from the user's own flags (`compile_options`), in child processes too
+        environ[ADDED_FLAGS_VAR] = ",".join(sorted(_user_flag_names(" ".join(added))))
+    return added
 
 
 # glibc mallopt options of a CPU training process (`keep_host_memory`): (mallopt parameter,

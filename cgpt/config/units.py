@@ -36,3 +36,11 @@ def fmt_bytes(n: float) -> str:
         if abs(n) >= scale * 0.9995:  # what rounds to 1000 of a unit is 1 of the next
             return f"{n / scale:.3g} {unit}"
     return f"{n:.0f} B"
+
+
+def fmt_count(x: float) -> str:
+    """3 significant digits with k/M/B/T: 336640 -> '337k', 4820480 -> '4.82M'."""
+    for div, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if abs(x) >= div:
+            return f"{x / div:.3g}{suffix}"
+    return f"{x:.3g}"

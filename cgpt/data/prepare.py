@@ -26,6 +26,8 @@ import multiprocessing as mp
 import os
 import queue as queue_mod
 import signal
+import sys
+import threading
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -35,6 +37,7 @@ import numpy as np
 from tokenizers import Tokenizer
 from tqdm.auto import tqdm
 
+from cgpt import stop
 from cgpt.data import sources
 from cgpt.fileio import atomic_write, atomic_write_text
 from cgpt.paths import check_utf8
@@ -170,8 +173,9 @@ class _Worker:
         self.hf, self.progress = hf, progress
 
     def run(self, index: int, unit: Unit) -> dict:
-        """Tokenize `unit` into shard `index` (atomically), record it, return the record."""
-        src, out = hashlib.sha256(), hashlib.sha256()
+        """Tokenize `unit` into shard `index` (atomically), record it, return the record.
+        Progress goes out per batch read: (index, tokens, source bytes read)."""
+        src, out = _Counting(hashlib.sha256()), hashlib.sha256()
         counts = {"num_rows": 0, "num_documents": 0, "num_tokens": 0}
         encode = getattr(self.tok, "encode_batch_fast", self.tok.encode_batch)
 
@@ -180,6 +184,7 @@ class _Worker:
                 for texts, rows in sources.read_unit(unit, self.files, self.column, src, self.hf):
                     counts["num_rows"] += rows
                     if not texts:
+                        self.progress((index, 0, src.take()))
                         continue
                     ids: list[int] = []
                     for enc in encode(texts, add_special_tokens=False):
@@ -190,17 +195,98 @@ class _Worker:
                     out.update(data)
                     counts["num_documents"] += len(texts)
                     counts["num_tokens"] += len(ids)
-                    self.progress(len(ids))
+                    self.progress((index, len(ids), src.take()))
 
         name = shard_name(index)
         atomic_write(self.root / f"{name}.bin", write)
         record = {"file": f"{name}.bin", "unit": asdict(unit), **counts, "sha256": out.hexdigest(),
-                  "source_sha256": None if unit.kind in ("parquet", "hf") else src.hexdigest()}
+                  "source_sha256": None if unit.kind in ("parquet", "hf") else
+                  src.digest.hexdigest()}
         atomic_write_text(self.root / f"{name}.json", json.dumps(record))
         return record
 
 
 _worker: _Worker | None = None  # this process's worker, set once by the pool's initializer
+
+
+class _Counting:
+    """A digest that also counts the source bytes it was given (`take`: those since the last
+    take): how far a worker has read its unit, for the prepare's bar."""
+
+    def __init__(self, digest) -> None:
+        self.digest, self.n = digest, 0
+
+    def update(self, data) -> None:
+        self.digest.update(data)
+        self.n += len(data)
+
+    def take(self) -> int:
+        n, self.n = self.n, 0
+        return n
+
+
+class _Progress:
+    """The prepare's bar: its size is the source bytes to tokenize (`unit_size`), advanced as
+    the workers read, with the tokens written and the shards done beside it. A Parquet or
+    Hugging Face unit, whose reader hashes no bytes, counts its size when it is done."""
+
+    def __init__(self, sizes: dict[int, int], kept: int, total: int, progress: bool) -> None:
+        self.sizes, self.read = sizes, dict.fromkeys(sizes, 0)  # source bytes: to read, read
+        self.counted = dict.fromkeys(sizes, 0)  # tokens said per unit
+        self.done, self.total, self.tokens, self.closed = kept, total, 0, set()
+        self.about = _size(sum(sizes.values()))
+        self.bar = tqdm(total=sum(sizes.values()), unit="B", unit_scale=True, unit_divisor=1000,
+                        disable=not progress, dynamic_ncols=True, mininterval=1,
+                        desc=self._desc())
+
+    def _desc(self) -> str:
+        return f"tokenizing {self.about}: {self.done}/{self.total} shards"
+
+    def add(self, msg: tuple[int, int, int]) -> None:
+        """A worker's (unit index, tokens, source bytes read) since its last; one that arrives
+        after its unit's record (`finished`) was counted there."""
+        i, tokens, n = msg
+        if i in self.closed:
+            return
+        n = max(0, min(n, self.sizes[i] - self.read[i]))
+        self.read[i] += n
+        self.counted[i] += tokens
+        self.tokens += tokens
+        self.bar.set_postfix_str(f"{self.tokens:,} tokens", refresh=False)
+        self.bar.update(n)
+        if not n and not self.bar.disable and time.time() - self.bar.last_print_t >= 1:
+            self.bar.refresh()  # tokens but no bytes (Parquet): still said every second
+
+    def finished(self, i: int, record: dict) -> None:
+        """Unit `i` is done, its shard's `record` written: its bytes and tokens all counted."""
+        self.done += 1
+        self.bar.set_description(self._desc(), refresh=False)
+        self.add((i, record["num_tokens"] - self.counted[i], self.sizes[i] - self.read[i]))
+        self.closed.add(i)
+
+
+def _size(n: float) -> str:
+    """Bytes as people read them: 20.9 MB."""
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if n < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    raise AssertionError("unreachable")
+
+
+def unit_size(unit: Unit, corpus: "Corpus", units: list[Unit]) -> int:
+    """About how many source bytes `unit` reads (the bar's size): its files' bytes, its byte
+    range, or its share of a Parquet file's row groups or of a Hugging Face dataset's rows."""
+    files = [corpus.files[i] for i in unit.files]
+    if unit.kind == "text" or unit.kind == "jsonl-compressed":
+        return sum(p.stat().st_size for p in files)
+    if unit.kind == "jsonl":
+        return unit.stop - unit.start
+    if unit.kind == "parquet":
+        groups = max(u.stop for u in units if u.kind == "parquet" and u.files == unit.files)
+        return files[0].stat().st_size * (unit.stop - unit.start) // max(1, groups)
+    rows = len(corpus.hf) or 1  # hf
+    return corpus.num_bytes() * ((unit.stop or rows) - unit.start) // rows
 
 
 def _die_with_parent(parent: int) -> None:
@@ -218,9 +304,7 @@ def _init(tok_json, files, column, root, hf, q, parent: int | None = None) -> No
     global _worker
     if parent is not None:
         _die_with_parent(parent)
-    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2):
-        signal.signal(s, signal.SIG_IGN)  # a terminal's Ctrl-C or a job's SIGTERM reaches the
-        # whole group: the prepare process stops (one line) and kills the workers itself
+    stop.ignore_stops()  # the prepare process stops (one line) and kills the workers itself
     # one core per process: the pool is the parallelism
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     _worker = _Worker(tok_json, files, column, root, hf, q.put)
@@ -295,26 +379,18 @@ def _prepare(source, tokenizer, out: Path, text_column, split, num_proc, unit_by
     for stale in shards.glob("*.tmp"):  # left by a killed worker; never trusted
         stale.unlink(missing_ok=True)
     todo = [(i, u) for i, u in enumerate(units) if not _shard_done(out, i)]
-    _tokenize(todo, len(units), tok_json, corpus, out, num_proc, progress)
+    bar = _Progress({i: unit_size(u, corpus, units) for i, u in todo}, len(units) - len(todo),
+                    len(units), progress)
+    _tokenize(todo, tok_json, corpus, out, num_proc, bar)
     return _finish(out, plan, units, corpus, vocab_size, tokenizer.token_to_id(EOT), extra)
 
 
-def _tokenize(todo, total, tok_json, corpus, out, num_proc, progress) -> None:
-    done = kept = total - len(todo)
-    bar = tqdm(unit="tok", unit_scale=True, disable=not progress, dynamic_ncols=True, mininterval=1,
-               desc=f"tokenizing: {kept}/{total} shards")
-
-    def finished() -> None:
-        nonlocal done
-        done += 1
-        bar.set_description(f"tokenizing: {done}/{total} shards", refresh=False)
-
+def _tokenize(todo, tok_json, corpus, out, num_proc, bar: _Progress) -> None:
     try:
         if min(num_proc, len(todo)) <= 1:  # one unit or one core: no process to start
-            worker = _Worker(tok_json, corpus.files, corpus.text_column, out, corpus.hf, bar.update)
+            worker = _Worker(tok_json, corpus.files, corpus.text_column, out, corpus.hf, bar.add)
             for i, unit in todo:
-                worker.run(i, unit)
-                finished()
+                bar.finished(i, worker.run(i, unit))
             return
         ctx = mp.get_context("spawn")  # never fork: the caller may hold threads (JAX, tokenizers)
         q = ctx.Queue()
@@ -322,19 +398,20 @@ def _tokenize(todo, total, tok_json, corpus, out, num_proc, progress) -> None:
             min(num_proc, len(todo)), mp_context=ctx, initializer=_init,
             initargs=(tok_json, corpus.files, corpus.text_column, out, corpus.hf, q, os.getpid()))
         try:
-            pending = {pool.submit(_run, i, u) for i, u in todo}
+            index = {pool.submit(_run, i, u): i for i, u in todo}
+            pending = set(index)
             while pending:
                 ready, pending = cf.wait(pending, timeout=0.5, return_when=cf.FIRST_COMPLETED)
                 _drain(q, bar)
                 for fut in ready:
                     try:
-                        fut.result()  # a worker's DataError (or a dead worker) surfaces here
+                        record = fut.result()  # a worker's DataError (or a dead one) is here
                     except cf.process.BrokenProcessPool:
                         raise DataError(
                             f"a tokenizing worker of the prepare into {out} died (killed, or out "
                             "of memory: try fewer --num-proc); the finished shards are kept: "
                             "rerun the same command to continue") from None
-                    finished()
+                    bar.finished(index[fut], record)
             _drain(q, bar)
         except BaseException:
             for p in list(getattr(pool, "_processes", {}).values()):  # stop units in flight now
@@ -344,17 +421,15 @@ def _tokenize(todo, total, tok_json, corpus, out, num_proc, progress) -> None:
             pool.shutdown(wait=True, cancel_futures=True)
             del pool, q  # release their semaphores now: an error ends in os._exit (no gc)
     finally:
-        bar.close()
+        bar.bar.close()
 
 
-def _drain(q, bar) -> None:
-    n = 0
+def _drain(q, bar: _Progress) -> None:
     while True:
         try:
-            n += q.get_nowait()
+            bar.add(q.get_nowait())
         except queue_mod.Empty:
             break
-    bar.update(n)
 
 
 def _read_record(path: Path) -> dict:
@@ -407,10 +482,14 @@ def _finish(out: Path, plan: dict, units: list[Unit], corpus: Corpus, vocab_size
 
 # ----------------------------------------------------------------------------------- CLI
 
+HEARTBEAT_S = 5.0  # a line this often during a long silent phase (training the tokenizer)
+
 def register(subparsers) -> None:
     """Add `data prepare` to the `cgpt` CLI's subparsers (handler in `args.func`)."""
     p = subparsers.add_parser("data",
-                              help="prepare token stores (tokenize a corpus once, in parallel)")
+                              help="prepare token stores (tokenize a corpus once, in parallel)",
+                              description="Data commands: `cgpt data prepare SOURCE --out DIR` "
+                              "tokenizes a corpus once into a token store to train on.")
     sub = p.add_subparsers(dest="data_command", required=True)
     q = sub.add_parser("prepare", help="tokenize SOURCE into a sharded token store in --out",
                        description=__doc__.split("\n\n")[0] + " Train on it with data.source=DIR.")
@@ -450,8 +529,14 @@ def _cmd_prepare(args, out: Path, corpus: Corpus, t0: float) -> int:
     elif (out / PLAN).is_file() and (out / TOKENIZER_FILE).is_file():
         tok = load_tokenizer(out / TOKENIZER_FILE)  # resuming: the tokenizer trained the first time
         _check_vocab(out, tok, args.vocab_size)
-    else:
-        tok = train_tokenizer(corpus.texts(), args.vocab_size)
+    else:  # a pass over the whole corpus before the bar: said, as the bar says its size
+        print(f"training a byte-level BPE tokenizer of {args.vocab_size} tokens on "
+              f"{args.source} ({_size(corpus.num_bytes())})...", file=sys.stderr, flush=True)
+        t1 = time.perf_counter()
+        with _heartbeat("training the tokenizer", t1):
+            tok = train_tokenizer(corpus.texts(), args.vocab_size)
+        print(f"trained the tokenizer in {time.perf_counter() - t1:.1f} s", file=sys.stderr,
+              flush=True)
     tok = with_eot(tok, args.tokenizer)
     store = prepare(args.source, tok, out, text_column=args.text_column, split=args.split,
                     num_proc=args.num_proc, progress=not args.no_progress, corpus=corpus,
@@ -464,6 +549,24 @@ def _cmd_prepare(args, out: Path, corpus: Corpus, t0: float) -> int:
                       "seconds": round(dt, 1)}, indent=1))
     print(f"train on it with: data.source={out}")
     return 0
+
+
+@contextlib.contextmanager
+def _heartbeat(what: str, t0: float, every_s: float = HEARTBEAT_S) -> Iterator[None]:
+    """A line every `every_s` while `what` runs, where no terminal shows the tokenizers
+    library's own bar (a log, a pipe): no stretch of a prepare is silent for long."""
+    done = threading.Event()
+
+    def beat() -> None:
+        while not done.wait(every_s):
+            print(f"{what}: {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+
+    if not sys.stderr.isatty():
+        threading.Thread(target=beat, name="cgpt-prepare-heartbeat", daemon=True).start()
+    try:
+        yield
+    finally:
+        done.set()
 
 
 def _check_vocab(out: Path, tok, requested: int) -> None:

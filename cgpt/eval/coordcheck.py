@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from cgpt.config.model import ModelConfig, get_config
 from cgpt.config.recipe import Recipe
@@ -130,8 +132,9 @@ def run_width(cfg: ModelConfig, tokens: np.ndarray, lr: float, steps: int, seed:
 
 def coord_check(configs: dict[int, ModelConfig], name: str, *, lr: float = 1e-2, steps: int = 4,
                 batch: int = 8, seq_len: int = 32, seeds: int = 1,
-                max_slope: float = DEFAULT_MAX_SLOPE) -> CoordCheck:
-    """Run the check on {width: config}; mean |x| is averaged over `seeds` initializations.
+                max_slope: float = DEFAULT_MAX_SLOPE, progress: bool = False) -> CoordCheck:
+    """Run the check on {width: config}; mean |x| is averaged over `seeds` initializations;
+    `progress`: a bar over the widths and seeds (each a compile and a few steps).
 
     The data is a fixed batch of random token ids (the same for every width), so the check
     needs no corpus and measures only the parametrization.
@@ -144,9 +147,16 @@ def coord_check(configs: dict[int, ModelConfig], name: str, *, lr: float = 1e-2,
         raise ValueError(f"coord-check widths must share one vocabulary, got {sorted(vocab)}")
     tokens = np.random.default_rng(0).integers(0, vocab.pop(), (batch, seq_len + 1))
     per_width = []
+    bar = tqdm(total=len(widths) * seeds, desc=f"coord check {name}", unit="model",
+               disable=not progress, file=sys.stderr, dynamic_ncols=True)
     for w in widths:
-        runs = [run_width(configs[w], tokens, lr, steps, s) for s in range(seeds)]
+        runs = []
+        for s in range(seeds):
+            bar.set_postfix_str(f"width {w}, seed {s}")
+            runs.append(run_width(configs[w], tokens, lr, steps, s))
+            bar.update(1)
         per_width.append({k: np.mean([r[k] for r in runs], axis=0) for k in runs[0]})
+    bar.close()
     order = sorted(per_width[0], key=_display_order)
     stats = {k: np.stack([pw[k] for pw in per_width], axis=1) for k in order}
     return CoordCheck(name, widths, steps, stats, max_slope)
@@ -219,14 +229,15 @@ def register(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("coord-check", help="μP coordinate check: activation sizes "
                               "against width, μP vs SP, with a pass/fail verdict",
                               description=__doc__.split("\n\n")[0])
-    p.add_argument("--preset", default="tiny-45k",
-                   help="shape to widen (depth, heads, vocabulary, μP base width)")
+    p.add_argument("--model", "--preset", dest="preset", default="tiny-45k",
+                   help="preset whose shape is widened (depth, heads, vocabulary, μP base "
+                   "width), as train's and plan's --model; --preset is the older name")
     p.add_argument("--widths", default="32,64,128,256", help="comma-separated widths (>= 3)")
     p.add_argument("--heads", type=int, help="heads at every width (default: the preset's)")
     p.add_argument("--lr", type=float, default=1e-2, help="constant peak LR (large on purpose)")
     p.add_argument("--steps", type=int, default=4, help="optimizer updates to record")
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--seq-len", type=int, default=32)
+    p.add_argument("--batch", type=int, default=8, help="sequences per step")
+    p.add_argument("--seq-len", type=int, default=32, help="tokens per sequence")
     p.add_argument("--seeds", type=int, default=2, help="initializations averaged per width")
     p.add_argument("--max-slope", type=float, default=DEFAULT_MAX_SLOPE,
                    help="largest allowed growth exponent of mean|x| in width")
@@ -287,7 +298,7 @@ def cmd_coord_check(args) -> int:
         cfgs = family(args.preset, widths, mup, args.heads)
         checks.append(coord_check(cfgs, name, lr=args.lr, steps=args.steps, batch=args.batch,
                                   seq_len=args.seq_len, seeds=args.seeds,
-                                  max_slope=args.max_slope))
+                                  max_slope=args.max_slope, progress=True))
         c = checks[-1]
         for k, s in c.slopes().items():
             print(f"  {c.name:3s} {k:16s} slope per step: " + " ".join(f"{v:+.2f}" for v in s))

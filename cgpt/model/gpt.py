@@ -111,14 +111,54 @@ def compute_dtype(cfg: ModelConfig) -> jnp.dtype:
 
 def layer_norm(x: jax.Array, p: Params, eps: float) -> jax.Array:
     """LayerNorm: statistics in f32 whatever the compute dtype, the affine in the weights'
-    dtype (bf16 once `in_dtype` cast them), so a sharded bf16 scale is gathered as bf16."""
+    dtype (bf16 once `in_dtype` cast them, so a sharded bf16 scale is gathered as bf16),
+    with the scale's and bias's gradients summed over the tokens in f32 (`_affine`)."""
     xf = x.astype(jnp.float32)
     mean = xf.mean(-1, keepdims=True)
     var = jnp.square(xf - mean).mean(-1, keepdims=True)
     y = (xf - mean) * jax.lax.rsqrt(var + eps)
-    if p["scale"].dtype != jnp.float32:
-        y = y.astype(p["scale"].dtype)
-    return (y * p["scale"] + p["bias"]).astype(x.dtype)
+    return _affine(y.astype(p["scale"].dtype), p["scale"], p["bias"]).astype(x.dtype)
+
+
+@jax.custom_vjp
+def _affine(y: jax.Array, scale: jax.Array, bias: jax.Array) -> jax.Array:
+    """y * scale + bias, whose backward sums the scale's and bias's gradients over every
+    token in f32 (and so reduces them across replicas in f32): autodiff would sum them in
+    the compute dtype. Only the summed gradient is rounded to the weights' dtype."""
+    return y * scale + bias
+
+
+def _affine_fwd(y, scale, bias):
+    return y * scale + bias, (y, scale)
+
+
+def _affine_bwd(res, g):
+    y, scale = res
+    f32, tokens = jnp.float32, tuple(range(g.ndim - 1))
+    g32 = g.astype(f32)
+    return ((g * scale).astype(y.dtype), (g32 * y.astype(f32)).sum(tokens).astype(scale.dtype),
+            g32.sum(tokens).astype(scale.dtype))
+
+
+_affine.defvjp(_affine_fwd, _affine_bwd)
+
+
+@jax.custom_vjp
+def _plus_rows(x: jax.Array, rows: jax.Array) -> jax.Array:
+    """x + rows[None] (positions added to every sequence of the batch), the rows' gradient
+    summed over the batch in f32 (autodiff would sum it in the compute dtype)."""
+    return x + rows[None]
+
+
+def _plus_rows_fwd(x, rows):
+    return x + rows[None], None
+
+
+def _plus_rows_bwd(_, g):
+    return g, g.astype(jnp.float32).sum(0).astype(g.dtype)
+
+
+_plus_rows.defvjp(_plus_rows_fwd, _plus_rows_bwd)
 
 
 def in_dtype(p: Params, dtype) -> Params:
@@ -237,11 +277,35 @@ def block(p: Params, x: jax.Array, cfg: ModelConfig,
     return block_rest(p, x, causal_attention(q, k, v, cfg), cfg, constrain=constrain)
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def lookup(table: jax.Array, ids: jax.Array, dtype, constrain: Constrain = _no_constraint
+           ) -> jax.Array:
+    """table[ids] gathered in `dtype` (a sharded table moves bf16 rows), with the gradient
+    scatter-added into the table's own dtype (f32) and laid out as the table is: the
+    autodiff of a bf16 gather would scatter-add, and all-reduce across replicas, in bf16."""
+    return table.astype(dtype)[ids]
+
+
+def _lookup_fwd(table, ids, dtype, constrain):
+    return lookup(table, ids, dtype, constrain), (table, ids)
+
+
+def _lookup_bwd(dtype, constrain, res, g):
+    table, ids = res
+    grad = jnp.zeros_like(table).at[ids].add(g.astype(table.dtype))
+    return constrain(grad, ("vocab", "embed")), None
+
+
+lookup.defvjp(_lookup_fwd, _lookup_bwd)
+
+
 def embed(params: Params, ids: jax.Array, cfg: ModelConfig, start: jax.Array | int = 0,
           constrain: Constrain = _no_constraint) -> jax.Array:
+    """Token rows plus position rows, both gathered in the compute dtype; the position table's
+    gradient, a sum over the batch, is summed (and reduced across replicas) in f32."""
     T, dtype = ids.shape[1], compute_dtype(cfg)
     pos = jax.lax.dynamic_slice_in_dim(in_dtype(params["wpe"], dtype), start, T, axis=0)
-    x = (in_dtype(params["wte"], dtype)[ids] + pos[None]) * cfg.embed_mult
+    x = _plus_rows(lookup(params["wte"], ids, dtype, constrain), pos) * cfg.embed_mult
     return constrain(x.astype(dtype), ("act_batch", "act_seq", "act_embed"))
 
 

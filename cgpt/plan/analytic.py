@@ -27,15 +27,13 @@ from cgpt.sharding.nodes import node_axes, weight_shards
 from cgpt.train.resolve import resolve
 
 
-def footprint(cfg, mode: str, axes: dict[str, int], nodes: int, rows: int, seq_len: int) -> int:
-    """Per-device bytes of `mode` on `axes` with `rows` sequences in flight per batch shard
-    (`cgpt.sharding.auto`'s model; weight streaming's state over its within-node weight axes)."""
-    if mode == "layer_pipelined":
-        return auto.pipeline_bytes_per_device(cfg, axes.get("stage", 1), rows, seq_len)
-    if mode == "weight_streaming":
-        return auto.weight_streaming_bytes_per_device(
-            cfg, weight_shards(mode, axes, nodes), rows, seq_len)
-    return auto.data_parallel_bytes_per_device(cfg, rows, seq_len)
+def footprint(cfg, mode: str, axes: dict[str, int], nodes: int, rows: int, seq_len: int,
+              accum: int = 2) -> int:
+    """Per-device bytes of `mode` on `axes` with `rows` sequences in flight per batch shard,
+    `accum` accumulation steps (`cgpt.sharding.auto`'s model; weight streaming's state over
+    its within-node weight axes)."""
+    shards = weight_shards(mode, axes, nodes) if mode == "weight_streaming" else 1
+    return auto.footprint(cfg, shards, seq_len, mode, axes, rows, None, accum)
 
 
 def plan_analytic(run, device_memory: int | str, devices: int, nodes: int = 1,
@@ -55,16 +53,16 @@ def plan_analytic(run, device_memory: int | str, devices: int, nodes: int = 1,
     per_replica = res.batch_size // res.replicas
     micros = ([t.micro_batch] if t.micro_batch else
               divisors_desc(per_replica))
-    ladder = backend.kernels(cfg, platform).remat_ladder  # the memory model tells full or not
-    remats = ([cfg.remat] if cfg.remat is not None else
-              list(dict.fromkeys((ladder[0], "full"))))
+    ladder = backend.kernels(cfg, platform).remat_ladder  # as train's fit climbs it
+    remats = [cfg.remat] if cfg.remat is not None else list(ladder)
     tried: list[dict] = []
 
     def fits(m: int, r: str) -> bool:
         c = next((c for c in tried if (c["micro_batch"], c["remat"]) == (m, r)), None)
         if c is None:
             c = {"micro_batch": m, "remat": r,
-                 "total": footprint(cfg.replace(remat=r), res.mode, res.mesh, nodes, m, T)}
+                 "total": footprint(cfg.replace(remat=r), res.mode, res.mesh, nodes, m, T,
+                                    per_replica // m)}
             tried.append(c)
         return c["total"] <= usable
 

@@ -1,7 +1,8 @@
 """`cgpt plan`: what one training step costs per device under a mode and mesh, without running it.
 
 The real train step (`cgpt.train.loop.make_step` with the published optimizer) is lowered and
-compiled for `jax.ShapeDtypeStruct` inputs that carry the mode's shardings, over emulated
+compiled for `jax.ShapeDtypeStruct` inputs that carry the mode's shardings, by the target
+GPU's own compiler on compile-only devices (`--target`, `cgpt.plan.target`) or over emulated
 CPU devices: nothing is allocated, so a 13B model plans on a laptop. From the compiled
 program it reports, per device:
 
@@ -42,12 +43,15 @@ import tempfile
 
 from tqdm.auto import tqdm
 
+from cgpt.config import backend
 from cgpt.config.model import REMATS
 from cgpt.config.run import from_dict
 from cgpt.config.units import parse_bytes
 from cgpt.config.values import MAX_INT
-from cgpt.plan.planning import plan, plan_run
+from cgpt.plan import target
+from cgpt.plan.planning import plan, plan_run, target_devices
 from cgpt.plan.report import format_analytic, format_plan
+from cgpt.sharding.allocation import gpus_present
 from cgpt.sharding.axes import mesh_size
 from cgpt.train.fit import HEADROOM, POOL_MARGIN
 
@@ -61,12 +65,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mode", default="auto",
                    help="data_parallel | weight_streaming | layer_pipelined | auto (default "
                         "auto, as in train: the placement train --mode auto picks)")
-    p.add_argument("--mesh", default="", help="device mesh, e.g. data=16 or stage=8,data=2")
+    p.add_argument("--mesh", default="", help="device mesh, e.g. data=16 or stage=8,data=2 "
+                   "(default: empty, the mode's own layout over --devices)")
     p.add_argument("--devices", type=int,
                    help="emulated devices when --mesh is empty (default 8)")
-    p.add_argument("--device-memory", default="80GB", help="memory per device (default 80GB); "
-                   f"a step fits in it less {100 * HEADROOM:.0f}%% headroom (outside the "
-                   f"allocator's pool) and {100 * POOL_MARGIN:.0f}%% of the pool")  # %% argparse
+    p.add_argument("--device-memory", help="memory per device (default: the --target GPU's "
+                   "own, e.g. 79.1 GiB for h100; 80GB for --target cpu); a step fits in it "
+                   f"less {100 * HEADROOM:.0f}%% headroom (outside the allocator's pool) and "
+                   f"{100 * POOL_MARGIN:.0f}%% of the pool")  # %% for argparse
+    p.add_argument("--target", choices=target.TARGETS,
+                   help="the compiler the step is compiled with: a GPU's (h100, h200, a100: "
+                        "compile-only devices of cgpt/plan/targets/NAME.txtpb, cuDNN attention; "
+                        "needs JAX's CUDA plugin, requirements-gpu.txt) or cpu (emulated CPU "
+                        "devices, XLA attention: overstates a GPU's memory). Default: h100 "
+                        "when the plugin is installed and --platform is gpu, else cpu")
     p.add_argument("--batch", type=int, help="global batch in sequences (default: published)")
     p.add_argument("--micro-batch", type=int,
                    help="sequences per data replica per accumulation step (default: the "
@@ -84,8 +96,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a rung of the remat ladder (on = full, off = save_dots; default: the "
                         "first of the platform's ladder whose step fits, as train chooses)")
     p.add_argument("--no-remat", action="store_true", help="the same as --remat off")
-    p.add_argument("--host-offload", action="store_true",
-                   help="removed (weights are not streamed from pinned host memory): an error")
+    p.add_argument("--host-offload", action="store_true", help=argparse.SUPPRESS)  # removed:
+    # an error naming it, for a command line written before
     p.add_argument("--nodes", type=int, default=1,
                    help="nodes the devices are spread over (default 1): the mesh is hybrid, "
                         "only data (then stage) crosses nodes (cgpt.sharding.nodes); needs "
@@ -159,35 +171,44 @@ def _remat(args) -> bool | str | None:
 
 
 # ---- many runs in one process (the sweep's --dry-run) ---------------------------------------
-def plan_many(requests: list[dict], progress: bool = True) -> list[dict]:
+def plan_many(requests: list[dict], progress: bool = True, tgt: str = "cpu") -> list[dict]:
     """`plan_run` of each request {"run": RunConfig dict, "devices": n, "device_memory":
-    bytes}, in this process if it can emulate enough CPU devices, else in ONE fresh
-    subprocess (JAX fixes its device count at start). Each result is the plan's dict or
-    {"error": message}, in request order."""
+    bytes, "nodes": k}, compiled for target `tgt` (`cgpt.plan.target`): a GPU's compile-only
+    devices (in ONE fresh process with cgpt's GPU flags set before JAX starts), or emulated
+    CPU devices, in this process if it can emulate enough of them, else in one fresh process
+    (JAX fixes its device count at start). Each result is the plan's dict or {"error":
+    message}, in request order."""
     if not requests:
         return []
     n = max(int(r["devices"]) for r in requests)
-    devs = _cpu_devices(n)
+    devs = _cpu_devices(n) if tgt == "cpu" else None
     if devs is None:
-        env = dict(os.environ, JAX_PLATFORMS="cpu",
-                   XLA_FLAGS=f"--xla_force_host_platform_device_count={n}")
+        env = dict(os.environ, JAX_PLATFORMS="cpu")
+        if tgt == "cpu":
+            env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={n}"
+        else:
+            backend.gpu_xla_flags(env, "gpu")
         with tempfile.TemporaryDirectory() as d:
             path = os.path.join(d, "requests.json")
             with open(path, "w") as f:
                 json.dump(requests, f)
-            p = subprocess.run([sys.executable, "-m", "cgpt.plan", "--requests", path],
-                               env=env, stdout=subprocess.PIPE, text=True)
+            p = subprocess.run([sys.executable, "-m", "cgpt.plan", "--requests", path,
+                                "--target", tgt], env=env, stdout=subprocess.PIPE, text=True)
         if p.returncode:
             raise RuntimeError(f"the dry run's plan process failed (exit {p.returncode}); "
                                "its error is printed above")
         return [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
+    return _plan_each(requests, progress, lambda r: devs[:int(r["devices"])])
 
+
+def _plan_each(requests: list[dict], progress: bool, devices_for) -> list[dict]:
+    """`plan_run` of each request on `devices_for(request)`, errors as {"error": ...}."""
     out = []
     for r in tqdm(requests, desc="compiling each run's step", unit="run", disable=not progress,
                   file=sys.stderr, dynamic_ncols=True):
         try:
             run = from_dict(r["run"], "sweep run")
-            out.append(plan_run(run, int(r["device_memory"]), devs[:int(r["devices"])],
+            out.append(plan_run(run, int(r["device_memory"]), devices_for(r),
                                 nodes=int(r.get("nodes", 1))))
         except ValueError as e:
             out.append({"error": str(e)})
@@ -199,7 +220,7 @@ def _argv(args) -> list[str]:
     out = []
     for key in ("model", "mode", "mesh", "devices", "device_memory", "batch", "micro_batch",
                 "micro_batches", "seq_len", "dtype", "remat", "platform", "nodes",
-                "gpus_per_node"):
+                "gpus_per_node", "target"):
         v = getattr(args, key)
         if v is not None and v != "":
             out += [f"--{key.replace('_', '-')}", str(v)]
@@ -211,8 +232,13 @@ def _argv(args) -> list[str]:
 def cmd_plan(args) -> int:
     if args.requests:  # the sweep's dry run: JSON lines out, one per request
         with open(args.requests) as f:
-            for r in plan_many(json.load(f)):
-                print(json.dumps(r), flush=True)
+            requests = json.load(f)
+        tgt = args.target or "cpu"
+        results = (plan_many(requests) if tgt == "cpu" else _plan_each(
+            requests, True, lambda r: target_devices(tgt, int(r["devices"]),
+                                                     int(r.get("nodes", 1)))))
+        for r in results:
+            print(json.dumps(r), flush=True)
         return 0
     if not args.model:
         raise ValueError("--model required, e.g. --model 1.3B (see `cgpt list`)")
@@ -225,7 +251,9 @@ def cmd_plan(args) -> int:
         if v is not None and v > MAX_INT:
             raise ValueError(f"--{key.replace('_', '-')} {v}: must be at most {MAX_INT:,}")
     n = _needed_devices(args)
-    memory = parse_bytes(args.device_memory)
+    tgt = _target(args)
+    memory = (parse_bytes(args.device_memory) if args.device_memory is not None
+              else target.memory_bytes(tgt) if tgt != "cpu" else parse_bytes("80GB"))
     remat = _remat(args)
     if args.no_compile:  # arithmetic only: JAX is not started
         r = plan(args.model, args.mode, args.mesh, n, memory, args.batch, args.micro_batch,
@@ -233,6 +261,19 @@ def cmd_plan(args) -> int:
                  platform=args.platform, nodes=args.nodes, compile=False)
         print(json.dumps(r) if args.json else format_analytic(r))
         return 0
+    devs, env = _gpu_devices(args, tgt, n) if tgt != "cpu" else _emulated(args, n)
+    if devs is None:  # JAX started before it could be set up for them: a fresh process
+        return subprocess.run([sys.executable, "-m", "cgpt.plan", *_argv(args)],
+                              env=env).returncode
+    r = plan(args.model, args.mode, args.mesh, len(devs), memory, args.batch, args.micro_batch,
+             args.micro_batches, args.seq_len, args.dtype, remat, args.host_offload,
+             compile_devices=devs, platform=args.platform, nodes=args.nodes, log=_say)
+    print(json.dumps(r) if args.json else format_plan(r))
+    return 0
+
+
+def _emulated(args, n: int) -> tuple[list | None, dict]:
+    """(n emulated CPU devices, or None and the environment of a fresh process with them)."""
     from cgpt.sharding.mesh import MAX_EMULATED_DEVICES  # loads JAX: only when this runs
 
     if n > MAX_EMULATED_DEVICES:  # named as typed, before JAX allocates a device of them
@@ -240,16 +281,40 @@ def cmd_plan(args) -> int:
         raise ValueError(f"{given}: {n:,} devices is more than the {MAX_EMULATED_DEVICES} this "
                          "host can emulate on its CPU; plan a smaller mesh here, or add "
                          "--no-compile for the analytic plan")
-    devs = _cpu_devices(n)
-    if devs is None:  # JAX already started with fewer CPU devices: run in a fresh process
-        env = dict(os.environ, JAX_PLATFORMS="cpu",
-                   XLA_FLAGS=f"--xla_force_host_platform_device_count={n}")
-        return subprocess.run([sys.executable, "-m", "cgpt.plan", *_argv(args)], env=env).returncode
-    r = plan(args.model, args.mode, args.mesh, len(devs), memory, args.batch, args.micro_batch,
-             args.micro_batches, args.seq_len, args.dtype, remat, args.host_offload,
-             cpu_devices=devs, platform=args.platform, nodes=args.nodes)
-    print(json.dumps(r) if args.json else format_plan(r))
-    return 0
+    return _cpu_devices(n), dict(os.environ, JAX_PLATFORMS="cpu",
+                                 XLA_FLAGS=f"--xla_force_host_platform_device_count={n}")
+
+
+def _gpu_devices(args, tgt: str, n: int) -> tuple[list | None, dict]:
+    """(n compile-only devices of GPU `tgt`, cgpt's GPU flags in XLA_FLAGS before JAX starts
+    and JAX on its CPU backend; or None and a fresh process's environment when JAX had
+    read XLA_FLAGS already)."""
+    flags = backend.gpu_xla_flags(os.environ, "gpu")
+    if flags and "jax" in sys.modules:
+        from jax._src import xla_bridge  # loads JAX: only when this runs
+
+        if xla_bridge.backends_are_initialized():
+            return None, dict(os.environ, JAX_PLATFORMS=os.environ.get("JAX_PLATFORMS") or "cpu")
+    if not os.environ.get("JAX_PLATFORMS") and not gpus_present():
+        os.environ["JAX_PLATFORMS"] = "cpu"  # no GPU here: the plugin's backend would not start
+    print(f"compiling {args.model}'s step for {n} x {tgt} ({args.nodes} node(s))...",
+          file=sys.stderr, flush=True)
+    return target_devices(tgt, n, args.nodes), {}
+
+
+def _say(line: str) -> None:
+    """A compile's progress, on stderr (stdout holds the plan, --json's object)."""
+    print(line, file=sys.stderr, flush=True)
+
+
+def _target(args) -> str:
+    """--target, checked, or its default: the GPU's compiler when it is here."""
+    if args.target is None:
+        return target.default_target() if args.platform == "gpu" else "cpu"
+    if args.target != "cpu" and args.platform != "gpu":
+        raise ValueError(f"--target {args.target} compiles for an NVIDIA GPU but --platform is "
+                         f"{args.platform}; give --platform gpu or --target cpu")
+    return target.check(args.target)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,9 +25,9 @@ def cost_report(cfg, remat_asked: bool | None, mode: str, mesh: dict[str, int], 
         return None
     model = cfg.replace(remat=remat_asked)  # what auto saw: remat as asked, not as fitted
 
-    def need(m: str, axes: dict, rows: int, remat: bool) -> int:
+    def need(m: str, axes: dict, rows: int, remat: str, accum: int) -> int:
         shards = weight_shards(m, axes, nodes) if m == "weight_streaming" else n
-        return auto.footprint(model, shards, seq_len, m, axes, rows, remat)
+        return auto.footprint(model, shards, seq_len, m, axes, rows, remat, accum)
 
     chosen = cost.step_cost(model, mode, mesh, plan.batch_size, seq_len, plan.micro_batch,
                             recomputes_forward(cfg.remat), hw, micro_batches=micro_batches)
@@ -95,7 +95,8 @@ def _line(c: dict) -> str:
     mesh = ",".join(f"{k}={v}" for k, v in c["mesh"].items())
     bub = f" ({c['bubble_fraction']:.1%})" if c["bubble_fraction"] is not None else ""
     return (f"{c['mode']} on {mesh}: {c['total_s']:.3g} s = compute {c['compute_s']:.3g} + remat "
-            f"{c['remat_s']:.3g} + bubble {c['bubble_s']:.3g}{bub} + comm {c['comm_s']:.3g} "
+            f"{c['remat_s']:.3g} + bubble {c['bubble_s']:.3g}{bub} + exposed comm "
+            f"{c['comm_s']:.3g} "
             f"(micro-batch {c['micro_batch']} x {c['accum']}, remat "
             f"{'on' if c['remat'] else 'off'})" + ("" if c["fits"] else " - does not fit"))
 
@@ -107,10 +108,12 @@ def format_cost(r: dict | None) -> list[str]:
     lines = [f"cost model    seconds per step at peak on {r['hardware']} "
              f"({r['peak_flops'] / 1e12:.0f} TFLOP/s; NVLink {r['nvlink_bytes_per_s'] / 1e9:.0f}"
              f" GB/s, network {r['network_bytes_per_s'] / 1e9:.0f} GB/s per GPU, assumed)",
-             f"  this step   {_line(r['chosen'])}"]
+             f"  train runs  {_line(r['chosen'])}"]
     if r["cheapest"] and r["cheapest"]["total_s"] < r["chosen"]["total_s"] * 0.99:
         c = r["cheapest"]
-        lines.append(f"  cheaper     {_line(c)}: --micro-batch {c['micro_batch']} --remat "
+        lines.append(f"  alternative {_line(c)}, faster: --micro-batch {c['micro_batch']} --remat "
                      f"{'on' if c['remat'] else 'off'} (train.micro_batch, model.remat)")
-    lines += [f"  {'auto' if i == 0 else '':11s} {_line(c)}" for i, c in enumerate(r["candidates"])]
+    # auto's ranking, fastest first: its first is the step train runs, the rest alternatives
+    lines += [f"  alternative {_line(c)} (auto ranked it {i + 1})"
+              for i, c in enumerate(r["candidates"]) if i]
     return lines

@@ -1,5 +1,6 @@
-"""The plan of one run: its train step compiled (not run) on emulated CPU devices, and what
-that step costs per device. See `cgpt.plan.command` for what each number means."""
+"""The plan of one run: its train step compiled (not run) for the target GPU's compiler
+(`cgpt.plan.target`) or on emulated CPU devices, and what that step costs per device. See
+`cgpt.plan.command` for what each number means."""
 from __future__ import annotations
 
 import dataclasses
@@ -15,7 +16,7 @@ from cgpt.config.run import MODES, RunConfig, TrainConfig
 from cgpt.config.units import parse_bytes
 from cgpt.config.values import MAX_INT
 from cgpt.errors import TrainError
-from cgpt.plan import cudnn
+from cgpt.plan import cudnn, target
 from cgpt.plan.analytic import plan_analytic
 from cgpt.plan.costs import cost_report, step_advice
 from cgpt.plan.hlo import hlo_totals
@@ -28,9 +29,10 @@ def plan(model: str, mode: str, mesh: str = "", devices: int = 8,
          device_memory: int | str = "80GB", batch: int | None = None,
          micro_batch: int | None = None, micro_batches: int | None = None,
          seq_len: int | None = None, dtype: str | None = None, remat: bool | None = None,
-         host_offload: bool = False, cpu_devices=None, platform: str = "gpu", nodes: int = 1,
-         compile: bool = True) -> dict:
-    """Compile one train step on abstract arrays and report its per-device costs. Unset
+         host_offload: bool = False, compile_devices=None, platform: str = "gpu", nodes: int = 1,
+         compile: bool = True, log=None) -> dict:
+    """Compile one train step on abstract arrays and report its per-device costs, on
+    `compile_devices` (`target_devices`: a GPU target's or emulated CPU devices). Unset
     micro_batch / remat / dtype default as in `train` on `platform` (`cgpt.train.fit` chooses the
     first two, `cgpt.config.backend` the dtype). `nodes`: the devices' nodes (a hybrid mesh,
     `cgpt.sharding.nodes`); compile=False: the analytic plan (`cgpt.plan.analytic`), no JAX."""
@@ -58,11 +60,24 @@ def plan(model: str, mode: str, mesh: str = "", devices: int = 8,
                          f"{batch * T:,} tokens per step, more than the {MAX_INT:,} a compiled "
                          f"step counts; give --batch at most {MAX_INT // T:,} (at --seq-len "
                          f"{T}), or add --no-compile for the analytic plan")
-    if cpu_devices is None:
+    if compile_devices is None:
         import jax  # loads JAX: only when this runs
-        cpu_devices = jax.devices("cpu")[:devices]
-    return plan_run(run, device_memory, cpu_devices, mode_flags=True, platform=platform,
-                    nodes=nodes)
+        compile_devices = jax.devices("cpu")[:devices]
+    return plan_run(run, device_memory, compile_devices, mode_flags=True, platform=platform,
+                    nodes=nodes, log=log)
+
+
+def target_devices(name: str, n: int, nodes: int = 1) -> list:
+    """The devices a plan compiles on for target `name`: compile-only GPUs of its description
+    (`cgpt.plan.target`), or this host's emulated CPU devices for "cpu"."""
+    if name != "cpu":
+        return target.devices(name, n, nodes)
+    import jax  # loads JAX: only when this runs
+
+    devs = jax.devices("cpu")
+    if len(devs) < n:
+        raise ValueError(f"{n} devices asked of the CPU target, {len(devs)} emulated here")
+    return devs[:n]
 
 
 class Step(NamedTuple):
@@ -77,19 +92,19 @@ class Step(NamedTuple):
     compile_s: float
 
 
-def compile_step(run, cpu_devices, memory: int, mode_flags: bool = False,
-                 platform: str | None = None, nodes: int = 1) -> Step:
-    """The resolved run (`cgpt.train.resolve`) placed on `cpu_devices`, its optimizer and its
+def compile_step(run, devices, memory: int, mode_flags: bool = False,
+                 platform: str | None = None, nodes: int = 1, log=None) -> Step:
+    """The resolved run (`cgpt.train.resolve`) placed on `devices`, its optimizer and its
     fitted, compiled step: the calls `train` makes. mode_flags: errors name plan's flags
     (--batch) rather than config keys (train.batch_size)."""
     from cgpt.train import fit, optim, setup  # loads JAX: only when this runs
 
     try:
-        res = resolve(run, cpu_devices, platform=platform, device_memory=memory, nodes=nodes)
-        strategy = setup.place(res, cpu_devices)
+        res = resolve(run, devices, platform=platform, device_memory=memory, nodes=nodes)
+        strategy = setup.place(res, devices)
         optimizer = optim.make_optimizer(res.recipe, res.cfg)
         t0 = time.perf_counter()
-        p, compiled, choice = fit.fit_step(res, strategy, optimizer, memory)
+        p, compiled, choice = fit.fit_step(res, strategy, optimizer, memory, log)
         compile_s = time.perf_counter() - t0
     except TrainError as e:
         msg = str(e)
@@ -100,9 +115,9 @@ def compile_step(run, cpu_devices, memory: int, mode_flags: bool = False,
     return Step(strategy, optimizer, p, p.cfg, compiled, choice, compile_s)
 
 
-def plan_run(run, device_memory: int | str, cpu_devices, mode_flags: bool = False,
-             platform: str = "gpu", nodes: int = 1) -> dict:
-    """`plan` of a full RunConfig (its mode, mesh, batch, micro-batch, remat) on `cpu_devices`,
+def plan_run(run, device_memory: int | str, devices, mode_flags: bool = False,
+             platform: str = "gpu", nodes: int = 1, log=None) -> dict:
+    """`plan` of a full RunConfig (its mode, mesh, batch, micro-batch, remat) on `devices`,
     with `platform`'s kernels and dtype where the config says "auto" (as `train` there).
     mode_flags: errors name plan's flags (--batch) rather than config keys (train.batch_size)."""
     import jax  # loads JAX: only when this runs
@@ -114,11 +129,12 @@ def plan_run(run, device_memory: int | str, cpu_devices, mode_flags: bool = Fals
     kernel = kernels.attention  # cuDNN's lowers only on a GPU
     if kernel == "cudnn":
         cudnn.check_shapes(kernels.compute_dtype, run.model.n_head, run.model.d_head)
+    compiled_on = devices[0].platform  # "gpu" for a GPU target's compile-only devices
     run = dataclasses.replace(run, model=backend.for_platform(run.model, platform,
-                                                              compile_on="cpu"))
+                                                              compile_on=compiled_on))
     T, t = run.data.seq_len, run.train
     strategy, optimizer, p, cfg, compiled, choice, compile_s = compile_step(
-        run, cpu_devices, memory, mode_flags, platform, nodes)
+        run, devices, memory, mode_flags, platform, nodes, log)
     cudnn_layout = _check_cudnn_placement(strategy, p, cfg, T) if kernel == "cudnn" else None
 
     def shard_bytes(tree) -> int:
@@ -129,7 +145,10 @@ def plan_run(run, device_memory: int | str, cpu_devices, mode_flags: bool = Fals
     a_params, a_opt = strategy.abstract_state(abstract_p,
                                               jax.eval_shape(optimizer.init, abstract_p))
     b = choice.bytes
-    hlo = hlo_totals(compiled.as_text())
+    # the host of each device of the program, in its device assignment's (the mesh's) order
+    hosts = ([d.process_index for d in strategy.mesh.devices.flat]
+             if strategy.mesh is not None else None)
+    hlo = hlo_totals(compiled.as_text(), hosts)
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
     n = strategy.num_devices
@@ -149,6 +168,9 @@ def plan_run(run, device_memory: int | str, cpu_devices, mode_flags: bool = Fals
         "n_params": cfg.num_params(), "batch": p.batch_size, "seq_len": T,
         "micro_batch": p.micro_batch, "accum": p.accum, "remat": remat_value(cfg.remat),
         "dtype": cfg.compute_dtype, "platform": platform, "attention": cfg.attention,
+        # the device kind whose compiler produced every compiled figure below
+        "compiled_for": devices[0].device_kind,
+        "caveat": target.CPU_CAVEAT if compiled_on != "gpu" and platform == "gpu" else None,
         # the platform's attention kernel (cuDNN's is checked by rule: cgpt.plan.cudnn)
         "platform_attention": kernel, "cudnn_layout": cudnn_layout,
         "per_device_bytes": {
@@ -167,6 +189,12 @@ def plan_run(run, device_memory: int | str, cpu_devices, mode_flags: bool = Fals
         "collective_bytes_by_kind": hlo["collective_bytes"],
         "collective_bytes_in_loops": hlo["collective_bytes_in_loops"],
         "collective_ops": hlo["collective_ops"],
+        "collective_bytes_by_dtype": hlo["collective_bytes_by_dtype"],
+        # the compiled collectives whose device groups span processes (hosts: a compile-only
+        # GPU topology's nodes), by kind; {} on one host
+        "collective_bytes_across_hosts": hlo["collective_bytes_across_hosts"],
+        # custom-call kernels (cuBLAS, cuDNN attention) and how often each runs per step
+        "kernel_calls": hlo["kernel_calls"],
         "bubble_fraction": strategy.bubble_fraction,
         "micro_batches": micro_batches,
         "compile_s": round(compile_s, 2),

@@ -14,7 +14,7 @@ Modes (Cerebras' two execution modes, plus plain data parallelism and a chooser)
                     nodes over `fsdp` (inside a node) only, replicated over `data` (HSDP).
                     Inside the layer scan XLA all-gathers one layer's weights just before
                     use and reduces its gradients back (GSPMD FSDP; the gather sits in the while
-                    loop, see tests/test_plan.py). An empty --mesh factors the devices into
+                    loop, see tests/plan/test_plan.py). An empty --mesh factors the devices into
                     data (the most the global batch splits over) x fsdp (the rest); on N
                     nodes x G devices data=N x fsdp=G when the batch splits over all.
   layer_pipelined   contiguous groups of layers pinned to the stages of a `stage` axis,

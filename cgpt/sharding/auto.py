@@ -3,24 +3,26 @@
 Per-device footprints, in bytes, of the three placements for `rows` sequences of `seq_len`
 tokens in flight per batch shard (one accumulation step):
   state        16 bytes per parameter held (f32 weight, gradient, Adam's mu and nu)
-  activations  at the compute dtype (`activation_itemsize`: 2 bytes for bf16, GPUs' default,
-               else 4): each layer's input (remat) or input + its weight matmuls' outputs
-               (8 d more), for the layers a device runs, plus one layer's full set
-               (~16 d + 2 H T values per token, Korthikanti et al.) rebuilt in the backward
-  logits       B x T x V in f32 and their gradient (8 bytes each): at V = 50257 they
-               outweigh a whole 111M model's activations
-Rough by design (within a few percent of the compiled plan for 13B on stage=8,data=8);
-`cgpt plan` compiles the real step for the exact figure. Compiled here on XLA's CPU (which
-widens part of a bf16 step back to f32), the GPU-default weight-streaming steps on data=8
-(111M 15/off, 256M 33/off and 33/on) take 27.8, 80.1 and 47.5 GB against this model's 21.0,
-58.6 and 42.2 (bf16 activations; 29.0, 88.9, 56.0 with f32 ones); no GPU has measured them.
+  activations  what the backward keeps, per token: `KEPT[rung]` bytes per d_model for each
+               layer a device runs plus a per-token rest, at bf16 (x2 for f32 activations,
+               `activation_itemsize`)
+  logits       chunked loss (GPU/TPU, `model.loss_chunk` positions at a time): one f32
+               [rows, chunk, V] buffer; unchunked (CPU): B x T x V f32 logits and their
+               gradient (8 bytes each)
+  gathered     weight streaming: the layer weights XLA keeps gathered (prefetch, the layer's
+               f32 gradient before its reduce-scatter) and the bf16 token embedding
+The constants are fitted to XLA's H100 compile of the real step (`bench/gpu_compile_table.py`,
+docs/gpu_compile.md: 111M-6.7B, seq 2048, every GPU rung; one linear fit per rung, so
+within ~15% of the compile, not exact). `cgpt plan` compiles the real step for the exact
+figure, and the fit's ranked search replaces this estimate with each compile's.
 """
 from __future__ import annotations
 
 import logging
 import math
 
-from cgpt.config.model import ModelConfig
+from cgpt.config.backend import padded_vocab
+from cgpt.config.model import ModelConfig, remat_value
 from cgpt.config.units import fmt_bytes
 from cgpt.sharding import cost
 from cgpt.sharding.axes import SHARDED_MODES, parse_mesh, weight_streaming_axes
@@ -29,6 +31,19 @@ from cgpt.sharding.nodes import split_axes, weight_shards
 log = logging.getLogger(__name__)
 
 BYTES_PER_PARAM_STATE = 16  # f32 weight + gradient + Adam mu + nu
+ACCUMULATOR_BYTES = 4  # per parameter held, when the step accumulates: the f32 gradient sum
+# Bytes per token, in units of d_model at bf16, that the backward keeps: (for each layer a
+# device runs, once per token). "none" keeps every residual of autodiff (the f32 LayerNorm and
+# GELU intermediates among them: ~4x the bf16 matmul outputs); "save_attn" and "save_dots" the
+# matmul and attention outputs; "full" each layer's input, one layer rebuilt at a time. Fitted
+# to the H100 compile of one pass (docs/gpu_compile.md). A step that accumulates needs no more:
+# XLA overlaps two micro-batches' passes (up to ~2x these bytes) only where memory is left
+# over, and runs them one after the other where it is not (1.3B at 22 x 3, 2.7B at 11 x 6,
+# 6.7B at 5 x 26 compile to this model's one pass within 3%).
+KEPT = {"none": (58, 131), "save_attn": (24, 20), "save_dots": (24, 20), "full": (4, 0)}
+PIPELINE_PASS = 1.2  # a pipeline stage's ticks keep a little more (111M, stage=2: 1.1-1.3)
+LOGITS_CHUNK_BYTES = 4  # per chunk position and vocabulary entry: one f32 chunk of logits
+GATHERED_LAYERS = 5  # f32-sized layer weights a weight-streaming device keeps gathered
 
 
 def _block_params(cfg: ModelConfig) -> int:
@@ -36,7 +51,12 @@ def _block_params(cfg: ModelConfig) -> int:
 
 
 def logits_bytes(cfg: ModelConfig, rows: int, seq_len: int) -> int:
-    """f32 logits [rows, T, V] and their gradient."""
+    """The loss's logits: one f32 chunk [rows, chunk, V] when the loss is chunked
+    (`cgpt.model.gpt.chunked_cross_entropy`), else the whole f32 [rows, T, V] and its
+    gradient."""
+    chunk = cfg.loss_chunk or 0  # the config's own, as `backend.for_platform` resolved it;
+    if chunk:                    # its padded vocabulary likewise ("cpu": no padding if unset)
+        return LOGITS_CHUNK_BYTES * rows * min(chunk, seq_len) * padded_vocab(cfg, "cpu")
     return 2 * 4 * rows * seq_len * cfg.vocab_size
 
 
@@ -50,49 +70,59 @@ def activation_itemsize(cfg: ModelConfig) -> int:
 
 
 def activation_bytes(cfg: ModelConfig, layers: int, rows: int, seq_len: int) -> int:
-    """What `layers` layers keep for the backward pass, plus one layer's full set."""
-    full = 16 * cfg.d_model + 2 * cfg.n_head * seq_len
-    per_token = layers * cfg.d_model * (1 if cfg.remat == "full" else 9) + full
-    return activation_itemsize(cfg) * rows * seq_len * per_token
+    """What `layers` layers keep for the backward pass (`KEPT` at the config's rung)."""
+    per_layer, rest = KEPT[remat_value(cfg.remat)]
+    per_token = cfg.d_model * (layers * per_layer + rest) * activation_itemsize(cfg) // 2
+    return rows * seq_len * per_token
 
 
-def pipeline_bytes_per_device(cfg: ModelConfig, stages: int, rows: int, seq_len: int) -> int:
+def _state(params_held: int, accum: int) -> int:
+    """Optimizer state of the parameters a device holds, and their f32 gradient sum when
+    the step accumulates."""
+    return (BYTES_PER_PARAM_STATE + (ACCUMULATOR_BYTES if accum > 1 else 0)) * params_held
+
+
+def pipeline_bytes_per_device(cfg: ModelConfig, stages: int, rows: int, seq_len: int,
+                              accum: int = 2) -> int:
     """layer_pipelined (stages = 1: data_parallel): state of one stage's layers and the
     replicated embeddings, activations of the `rows` sequences a data replica has in flight
     through its stage's layers, and the logits of the rows/stages the head runs per device."""
     blocks = _block_params(cfg)
-    state = BYTES_PER_PARAM_STATE * (blocks // stages + cfg.num_params() - blocks)
-    return (state + activation_bytes(cfg, cfg.n_layer // stages, rows, seq_len)
-            + logits_bytes(cfg, math.ceil(rows / stages), seq_len))
+    held = blocks // stages + cfg.num_params() - blocks
+    acts = activation_bytes(cfg, cfg.n_layer // stages, rows, seq_len)
+    return (_state(held, accum) + logits_bytes(cfg, math.ceil(rows / stages), seq_len)
+            + (int(acts * PIPELINE_PASS) if stages > 1 else acts))
 
 
-def data_parallel_bytes_per_device(cfg: ModelConfig, rows: int, seq_len: int) -> int:
+def data_parallel_bytes_per_device(cfg: ModelConfig, rows: int, seq_len: int,
+                                   accum: int = 2) -> int:
     """data_parallel: every parameter's state, all layers' activations for `rows`."""
-    return pipeline_bytes_per_device(cfg, 1, rows, seq_len)
+    return pipeline_bytes_per_device(cfg, 1, rows, seq_len, accum)
 
 
 def weight_streaming_bytes_per_device(cfg: ModelConfig, num_devices: int, rows: int,
-                                      seq_len: int) -> int:
+                                      seq_len: int, accum: int = 2) -> int:
     """weight_streaming: 1/N of the state, all layers' activations for the `rows` of this
-    device's batch shard, the logits, and the gathered weights in use (two layers' weights
-    and gradients, double-buffered, and the token embedding for the head)."""
+    device's batch shard, the logits, and the weights kept gathered (`GATHERED_LAYERS`, and
+    the bf16 token embedding for the head)."""
     layer = _block_params(cfg) // cfg.n_layer
-    gathered = 4 * 2 * (2 * layer + cfg.vocab_size * cfg.d_model)
-    return (BYTES_PER_PARAM_STATE * cfg.num_params() // num_devices + gathered
+    gathered = 4 * GATHERED_LAYERS * layer + 2 * padded_vocab(cfg, "cpu") * cfg.d_model
+    return (_state(cfg.num_params() // num_devices, accum) + gathered
             + activation_bytes(cfg, cfg.n_layer, rows, seq_len)
             + logits_bytes(cfg, rows, seq_len))
 
 
 def footprint(cfg: ModelConfig, num_devices: int, seq_len: int, mode: str, axes: dict[str, int],
-              rows: int, remat: bool | None = None) -> int:
-    """auto's estimate for `mode` on `axes` with `rows` in flight per batch shard (remat:
-    the config's unless given): the memory model the cost model replays the fit on."""
+              rows: int, remat: bool | str | None = None, accum: int = 2) -> int:
+    """auto's estimate for `mode` on `axes` with `rows` in flight per batch shard, `accum`
+    accumulation steps (remat: the config's unless given): the memory model the cost model
+    replays the fit on."""
     cfg = cfg if remat is None else cfg.replace(remat=remat)
     if mode == "layer_pipelined":
-        return pipeline_bytes_per_device(cfg, axes.get("stage", 1), rows, seq_len)
+        return pipeline_bytes_per_device(cfg, axes.get("stage", 1), rows, seq_len, accum)
     if mode == "data_parallel":
-        return data_parallel_bytes_per_device(cfg, rows, seq_len)
-    return weight_streaming_bytes_per_device(cfg, num_devices, rows, seq_len)
+        return data_parallel_bytes_per_device(cfg, rows, seq_len, accum)
+    return weight_streaming_bytes_per_device(cfg, num_devices, rows, seq_len, accum)
 
 
 def choose_auto(cfg: ModelConfig, num_devices: int, memory: int, batch: int, seq_len: int,

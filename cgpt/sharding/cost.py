@@ -28,9 +28,11 @@ Assumptions (named, unmeasured here: no GPU was available when this was written)
   - weight streaming's per-layer gathers and gradient reductions overlap the layer compute
     (the latency-hiding scheduler and pipelined collectives, #24 item 1); only what exceeds
     the compute, plus each scan's first layer, is exposed
-  - data-parallel and pipeline gradient all-reduces follow the backward scan (the stacked
-    gradients exist only when it ends) and a pipeline's stage-to-stage transfers are
-    serialized with its ticks: neither overlaps
+  - data parallel's layer-gradient all-reduces are issued inside the backward layer scan,
+    async, as each layer's gradient is ready (the H100 compile), so they overlap the backward
+    like weight streaming's; its embeddings' follow the scan, exposed. A pipeline's gradient
+    all-reduces follow its ticks and its stage-to-stage transfers are serialized with them:
+    neither overlaps
   - a collective leaves a node when its group spans an axis the node-aware mesh splits over
     nodes (`cgpt.sharding.nodes`: data, then stage, then fsdp)
   - weight streaming on several nodes gathers and reduces over its within-node weight axes
@@ -46,17 +48,26 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from cgpt.config import flops
+from cgpt.config.backend import defaults as platform_defaults
 from cgpt.config.hardware import spec_peak
-from cgpt.config.model import ModelConfig, recomputes_forward
+from cgpt.config.model import ModelConfig, recomputes_forward, remat_value
 from cgpt.sharding.axes import replica_axes
 from cgpt.sharding.fitrule import HEADROOM, choose_step, divisors_desc, usable_memory
 from cgpt.sharding.nodes import crossing_axes, weight_axes
 
+GPU_LADDER = platform_defaults("gpu").remat_ladder  # the rungs the fit climbs on a GPU
+
 FIT_HEADROOM = HEADROOM  # the fit's (`cgpt.sharding.fitrule`)
 GRAD_BYTES = 4  # gradients are reduced in f32
-GATHER_BYTES = 4  # weight streaming's gathers counted at f32, an upper bound: since #24 item 4
-# the weights are cast before the gather (bf16 on a GPU), but the CPU-compiled HLO this is checked
-# against (tests/test_plan.py) widens part of them back to f32, so 2 could not be verified here
+
+
+def gather_bytes(cfg: ModelConfig) -> int:
+    """Bytes per parameter of weight streaming's gathers: the compute dtype's, since the
+    weights are cast before they are gathered (the H100 compile gathers bf16:
+    tests/plan/test_gpu_compile.py; XLA's CPU compiler widens part of them back to f32)."""
+    return 2 if cfg.compute_dtype in ("bfloat16", "float16") else 4
+
+
 PREFERENCE = ("layer_pipelined", "data_parallel", "weight_streaming")  # today's order (ties)
 COMM_LIMIT = 0.25  # the most of a step a layout may spend in exposed communication before
 # `plan` looks for a batch that does better (`auto.nearest_batches`): a quarter is what full
@@ -178,16 +189,23 @@ def traffic(cfg: ModelConfig, mode: str, axes: dict[str, int], batch: int, seq_l
     blocks = cfg.num_params(embedding=False) - 2 * cfg.d_model  # the stacked layers
     out: list[Traffic] = []
     if mode == "data_parallel" and axes.get("data", 1) > 1:
-        # the tied embedding's gradient is reduced twice, its lookup's and the head's (as
-        # the compiled step does: tests/test_plan.py)
-        out.append(Traffic("gradients, once per accumulation step", "all-reduce", ("data",),
-                           accum * GRAD_BYTES * (P + cfg.vocab_size * cfg.d_model), False))
+        # the layers' gradients are all-reduced inside the backward layer scan, async, as
+        # each layer's is ready (the H100 compile, docs/gpu_compile.md): overlapped; the
+        # embeddings' after the scan, the tied one twice, its lookup's and the head's (as the
+        # compiled step does: tests/plan/test_plan.py)
+        out.append(Traffic("each layer's gradients, in the backward, per accumulation step",
+                           "all-reduce", ("data",), accum * GRAD_BYTES * blocks, True))
+        out.append(Traffic("embedding (the tied one twice) and final-norm gradients, per "
+                           "accumulation step", "all-reduce", ("data",),
+                           accum * GRAD_BYTES * (P - blocks + cfg.vocab_size * cfg.d_model),
+                           False))
     elif mode == "weight_streaming":
         group = _node_axes(axes, nodes)[0]
         if group:
             passes = 3 if remat else 2  # forward, backward (and the recomputed forward)
             out.append(Traffic(f"each layer's weights gathered {passes}x per accumulation step",
-                               "all-gather", group, accum * passes * GATHER_BYTES * P, True))
+                               "all-gather", group, accum * passes * gather_bytes(cfg) * P,
+                               True))
             out.append(Traffic("each layer's gradients reduced per accumulation step",
                                "reduce-scatter", group, accum * GRAD_BYTES * P, True))
         if axes.get("data", 1) > 1 and "data" not in group:  # HSDP: replicated over data
@@ -277,9 +295,10 @@ class StepCost:
         bub = self.bubble_fraction
         return (f"{self.label()}: ~{self.total_s:.3g} s/step = compute {self.compute_s:.3g}"
                 f" + remat {self.remat_s:.3g} + bubble {self.bubble_s:.3g}"
-                + (f" ({bub:.1%})" if bub is not None else "") + f" + comm {self.comm_s:.3g}"
-                f" (micro-batch {self.micro_batch} x {self.accum}, remat "
-                f"{'on' if self.remat else 'off'})")
+                + (f" ({bub:.1%})" if bub is not None else "")
+                + f" + exposed comm {self.comm_s:.3g}"
+                f" (micro-batch {self.micro_batch} x {self.accum}, "
+                f"{'forward recomputed' if self.remat else 'no forward recomputed'})")
 
     def to_dict(self) -> dict:
         """The breakdown as `plan --json` prints it."""
@@ -331,24 +350,25 @@ def step_cost(cfg: ModelConfig, mode: str, axes: dict[str, int], batch: int, seq
 
 
 def predict_fit(mode: str, axes: dict[str, int], batch: int, memory: int,
-                need: Callable[[str, dict, int, bool], int], micro_batch: int | None = None,
+                need: Callable[[str, dict, int, str, int], int], micro_batch: int | None = None,
                 remat: str | bool | None = None,
-                cost_of: Callable[[int, bool], float] | None = None) -> tuple[int, bool]:
-    """(micro-batch, remat) `cgpt.train.fit.search` would pick: the fit's rule
-    (`cgpt.sharding.fitrule.choose_step`) on `need(mode, axes, rows, remat)` (auto's memory
-    model) in place of the compiled step, remat off then on, `cost_of` (seconds) weighing
-    full remat against a smaller micro-batch as the fit on a GPU does. When nothing fits:
-    the smallest, remat on."""
+                cost_of: Callable[[int, str], float] | None = None) -> tuple[int, str]:
+    """(micro-batch, remat rung) `cgpt.train.fit.search` would pick on a GPU: the fit's rule
+    (`cgpt.sharding.fitrule.choose_step`) on `need(mode, axes, rows, rung)` (auto's memory
+    model) in place of the compiled step, up the GPU's remat ladder, `cost_of` (seconds)
+    weighing a recomputed forward against a smaller micro-batch as the fit does. When nothing
+    fits: the smallest, at the ladder's top."""
     per, _ = micro_and_replicas(mode, axes, batch, micro_batch)
     micros = [micro_batch] if micro_batch else divisors_desc(per)
-    remats = [False, True] if remat is None else [recomputes_forward(remat)]
+    remats = list(GPU_LADDER) if remat is None else [remat_value(remat)]
     usable = usable_memory(memory)
-    step = choose_step(micros, remats, lambda m, r: need(mode, axes, m, r) <= usable, cost_of)
+    step = choose_step(micros, remats, lambda m, r: need(mode, axes, m, r, per // m) <= usable,
+                       cost_of)
     return step or (micros[-1], remats[-1])
 
 
 def rank(cfg: ModelConfig, cands: list[tuple[str, dict[str, int], int]], batch: int,
-         seq_len: int, memory: int, hw: Hardware, need: Callable[[str, dict, int, bool], int],
+         seq_len: int, memory: int, hw: Hardware, need: Callable[[str, dict, int, str, int], int],
          micro_batch: int | None = None) -> list[StepCost]:
     """Every candidate (mode, axes, auto's footprint) costed, fastest first among those
     that fit auto's memory check, then those that do not; equal times keep the candidates'
@@ -357,22 +377,23 @@ def rank(cfg: ModelConfig, cands: list[tuple[str, dict[str, int], int]], batch: 
     for mode, axes, footprint in cands:
         m, r = predict_fit(mode, axes, batch, memory, need, micro_batch, cfg.remat,
                            lambda m, r, mode=mode, axes=axes: step_cost(
-                               cfg, mode, axes, batch, seq_len, m, r, hw).total_s)
-        costs.append(step_cost(cfg, mode, axes, batch, seq_len, m, r, hw,
+                               cfg, mode, axes, batch, seq_len, m, recomputes_forward(r),
+                               hw).total_s)
+        costs.append(step_cost(cfg, mode, axes, batch, seq_len, m, recomputes_forward(r), hw,
                                need=footprint, fits=footprint <= memory))
     order = sorted(range(len(costs)), key=lambda i: (not costs[i].fits, costs[i].total_s, i))
     return [costs[i] for i in order]
 
 
 def cheapest(cfg: ModelConfig, mode: str, axes: dict[str, int], batch: int, seq_len: int,
-             memory: int, hw: Hardware, need: Callable[[str, dict, int, bool], int]
+             memory: int, hw: Hardware, need: Callable[[str, dict, int, str, int], int]
              ) -> StepCost | None:
     """The fastest (micro-batch, remat) on this placement that fits by the memory model,
     whatever the fit would pick: e.g. a smaller micro-batch without remat where the fit
     takes the larger one with it (`train.micro_batch` / `model.remat` then select it)."""
     per, _ = micro_and_replicas(mode, axes, batch, None)
     usable = usable_memory(memory)
-    steps = [step_cost(cfg, mode, axes, batch, seq_len, m, r, hw)
-             for m in reversed(divisors_desc(per)) for r in (False, True)
-             if need(mode, axes, m, r) <= usable]
+    steps = [step_cost(cfg, mode, axes, batch, seq_len, m, recomputes_forward(r), hw)
+             for m in reversed(divisors_desc(per)) for r in GPU_LADDER
+             if need(mode, axes, m, r, per // m) <= usable]
     return min(steps, key=lambda c: c.total_s, default=None)

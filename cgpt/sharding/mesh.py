@@ -69,6 +69,16 @@ def build_mesh(axes: dict[str, int], devices: Sequence | None = None, nodes: int
     return Mesh(np.array(devices[:n]).reshape(tuple(axes.values())), names, axis_types=auto)
 
 
+def _hosts(devices: Sequence) -> list[str]:
+    """The host of each process index: the job's, as gathered at start-up; for the processes
+    of a compile-only topology (`cgpt.plan.target`: process indices this job does not have)
+    one host a process, as a multi-node GPU job runs."""
+    top = max(d.process_index for d in devices)
+    if top >= jax.process_count():
+        return [f"topology host {p}" for p in range(top + 1)]
+    return distributed.process_hosts()
+
+
 def job_nodes(devices: Sequence, hosts: Sequence[str] | None = None) -> int:
     """The nodes `devices` span: the distinct hosts their processes run on (`hosts`, one per
     process index; default: those `cgpt.sharding.distributed` gathered when the job
@@ -76,7 +86,7 @@ def job_nodes(devices: Sequence, hosts: Sequence[str] | None = None) -> int:
     hold different numbers of processes (`cgpt.sharding.nodes.host_groups`)."""
     if len({d.process_index for d in devices}) == 1:
         return 1
-    return len(host_groups(distributed.process_hosts() if hosts is None else hosts))
+    return len(host_groups(_hosts(devices) if hosts is None else hosts))
 
 
 def node_groups(devices: Sequence, nodes: int,
@@ -87,7 +97,7 @@ def node_groups(devices: Sequence, nodes: int,
     consecutive equal blocks. ValueError naming both when the hosts are not `nodes`."""
     procs = {d.process_index for d in devices}
     if len(procs) > 1:
-        hosts = distributed.process_hosts() if hosts is None else hosts
+        hosts = _hosts(devices) if hosts is None else hosts
         groups_of = [g for g in host_groups(hosts) if procs & set(g)]
         if len(groups_of) != nodes:
             where = "; ".join(f"{hosts[g[0]]}: processes {', '.join(map(str, g))}"

@@ -62,9 +62,9 @@ class SingleDevice:
     bubble_fraction = None
     loss: Callable = staticmethod(model.loss_fn)
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, device=None):
         self.cfg = cfg
-        self.device = jax.devices()[0]
+        self.device = jax.devices()[0] if device is None else device  # or a compile-only GPU
 
     def compile_step(self, step, optimizer, seed: int, plan):
         params, opt_state = self.init_state(optimizer)(seed)

@@ -2,18 +2,53 @@
 
 spec.py (spec -> validated run list) -> state.py (run directories, results.csv) ->
 executors.py (one train process per run: local threads or SLURM arrays) -> launch.py (the
-sweep) -> command.py (the command line). None of them imports `cgpt.cli`.
-"""
-from cgpt.sweep.command import cmd_sweep, main, register
-from cgpt.sweep.executors import Job, RunTask, device_share, execute_run, slurm_params, \
-    train_argv
-from cgpt.sweep.launch import EXECUTORS, compile_cache_env, launch, print_table
-from cgpt.sweep.spec import Estimate, Run, Sweep, config_hash, load_sweep, missing_required, \
-    read_spec, select
-from cgpt.sweep.state import COLUMNS, config_change, result_row, write_results
+sweep). Its command line is `cgpt.commands.sweep`; none of these imports it, `cgpt.cli` or
+`analysis` (the report, --suggest and compare are the command line's).
 
-__all__ = ["COLUMNS", "EXECUTORS", "Estimate", "Job", "Run", "RunTask", "Sweep", "cmd_sweep",
-           "compile_cache_env", "config_change", "config_hash", "device_share", "execute_run",
-           "launch", "load_sweep", "main", "missing_required", "print_table", "read_spec",
-           "register", "result_row", "select", "slurm_params", "train_argv",
-           "write_results"]
+The names below load on first use (PEP 562): `python -m cgpt.sweep` imports this package
+before its entry (`cgpt.cli.entry`) installs the stop guard, so it loads nothing.
+"""
+from __future__ import annotations
+
+import importlib
+import sys
+import types
+
+# public names -> the module that defines them
+_EXPORTS = {
+    "executors": ("Job", "RunTask", "device_share", "execute_run", "slurm_params",
+                  "train_argv"),
+    "launch": ("EXECUTORS", "compile_cache_env", "launch", "print_table"),
+    "spec": ("Estimate", "Run", "Sweep", "config_hash", "load_sweep", "missing_required",
+             "read_spec", "select"),
+    "state": ("COLUMNS", "config_change", "result_row", "write_results"),
+}
+_HOME = {name: module for module, names in _EXPORTS.items() for name in names}
+__all__ = sorted(_HOME)
+
+
+def __getattr__(name: str):
+    if name not in _HOME:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_HOME[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_HOME))
+
+
+class _Package(types.ModuleType):
+    """`cgpt.sweep.launch` is the function `launch`, as it was when this package imported it
+    at once: Python binds a submodule to its package's attribute when it is first imported,
+    which would make the name the module `launch.py` or the function depending on who
+    imported what first."""
+
+    def __setattr__(self, name: str, value) -> None:
+        if name in _HOME and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

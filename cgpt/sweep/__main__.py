@@ -1,6 +1,8 @@
-"""`python -m cgpt.sweep SPEC ...`, the same as `python -m cgpt sweep SPEC ...`."""
+"""`python -m cgpt.sweep ...`, the same as `python -m cgpt sweep ...`: the process entry
+(`cgpt.cli.entry`, which installs the stop guard before the commands load; the package,
+which Python imports first, loads nothing until a name is used)."""
 import sys
 
-from cgpt.sweep.command import main
+from cgpt.cli import entry
 
-sys.exit(main())
+entry(["sweep", *sys.argv[1:]])

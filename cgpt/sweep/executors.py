@@ -9,6 +9,7 @@ the requeued job resumes from that checkpoint.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -17,11 +18,12 @@ import subprocess
 import sys
 import threading
 import time
-from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Iterator
 
 from cgpt import rundir
+from cgpt.errors import Stopped
 from cgpt.fileio import atomic_write_text, storage_fix
 from cgpt.sweep.state import log_error
 
@@ -61,15 +63,18 @@ class Job:
     members: tuple = ()  # a fused group's Jobs, this one's first (cgpt.sweep.groups)
 
 
-# Launcher run as `python -c`: hold the run's lock for the whole training process (the fd is
-# inherited across exec), pin to its CPU share, ignore SIGUSR1/2 until train handles them (an
-# early time-limit signal must not kill it), die with the parent (PR_SET_PDEATHSIG, Linux)
-# so a killed sweep leaves no orphan writing the run dir, then exec the entry point: `cgpt`
-# as `python -m cgpt` (its package installs the signal guard from the first statement),
-# another module (the sweep's worker) by importing it and calling its `main`. `python -m` ran
-# the worker as a second copy, `__main__`, of a module its package had already imported
+# Launcher run as `python -c`: ignore SIGUSR1/2 until train handles them (an early time-limit
+# signal must not kill it: `cgpt.stop`), hold the run's lock for the whole training process
+# (the fd is inherited across exec), pin to its CPU share, die with the parent
+# (PR_SET_PDEATHSIG, Linux) so a killed sweep leaves no orphan writing the run dir, then exec
+# the entry point: `cgpt` as `python -m cgpt` (its entry installs the signal guard before it
+# imports the commands), the sweep's worker by installing the quiet guard (`StopGuard.install`:
+# the sweep says a stop's line), importing it and calling its `main`. `python -m` ran the
+# worker as a second copy, `__main__`, of a module its package had already imported
 # (`cgpt.sweep` -> launch -> worker): runpy's RuntimeWarning in every worker's output.
 _LAUNCH = r"""
+from cgpt.stop import ignore_checkpoint_requests
+ignore_checkpoint_requests()
 import ctypes, fcntl, os, signal, sys
 lock_path, parent, cpus, argv = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4:]
 if lock_path:
@@ -81,9 +86,6 @@ if lock_path:
     os.set_inheritable(fd, True)
 if cpus:
     os.sched_setaffinity(0, [int(c) for c in cpus.split(",")])
-# until train installs its checkpoint-and-stop handlers, a SIGUSR1/2 must not kill it
-signal.signal(signal.SIGUSR1, signal.SIG_IGN)
-signal.signal(signal.SIGUSR2, signal.SIG_IGN)
 try:
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 except (OSError, AttributeError):
@@ -92,13 +94,80 @@ if os.getppid() != parent:
     sys.exit("cgpt sweep: the sweep process exited before this run started")
 if argv[0] == "cgpt":  # argv: module, then its args
     os.execv(sys.executable, [sys.executable, "-m", *argv])
-os.execv(sys.executable, [sys.executable, "-c", "import sys; from " + argv[0]
-                          + " import main; sys.exit(main())", *argv[1:]])
+os.execv(sys.executable, [sys.executable, "-c", "from cgpt.stop import GUARD; "
+                          "GUARD.install('train', quiet=True); from " + argv[0]
+                          + " import main; GUARD.finish(main())", *argv[1:]])
 """
 
-_live: dict[str, subprocess.Popen] = {}  # run_id -> process (this process's runs)
-_live_lock = threading.Lock()
-_stopping = threading.Event()
+
+class LiveRuns:
+    """The training processes one launch is running, so that a stop reaches them: each
+    executor call (`run_one_process`, `run_workers`, `run_submitit`) and each SLURM job
+    (`RunTask`) has its own, nothing is kept in the module.
+
+    The one place a sweep answers a stop: the launch's main thread gets Ctrl-C or a
+    scheduler's signal from the process's guard (`KeyboardInterrupt`, `Stopped`:
+    `cgpt.stop`), and leaving this context on it sends every live run Ctrl-C, waits for them
+    (`grace_s`), SIGKILLs the rest and runs the `on_stop` callbacks; the stop goes on up to
+    `cgpt.sweep.launch`, which records the results and says the line."""
+
+    def __init__(self, grace_s: float = 20.0) -> None:
+        self.procs: dict[str, subprocess.Popen] = {}  # run_id or worker -> its process
+        self.lock = threading.Lock()
+        self.stopping = threading.Event()  # set: start nothing more
+        self.grace_s = grace_s
+        self._on_stop: list = []
+
+    def __enter__(self) -> "LiveRuns":
+        return self
+
+    def __exit__(self, kind, e, tb) -> None:
+        if kind is not None and issubclass(kind, (KeyboardInterrupt, Stopped)):
+            self.stop()
+
+    def on_stop(self, fn) -> None:
+        """`fn()` when the runs are stopped (submitit's local jobs cancelled, say)."""
+        self._on_stop.append(fn)
+
+    def get(self, key: str) -> subprocess.Popen | None:
+        with self.lock:
+            return self.procs.get(key)
+
+    @contextlib.contextmanager
+    def running(self, key: str, proc: subprocess.Popen) -> Iterator[None]:
+        """`proc` registered while the block runs, so that a stop reaches it; a stop that
+        ends the block (the main thread's Ctrl-C) leaves it registered, for `stop`."""
+        with self.lock:
+            self.procs[key] = proc
+        yield
+        with self.lock:
+            self.procs.pop(key, None)
+
+    def wait(self, key: str, proc: subprocess.Popen) -> int:
+        """Wait for a training process, registered meanwhile."""
+        with self.running(key, proc):
+            return proc.wait()
+
+    def stop(self, grace_s: float | None = None) -> None:
+        """SIGINT the live runs (train saves nothing extra, but exits cleanly), then SIGKILL
+        those still running after the grace. Once: a worker thread and the main thread may
+        both leave on the same stop."""
+        with self.lock:
+            if self.stopping.is_set():
+                return
+            self.stopping.set()
+            procs = list(self.procs.values())
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGINT)
+        deadline = time.monotonic() + (self.grace_s if grace_s is None else grace_s)
+        for p in procs:
+            try:
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+        for fn in self._on_stop:
+            fn()
 
 
 # ---- devices -----------------------------------------------------------------------------
@@ -143,11 +212,13 @@ def train_argv(job: Job) -> list[str]:
     return argv + (["--resume"] if job.resume else [])
 
 
-def _wait_for_parent(job: Job, poll_s: float = 2.0) -> bool:
-    """A branch starts once its parent's checkpoint exists; False if the parent failed."""
+def _wait_for_parent(job: Job, stopping: threading.Event | None = None,
+                     poll_s: float = 2.0) -> bool:
+    """A branch starts once its parent's checkpoint exists; False if the parent failed or the
+    launch is `stopping`."""
     parent, _, step = job.branch_from.rpartition("@")
     p = Path(parent)
-    while not _stopping.is_set():
+    while stopping is None or not stopping.is_set():
         if (p / rundir.CKPT_DIR / step).is_dir() and not any(
                 (p / rundir.CKPT_DIR).glob(f"{step}.orbax-checkpoint-tmp*")):
             return True
@@ -178,30 +249,20 @@ def slurm_tag() -> str:
     return f" [SLURM job {slurm_job_id()}, restart {os.environ.get('SLURM_RESTART_COUNT', '0')}]"
 
 
-def wait_live(key: str, proc: subprocess.Popen) -> int:
-    """Wait for a training process, registered meanwhile so a stop reaches it (`stop_local`)."""
-    with _live_lock:
-        _live[key] = proc
-    try:
-        return proc.wait()
-    finally:
-        with _live_lock:
-            _live.pop(key, None)
-
-
-def execute_run(job: Job) -> dict:
-    """Run one training process with its output in `train.log`; never raises on failure.
+def execute_run(job: Job, live: LiveRuns | None = None) -> dict:
+    """Run one training process with its output in `train.log`, registered in `live` (the
+    launch's, so that its stop reaches the process); never raises on failure.
 
     Returns {'run_id', 'status': done|failed|interrupted, 'error', 'returncode'}. In a
     multi-task SLURM job every task runs this; rank 0 owns the lock, log and status files,
     and all ranks inherit the SLURM environment that `jax.distributed.initialize` reads.
     """
-    d, rank = Path(job.run_dir), proc_rank()
+    d, rank, live = Path(job.run_dir), proc_rank(), live or LiveRuns()
     prepare_job(job)
     # A requeued or relaunched run finds the config its first attempt wrote: resume it (every
     # rank alike; the sweep checked that the config is the same before launching).
     job = replace(job, resume=job.resume or (d / rundir.CONFIG_FILE).exists())
-    if job.branch_from and not _wait_for_parent(job):
+    if job.branch_from and not _wait_for_parent(job, live.stopping):
         return {"run_id": job.run_id, "status": "failed", "returncode": None,
                 "error": f"parent {job.branch_from} did not produce its checkpoint"}
     log = d / rundir.log_name(rank)
@@ -222,12 +283,12 @@ def execute_run(job: Job) -> dict:
         f.write(f"==== cgpt sweep {time.strftime('%Y-%m-%d %H:%M:%S')}: python -m cgpt "
                 f"{' '.join(train_argv(job))}{where}\n")
         f.flush()
-        if _stopping.is_set():
+        if live.stopping.is_set():
             return {"run_id": job.run_id, "status": "interrupted", "error": "", "returncode": None}
-        rc = wait_live(job.run_id, subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT,
+        rc = live.wait(job.run_id, subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT,
                                                     env=env, stdin=subprocess.DEVNULL))
     await_requeue(rc)
-    return outcome(job, rc, t0, log)
+    return outcome(job, rc, t0, log, live.stopping.is_set())
 
 
 def await_requeue(rc: int | None) -> None:
@@ -236,9 +297,10 @@ def await_requeue(rc: int | None) -> None:
         time.sleep(float(os.environ.get("CGPT_REQUEUE_WAIT_S", "600")))
 
 
-def outcome(job: Job, rc: int | None, t0: float, log: Path) -> dict:
+def outcome(job: Job, rc: int | None, t0: float, log: Path, stopped: bool = False) -> dict:
     """One run's result once its process (or in-process job) ended with `rc`, from its
-    directory; a failure writes failed.json (unless the job wrote its own: a fused member's).
+    directory (`stopped`: the launch stopped it: interrupted); a failure writes failed.json
+    (unless the job wrote its own: a fused member's).
     `t0`: time.monotonic() at the job's start (every duration and deadline of the sweep is
     monotonic: a wall clock stepped by NTP or a resumed VM would make it negative or a day)."""
     d = Path(job.run_dir)
@@ -246,7 +308,7 @@ def outcome(job: Job, rc: int | None, t0: float, log: Path) -> dict:
            "seconds": round(time.monotonic() - t0, 1)}
     if (d / rundir.SUMMARY_FILE).exists():
         return {**res, "status": "done"}
-    if _stopping.is_set() or rc in (130, -signal.SIGINT) or rc in SIGNAL_EXITS:
+    if stopped or rc in (130, -signal.SIGINT) or rc in SIGNAL_EXITS:
         return {**res, "status": "interrupted"}
     try:
         own = json.loads((d / rundir.FAILED_FILE).read_text()).get("error")
@@ -299,7 +361,11 @@ class RunTask:
     """
 
     def __call__(self, job: Job) -> dict:
-        return execute_run(job)
+        self.live = LiveRuns()  # this job's process, for `checkpoint` (the same object)
+        return self.run(job, self.live)
+
+    def run(self, job: Job, live: LiveRuns) -> dict:
+        return execute_run(job, live)
 
     def checkpoint(self, job: Job, grace_s: float | None = None):
         """Ask train to checkpoint and stop, wait up to the job's grace (`requeue_grace`),
@@ -309,8 +375,8 @@ class RunTask:
         if (Path(job.run_dir) / rundir.SUMMARY_FILE).exists():
             return None  # finished just before the signal: nothing to requeue
 
-        with _live_lock:
-            proc = _live.get(job.run_id)
+        live = getattr(self, "live", None)
+        proc = live.get(job.run_id) if live is not None else None
         if proc is not None:  # ask again each second: train ignores it until its loop starts
             grace = grace_s or float(job.env.get(GRACE_ENV) or requeue_grace({}))
             d = Path(job.run_dir)
@@ -324,63 +390,11 @@ class RunTask:
                 except ProcessLookupError:
                     break
                 time.sleep(1.0)
-        return submitit.helpers.DelayedSubmission(self, replace(job, resume=True))
-
-
-def stop_local(grace_s: float = 20.0) -> None:
-    """SIGINT the live runs (train saves nothing extra, but exits cleanly), then SIGKILL."""
-    _stopping.set()
-    with _live_lock:
-        procs = list(_live.values())
-    for p in procs:
-        if p.poll() is None:
-            p.send_signal(signal.SIGINT)
-    deadline = time.monotonic() + grace_s
-    for p in procs:
-        try:
-            p.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            p.kill()
+        # a fresh task: this one's live process is this job's (and a lock does not pickle)
+        return submitit.helpers.DelayedSubmission(type(self)(), replace(job, resume=True))
 
 
 # ---- executors -----------------------------------------------------------------------------
-def run_local(jobs: list[Job], parallel: int, finished, on_start=None,
-              runner=execute_run) -> None:
-    """K worker threads; with K > 1 each run is pinned to its own slot of the devices.
-    `runner(job)` runs one job (`cgpt.sweep.worker.execute_job` also runs fused groups)."""
-    _stopping.clear()
-    if parallel > 1 and jobs:
-        device_share(0, parallel)  # fail now if K runs cannot each get a GPU
-    pending = list(jobs)
-    free = list(range(parallel))
-    with ThreadPoolExecutor(max_workers=parallel) as pool:
-        futs = {}
-        try:
-            while pending or futs:
-                while pending and free:
-                    j, slot = pending.pop(0), free.pop(0)
-                    if parallel > 1:
-                        j = replace(j, pin=(slot, parallel))
-                    futs[pool.submit(runner, j)] = (slot, j)
-                    if on_start:
-                        on_start(j)
-                done, _ = wait(list(futs), return_when=FIRST_COMPLETED)
-                for f in done:
-                    slot, j = futs.pop(f)
-                    free.append(slot)
-                    try:
-                        res = f.result()
-                    except Exception as e:  # e.g. the run directory became unwritable
-                        res = {"run_id": j.run_id, "status": "failed", "returncode": None,
-                               "error": f"could not run it: {type(e).__name__}: {e}"}
-                    finished(res)
-        except KeyboardInterrupt:
-            stop_local()
-            for f in futs:
-                f.cancel()
-            raise
-
-
 def slurm_params(slurm: dict, parallel: int | None, n_jobs: int, name: str) -> dict:
     """A spec's `slurm:` settings -> submitit AutoExecutor parameters."""
     params = {}
@@ -432,7 +446,9 @@ def run_submitit(jobs: list[Job], resources: dict[str, dict], name: str, folder:
         by_id.update({s.job_id: j for s, j in zip(group_subs, group)})
         print(f"submitted {len(group_subs)} {cluster} jobs "
               f"({group_subs[0].job_id.split('_')[0]}...) {res or ''}, logs in {folder}")
-    try:
+    with LiveRuns() as live:  # a stop cancels the local executor's jobs; SLURM's keep running
+        if cluster == "local":
+            live.on_stop(lambda: [s.cancel(check=False) for s in subs])
         for s in submitit.helpers.as_completed(subs, poll_frequency=poll_s):
             j = by_id[s.job_id]
             try:
@@ -448,8 +464,3 @@ def run_submitit(jobs: list[Job], resources: dict[str, dict], name: str, folder:
                     atomic_write_text(Path(j.run_dir) / rundir.FAILED_FILE,
                                       json.dumps(res, indent=2))
             finished(res)
-    except KeyboardInterrupt:
-        if cluster == "local":
-            for s in subs:
-                s.cancel(check=False)
-        raise

@@ -3,7 +3,8 @@
 For a spec with accelerator resources (`slurm.gpus_per_node`) and `estimate.device_memory`,
 every run's step is lowered and compiled exactly as `train` would on its devices (slurm.nodes
 x gpus_per_node), choosing micro-batch x accumulation and remat the same way (`cgpt.train.fit`),
-on as many emulated CPU devices, all runs in one process (`cgpt.plan.command.plan_many`). A local
+all runs in one process (`cgpt.plan.command.plan_many`): by the H100's own compiler where JAX's
+CUDA plugin is installed (`cgpt.plan.target`), else on as many emulated CPU devices. A local
 CPU spec is not compiled here: `train` runs the same search at startup, where for the tiny
 and cpu presets the first candidate (no accumulation, remat off) fits.
 """
@@ -13,6 +14,7 @@ import sys
 
 from cgpt.config.model import remat_value
 from cgpt.config.units import fmt_bytes
+from cgpt.plan import target
 from cgpt.plan.command import plan_many
 from cgpt.sweep.spec import Run, Sweep
 
@@ -28,11 +30,14 @@ def fit_results(sweep: Sweep, runs: list[Run]) -> tuple[list[dict] | None, str]:
                       f"{sweep.path} or --set estimate.device_memory=80GB to compile each "
                       "run's step for its devices")
 
-    print(f"fit: compiling each run's train step for its devices ({len(runs)} runs, emulated "
-          "CPU devices, one process)...", file=sys.stderr, flush=True)
+    tgt = target.default_target()
+    where = ("compile-only H100s" if tgt != "cpu" else
+             f"emulated CPU devices, which overstate a GPU's memory; {target.INSTALL}")
+    print(f"fit: compiling each run's train step for its devices ({len(runs)} runs, {where}, "
+          "one process)...", file=sys.stderr, flush=True)
     return plan_many([{"run": r.config.to_dict(), "devices": r.devices,
                        "nodes": int(r.slurm.get("nodes", 1)) if "gpus_per_node" in r.slurm else 1,
-                       "device_memory": int(memory)} for r in runs]), ""
+                       "device_memory": int(memory)} for r in runs], tgt=tgt), ""
 
 
 def print_fit(runs: list[Run], results: list[dict], file=None) -> None:

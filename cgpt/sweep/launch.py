@@ -1,4 +1,5 @@
-"""Launching a sweep: pick the runs that are not done, check their identity, run them, report.
+"""Launching a sweep: pick the runs that are not done, check their identity, run them, report
+(through the report the command line hands in).
 
 Killing the sweep (even SIGKILL) loses at most the steps since each live run's last
 checkpoint; relaunching the same command continues where it stopped.
@@ -10,6 +11,7 @@ import math
 import os
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import yaml
@@ -19,6 +21,7 @@ from cgpt import rundir
 from cgpt.config import backend
 from cgpt.config.run import cadence
 from cgpt.data.batches import load_data
+from cgpt.errors import Stopped
 from cgpt.fileio import atomic_write_text, probe_writable, storage_fix
 from cgpt.paths import check_destination
 from cgpt.sweep.executors import Job, run_submitit
@@ -136,23 +139,30 @@ def check_out_dir(out: Path) -> None:
     sweep_area(out).check(rundir.SWEEP_NAMES)
 
 
-def _report(out: Path, n_done: int) -> None:
-    """Scaling-law report from the `analysis` package, when it is there and can fit."""
-    try:
-        from analysis import sweep_report
-    except ImportError as e:
-        print(f"(no scaling-law report: the analysis package is not importable: {e})")
-        return
-    if n_done < 3:
-        print(f"(no scaling-law report: {n_done} finished run(s); a fit needs at least 3)")
-        return
-    try:
-        print(sweep_report(out, out_png=out / "scaling.png"))
-    except ValueError as e:
-        print(f"(no scaling-law report: {e})")
-    except Exception as e:  # a fit that fails must not hide that the runs are safe
-        print(f"(scaling-law report failed: {type(e).__name__}: {e}; results are in "
-              f"{out / rundir.RESULTS_FILE})")
+class Remaining:
+    """The time a sweep has left: the cost model's seconds of its unfinished runs, over the
+    local workers, times the ratio of measured to estimated seconds of the runs finished."""
+
+    def __init__(self, estimate: dict[str, float], workers: int):
+        self.estimate, self.workers = dict(estimate), max(1, workers)
+        self.todo = set(estimate)
+        self.measured = self.expected = 0.0
+
+    def finished(self, run_id: str, seconds: float | None) -> None:
+        if run_id in self.todo:
+            self.todo.discard(run_id)
+            if seconds:
+                self.measured += seconds
+                self.expected += self.estimate[run_id]
+
+    def seconds(self) -> float:
+        scale = self.measured / self.expected if self.expected else 1.0
+        return sum(self.estimate[r] for r in self.todo) * scale / self.workers
+
+    def text(self) -> str:
+        how = (f"cost model x {self.measured / self.expected:.2f} measured" if self.expected
+               else "cost model")
+        return f"~{fmt_time(self.seconds())} left ({how})"
 
 
 def check_identity(sweep: Sweep, runs: list[Run], out: Path, on_change: str) -> None:
@@ -203,19 +213,9 @@ def prepare_ahead(runs: list[Run]) -> None:
     held.wait()
 
 
-def launch(sweep: Sweep, out: Path, parallel: int | None = None, executor: str = "local",
-           only: str | None = None, poll_s: float = 10.0, report: bool = True,
-           on_change: str = "error", compile_cache: Path | None | str = "default",
-           fuse: bool = True) -> int:
-    """Run every selected run that is not done; returns 0 if all are done, else 1 (130: ^C).
-
-    fuse: same-shape runs train as one fused program per group (`cgpt.sweep.groups`); a
-    local sequential sweep trains all its jobs in one worker process (`cgpt.sweep.worker`).
-
-    compile_cache: a directory for JAX's persistent compilation cache shared by the runs
-    ("default": the user's, `cgpt.config.backend.compile_cache_dir()`, so a later sweep
-    reuses these programs too), or None for none.
-    """
+def _selected(sweep: Sweep, executor: str, on_change: str, parallel: int | None,
+              only: str | None) -> list[Run]:
+    """The runs --only selects, once the launch's flags and the spec's `require:` hold."""
     if executor not in EXECUTORS:
         raise ValueError(f"--executor {executor!r}; use one of {', '.join(EXECUTORS)}")
     if on_change not in ON_CHANGE:
@@ -232,109 +232,206 @@ def launch(sweep: Sweep, out: Path, parallel: int | None = None, executor: str =
                          f"{sweep.path} (see --dry-run)")
     for project in sorted({r.config.train.wandb for r in runs} - {None}):
         wandb_log.require(project)  # W&B asked for but not installed: one error, not per run
+    return runs
+
+
+def _begin(sweep: Sweep, runs: list[Run], out: Path, on_change: str,
+           compile_cache: Path | None | str) -> Path | None:
+    """Under the sweep's lock: the identity check, sweep.yaml and results.csv written; returns
+    the compilation cache."""
+    states = {r.run_id: rundir.state(out / r.run_id) for r in runs}
+    check_identity(sweep, [r for r in runs if states[r.run_id] != "running"], out, on_change)
+    cache = backend.compile_cache_dir() if compile_cache == "default" else compile_cache
+    atomic_write_text(out / rundir.SWEEP_SPEC_FILE, yaml.safe_dump(
+        {"spec": str(sweep.path), "name": sweep.name, "argv": sys.argv[1:],
+         "compile_cache": str(cache) if cache else None,
+         "runs": [r.run_id for r in sweep.runs]}, sort_keys=False))
+    write_results(sweep.runs, out)
+    return Path(cache) if cache else None
+
+
+def _todo(sweep: Sweep, runs: list[Run], out: Path, executor: str,
+          parallel: int | None) -> tuple[list[Run], int]:
+    """The runs to train (not done, not running elsewhere), in the order they start, and the
+    count already done; printed as the launch's first line."""
+    states = {r.run_id: rundir.state(out / r.run_id) for r in runs}
+    todo = [r for r in runs if states[r.run_id] not in ("done", "running")]
+    elsewhere = [r.run_id for r in runs if states[r.run_id] == "running"]
+    n_done = sum(s == "done" for s in states.values())
+    print(f"sweep {sweep.name}: {len(runs)} runs in {out}: {n_done} done, "
+          f"{sum(states[r.run_id] == 'interrupted' for r in todo)} to resume, "
+          f"{sum(states[r.run_id] == 'failed' for r in todo)} to retry, "
+          f"{sum(states[r.run_id] == 'new' for r in todo)} new"
+          + (f"; {len(elsewhere)} running in another process, skipped: {elsewhere}"
+             if elsewhere else "") + f" [executor {executor}"
+          + (f", parallel {parallel or 1}]" if executor == "local" else "]"))
+    if (parallel or 1) > 1 and executor == "local":
+        # longest first: K workers finish sooner when the long pole starts at once
+        todo.sort(key=lambda r: (r.branch_from is not None,  # parents before branches
+                                 -sweep.estimate.seconds(r.steps, r.flops)))
+    return todo, n_done
+
+
+def _jobs(sweep: Sweep, todo: list[Run], out: Path, cache: Path | None, fuse: bool) -> list[Job]:
+    """One job per run, or per fused group of same-shape runs (`cgpt.sweep.groups`), each
+    with its prepared run directory."""
+    env = {**compile_cache_env(cache.resolve() if cache else None),
+           **wandb_log.group_env(sweep.name)}  # W&B groups the runs by the sweep's name
+    by_id = {r.run_id: Job(r.run_id, str(prepare_run_dir(r, out).resolve()),
+                resume=(out / r.run_id / rundir.CONFIG_FILE).exists(), env=env,
+                files=run_files(r),
+                branch_from=f"{(out / r.branch_from[0]).resolve()}@{r.branch_from[1]}"
+                if r.branch_from else "") for r in todo}
+    groups = plan_groups(todo, fuse)
+    if any(len(g) > 1 for g in groups):
+        print(f"fused: {sum(len(g) for g in groups if len(g) > 1)} runs in "
+              f"{sum(len(g) > 1 for g in groups)} group(s) of one shape, each one program "
+              "(--no-fuse: one program per run)")
+    return group_jobs(groups, by_id)
+
+
+TICK_S = 5.0  # the sweep bar's clock: seconds between redraws while no run ends
+
+
+class Progress:
+    """The sweep's bar, its time left and its failures; `finished` takes each job's result
+    (a fused group's per member) and rewrites results.csv."""
+
+    def __init__(self, sweep: Sweep, out: Path, counts: tuple[int, int], left: Remaining,
+                 show: bool):
+        self.sweep, self.out, self.left, self.failures = sweep, out, left, {}
+        total, n_done = counts
+        self.bar = tqdm(total=total, initial=n_done, unit="run", desc=f"sweep {sweep.name}",
+                        dynamic_ncols=True, bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} runs "
+                        "[{elapsed}{postfix}]", disable=not show)
+        self.bar.set_postfix_str(left.text())
+        # the bar redraws only when a run ends: between, its clock ticks on its own, so the
+        # terminal shows the sweep at work (a demo's first runs take ~40 s)
+        self._stop = threading.Event()
+        if show:
+            threading.Thread(target=self._tick, name="sweep-bar", daemon=True).start()
+
+    def _tick(self) -> None:
+        while not self._stop.wait(TICK_S) and not self.bar.disable:  # closed: disabled
+            self.bar.refresh()
+
+    def record(self) -> None:
+        """results.csv; a full disk must not stop the sweep."""
+        try:
+            write_results(self.sweep.runs, self.out, self.failures)
+        except OSError as e:
+            self.bar.write(f"cgpt sweep: could not write {self.out / rundir.RESULTS_FILE} "
+                           f"({e.strerror or e}); {storage_fix(e)}")
+
+    def finished(self, res: dict) -> None:
+        if "members" in res:  # a fused group: one result per run
+            for m in res["members"]:
+                self.finished(m)
+            return
+        if res["status"] != "interrupted":  # an interrupted run is still to do, unmeasured
+            self.left.finished(res["run_id"], res.get("seconds")
+                               if res["status"] == "done" else None)
+        if res["status"] == "failed":
+            self.failures[res["run_id"]] = res["error"]
+            self.bar.write(f"FAILED {res['run_id']}: {res['error']}  "
+                           f"(log: {self.out / res['run_id'] / rundir.LOG_FILE})")
+        elif res["status"] == "done":
+            s = rundir.try_json(self.out / res["run_id"] / rundir.SUMMARY_FILE) or {}
+            self.bar.write(f"done   {res['run_id']}: val_loss "
+                           f"{s.get('val_loss', float('nan')):.4f}  {res.get('seconds', 0):.0f}s")
+            self.bar.update(1)
+        self.record()
+        self.bar.set_postfix_str(self.left.text() + (f", {len(self.failures)} failed"
+                                                     if self.failures else ""), refresh=True)
+
+    def close(self) -> None:
+        self._stop.set()
+        self.bar.close()
+        self.record()
+
+
+def _execute(sweep: Sweep, todo: list[Run], jobs: list[Job], out: Path, how: tuple,
+             finished: Callable[[dict], None]) -> None:
+    """Run the jobs: one local process, K pinned local workers, or submitit (SLURM)."""
+    executor, parallel, poll_s = how
+    if executor == "local" and (parallel or 1) == 1:
+        run_one_process(jobs, finished)  # one process: no start-up per run
+    elif executor == "local":
+        prepare_ahead(todo)
+        secs = {r.run_id: sweep.estimate.seconds(r.steps, r.flops) for r in todo}
+        run_workers(jobs, parallel, finished, {
+            j.run_id: sum(secs[m.run_id] for m in j.members or (j,)) for j in jobs})
+    else:
+        resources = {r.run_id: r.slurm for r in todo}  # a group: its first run's
+        run_submitit(jobs, resources, sweep.name, out / ".submitit", parallel, executor,
+                     finished, poll_s, where=str(sweep.path), task=GroupTask())
+
+
+def _interrupted(runs: list[Run], out: Path, executor: str) -> int:
+    left = sum(rundir.state(out / r.run_id) != "done" for r in runs)
+    print(f"\ncgpt sweep: interrupted; finished runs are kept and {left} left; rerun "
+          "the same command to resume"
+          + (" (SLURM jobs already submitted keep running)" if executor == "slurm" else ""),
+          file=sys.stderr)
+    return 130
+
+
+def _conclude(sweep: Sweep, runs: list[Run], out: Path, failures: dict[str, str],
+              report: Callable[[Path, int], None] | None) -> int:
+    """The sweep's last line, then the report; 0 if every selected run is done, else 1."""
+    states = {r.run_id: rundir.state(out / r.run_id) for r in runs}
+    n_done = sum(s == "done" for s in states.values())
+    failed = [k for k, s in states.items() if s == "failed" or (s != "done" and k in failures)]
+    print(f"sweep {sweep.name}: {n_done}/{len(runs)} done, {len(failed)} failed"
+          + (f" ({', '.join(failed)}; errors in {out / rundir.RESULTS_FILE}, logs in "
+             f"<run>/{rundir.LOG_FILE})" if failed else "")
+          + f"; results: {out / rundir.RESULTS_FILE}")
+    if report is not None:
+        report(out, sum(rundir.state(out / r.run_id) == "done" for r in sweep.runs))
+    return 0 if n_done == len(runs) else 1
+
+
+def launch(sweep: Sweep, out: Path, parallel: int | None = None, executor: str = "local",
+           only: str | None = None, poll_s: float = 10.0,
+           report: Callable[[Path, int], None] | None = None,
+           on_change: str = "error", compile_cache: Path | None | str = "default",
+           fuse: bool = True, progress: bool = True) -> int:
+    """Run every selected run that is not done; returns 0 if all are done, else 1 (130: ^C).
+    `progress` False: no bar (the lines of each finished run are printed still).
+
+    fuse: same-shape runs train as one fused program per group (`cgpt.sweep.groups`); a
+    local sequential sweep trains all its jobs in one worker process (`cgpt.sweep.worker`).
+
+    compile_cache: a directory for JAX's persistent compilation cache shared by the runs
+    ("default": the user's, `cgpt.config.backend.compile_cache_dir()`, so a later sweep
+    reuses these programs too), or None for none.
+
+    report: called with `out` and the sweep's finished runs once the runs end (not on ^C):
+    the command line's scaling-law report (`cgpt.commands.report`), which this library does
+    not import, for `analysis` depends on cgpt and not the reverse.
+    """
+    runs = _selected(sweep, executor, on_change, parallel, only)
     check_out_dir(out)
     lock = SweepLock(out)
     try:
-        states = {r.run_id: rundir.state(out / r.run_id) for r in runs}
-        check_identity(sweep, [r for r in runs if states[r.run_id] != "running"], out, on_change)
-        cache = backend.compile_cache_dir() if compile_cache == "default" else compile_cache
-        atomic_write_text(out / rundir.SWEEP_SPEC_FILE, yaml.safe_dump(
-            {"spec": str(sweep.path), "name": sweep.name, "argv": sys.argv[1:],
-             "compile_cache": str(cache) if cache else None,
-             "runs": [r.run_id for r in sweep.runs]}, sort_keys=False))
-        write_results(sweep.runs, out)
-        states = {r.run_id: rundir.state(out / r.run_id) for r in runs}
-        todo = [r for r in runs if states[r.run_id] not in ("done", "running")]
-        elsewhere = [r.run_id for r in runs if states[r.run_id] == "running"]
-        n_done = sum(s == "done" for s in states.values())
-        print(f"sweep {sweep.name}: {len(runs)} runs in {out}: {n_done} done, "
-              f"{sum(states[r.run_id] == 'interrupted' for r in todo)} to resume, "
-              f"{sum(states[r.run_id] == 'failed' for r in todo)} to retry, "
-              f"{sum(states[r.run_id] == 'new' for r in todo)} new"
-              + (f"; {len(elsewhere)} running in another process, skipped: {elsewhere}"
-                 if elsewhere else "") + f" [executor {executor}"
-              + (f", parallel {parallel or 1}]" if executor == "local" else "]"))
-        if (parallel or 1) > 1 and executor == "local":
-            # longest first: K workers finish sooner when the long pole starts at once
-            todo.sort(key=lambda r: (r.branch_from is not None,  # parents before branches
-                                     -sweep.estimate.seconds(r.steps, r.flops)))
-        env = {**compile_cache_env(Path(cache).resolve() if cache else None),
-               **wandb_log.group_env(sweep.name)}  # W&B groups the runs by the sweep's name
-        by_id = {r.run_id: Job(r.run_id, str(prepare_run_dir(r, out).resolve()),
-                    resume=(out / r.run_id / rundir.CONFIG_FILE).exists(), env=env,
-                    files=run_files(r),
-                    branch_from=f"{(out / r.branch_from[0]).resolve()}@{r.branch_from[1]}"
-                    if r.branch_from else "") for r in todo}
-        groups = plan_groups(todo, fuse)
-        jobs = group_jobs(groups, by_id)
-        if any(len(g) > 1 for g in groups):
-            print(f"fused: {sum(len(g) for g in groups if len(g) > 1)} runs in "
-                  f"{sum(len(g) > 1 for g in groups)} group(s) of one shape, each one program "
-                  "(--no-fuse: one program per run)")
-
-        failures: dict[str, str] = {}
-        bar = tqdm(total=len(runs), initial=n_done, unit="run", desc=f"sweep {sweep.name}",
-                   dynamic_ncols=True)
-
-        def record() -> None:  # results.csv; a full disk must not stop the sweep
-            try:
-                write_results(sweep.runs, out, failures)
-            except OSError as e:
-                bar.write(f"cgpt sweep: could not write {out / rundir.RESULTS_FILE} "
-                          f"({e.strerror or e}); {storage_fix(e)}")
-
-        def finished(res: dict) -> None:
-            if "members" in res:  # a fused group: one result per run
-                for m in res["members"]:
-                    finished(m)
-                return
-            if res["status"] == "failed":
-                failures[res["run_id"]] = res["error"]
-                bar.write(f"FAILED {res['run_id']}: {res['error']}  "
-                          f"(log: {out / res['run_id'] / rundir.LOG_FILE})")
-            elif res["status"] == "done":
-                s = rundir.try_json(out / res["run_id"] / rundir.SUMMARY_FILE) or {}
-                bar.write(f"done   {res['run_id']}: val_loss {s.get('val_loss', float('nan')):.4f}"
-                          f"  {res.get('seconds', 0):.0f}s")
-                bar.update(1)
-            record()
-            bar.set_postfix(failed=len(failures), refresh=True)
-
+        cache = _begin(sweep, runs, out, on_change, compile_cache)
+        todo, n_done = _todo(sweep, runs, out, executor, parallel)
+        jobs = _jobs(sweep, todo, out, cache, fuse)
+        # the time left from the cost model (the dry run's estimate), not from the mean time
+        # of the runs so far (the largest go first); scaled by the finished runs' measured
+        # time over their estimate
+        left = Remaining({r.run_id: sweep.estimate.seconds(r.steps, r.flops) for r in todo},
+                         (parallel or 1) if executor == "local" else 1)
+        bar = Progress(sweep, out, (len(runs), n_done), left, progress)
         try:
-            if executor == "local" and (parallel or 1) == 1:
-                run_one_process(jobs, finished)  # one process: no start-up per run
-            elif executor == "local":
-                prepare_ahead(todo)
-                secs = {r.run_id: sweep.estimate.seconds(r.steps, r.flops) for r in todo}
-                run_workers(jobs, parallel, finished, {
-                    j.run_id: sum(secs[m.run_id] for m in j.members or (j,)) for j in jobs})
-            else:
-                resources = {r.run_id: r.slurm for r in todo}  # a group: its first run's
-                run_submitit(jobs, resources, sweep.name, out / ".submitit", parallel, executor,
-                             finished, poll_s, where=str(sweep.path), task=GroupTask())
-        except KeyboardInterrupt:
+            _execute(sweep, todo, jobs, out, (executor, parallel, poll_s), bar.finished)
+        except (KeyboardInterrupt, Stopped) as e:
             bar.close()
-            record()
-            left = sum(rundir.state(out / r.run_id) != "done" for r in runs)
-            print(f"\ncgpt sweep: interrupted; finished runs are kept and {left} left; rerun "
-                  "the same command to resume"
-                  + (" (SLURM jobs already submitted keep running)" if executor == "slurm"
-                     else ""), file=sys.stderr)
-            return 130
+            if isinstance(e, Stopped):  # a scheduler's signal: its one line is the edge's
+                raise
+            return _interrupted(runs, out, executor)
         bar.close()
-        record()
-        states = {r.run_id: rundir.state(out / r.run_id) for r in runs}
-        n_done = sum(s == "done" for s in states.values())
-        failed = [k for k, s in states.items()
-                  if s == "failed" or (s != "done" and k in failures)]
-        print(f"sweep {sweep.name}: {n_done}/{len(runs)} done, {len(failed)} failed"
-              + (f" ({', '.join(failed)}; errors in {out / rundir.RESULTS_FILE}, logs in "
-                 f"<run>/{rundir.LOG_FILE})" if failed else "")
-              + f"; results: {out / rundir.RESULTS_FILE}")
-        if report:
-            all_done = sum(rundir.state(out / r.run_id) == "done" for r in sweep.runs)
-            _report(out, all_done)
-        return 0 if n_done == len(runs) else 1
+        return _conclude(sweep, runs, out, bar.failures, report)
     finally:
         lock.release()
 

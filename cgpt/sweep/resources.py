@@ -3,7 +3,7 @@
 `cgpt sweep SPEC --dry-run` prints, for every run of a spec with GPUs (`slurm.gpus_per_node`)
 and a time model (`estimate.mfu`, `estimate.device_flops`), what these rules derive beside
 what the spec says, and names each disagreement (`sweeps/cerebras_gpt.yaml` is written from
-them; tests/test_nodes.py keeps it so):
+them; tests/plan/test_nodes.py keeps it so):
 
   nodes        the fewest nodes (1 .. MAX_NODES) on which the run's analytic plan
                (`cgpt.plan.analytic`: placement and memory without compiling) fits the GPUs'

@@ -12,23 +12,19 @@ import hashlib
 import itertools
 import json
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from cgpt.config import flops as flops_mod
-from cgpt.config.model import get_config
 from cgpt.config.recipe import MAX_STEPS
-from cgpt.config.overrides import SECTIONS, check_key, coerce_source, seed_overrides, set_key, \
-    split_override
+from cgpt.config.units import fmt_count
+from cgpt.config.overrides import SECTIONS, coerce_source, seed_overrides, set_key, split_override
 from cgpt.config.run import RunConfig, from_dict, identity, load_yaml, parse_bytes
 from cgpt.errors import TrainError
-from cgpt.sweep.suggest import with_runs
 from cgpt.train.resolve import batch_of, resolve
-from cgpt.sweep.validate import check_estimate, check_slurm, check_spec
-
-SPEC_KEYS = ("name", "description", "base", "models", "grid", "per_model", "filter", "require",
-             "estimate", "slurm", "runs")
-GRID_KEYS = ("model", "tokens", "tokens_per_param", "flops", "seed", "overrides", "branches")
+from cgpt.sweep.validate import SPEC_KEYS, as_list, check, check_estimate, check_runs, \
+    check_slurm, split_slurm
 
 
 # ---- the throughput model behind --dry-run's time estimate --------------------------------
@@ -107,14 +103,6 @@ class Sweep:
     dropped: int = 0  # runs removed by the spec's `filter:`
 
 
-def fmt_count(x: float) -> str:
-    """3 significant digits with k/M/B/T: 336640 -> '337k', 4820480 -> '4.82M'."""
-    for div, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "k")):
-        if abs(x) >= div:
-            return f"{x / div:.3g}{suffix}"
-    return f"{x:.3g}"
-
-
 def fmt_flops(c: float) -> str:
     """1e12 -> '1e12', 3e12 -> '3e12', 2.5e13 -> '2.5e13' (run ids: no '+')."""
     mant, exp = f"{c:.2e}".split("e")
@@ -140,22 +128,6 @@ def _safe(text: str) -> str:
 
 def _flat_keys(raw: dict) -> set[str]:
     return {f"{s}.{k}" for s in SECTIONS for k in (raw.get(s) or {})}
-
-
-def _as_list(value) -> list:
-    if value is None:
-        return []
-    return list(value) if isinstance(value, (list, tuple)) else [value]
-
-
-def _number(spec_path: Path, key: str, v) -> float:
-    try:
-        x = float(v)
-    except (TypeError, ValueError):
-        raise ValueError(f"{spec_path}: {key} entry {v!r} is not a number") from None
-    if not x > 0 or not math.isfinite(x):
-        raise ValueError(f"{spec_path}: {key} entry {v!r} must be a positive number")
-    return x
 
 
 def _three_digits(x: float, rounding) -> float:
@@ -190,30 +162,21 @@ def _budget_error(spec_path: Path, budget: tuple[str, float, str], model: str, n
                       "model")
 
 
-def _overrides_entry(spec_path: Path, i: int, entry) -> tuple[str, dict]:
+def _overrides_entry(entry) -> tuple[str, dict]:
     """A grid.overrides entry -> (run-id label, {section.key: value})."""
-    where = f"{spec_path}: grid.overrides[{i}]"
     if entry is None:
         return "", {}
-    if not isinstance(entry, dict):
-        raise ValueError(f"{where} must be a mapping of section.key: value (got {entry!r})")
     entry = dict(entry)
     label = entry.pop("name", None)
-    for k in entry:
-        check_key(k, where)
     if label is None:
         label = "-".join(f"{k.rpartition('.')[2]}{v}" for k, v in entry.items()) or "base"
     return _safe(label), entry
 
 
 def read_spec(path: str | Path) -> dict:
-    p = Path(path)
-    spec = load_yaml(p, "sweep spec (bundled specs live in sweeps/*.yaml)", ", ".join(SPEC_KEYS))
-    bad = sorted(set(spec) - set(SPEC_KEYS))
-    if bad:
-        raise ValueError(f"{p}: unknown key(s) {bad}; valid: {', '.join(SPEC_KEYS)}")
-    check_spec(spec, p)
-    return spec
+    """The spec file as a mapping (`load_sweep` checks it: `cgpt.sweep.validate.check`)."""
+    return load_yaml(Path(path), "sweep spec (bundled specs live in sweeps/*.yaml)",
+                     ", ".join(SPEC_KEYS))
 
 
 def _split_sets(sets: list[str], slurm: dict, est: dict) -> dict:
@@ -232,50 +195,10 @@ def _split_sets(sets: list[str], slurm: dict, est: dict) -> dict:
     return set_run
 
 
-def _model_slurm(spec_path: Path, entries: dict, m: str) -> tuple[dict, dict]:
-    """per_model.<m>: split run-config keys from `slurm.*` resources."""
-    run_keys, slurm = {}, {}
-    for k, v in (entries or {}).items():
-        section, _, name = str(k).partition(".")
-        if section == "slurm" and name:
-            slurm[name] = v
-        else:
-            check_key(k, f"{spec_path}: per_model.{m}")
-            run_keys[k] = v
-    check_slurm(slurm, f"{spec_path}: per_model.{m}")
-    return run_keys, slurm
-
-
-def load_sweep(path: str | Path, sets: list[str] | None = None, _spec: dict | None = None) -> Sweep:
-    """Expand a spec file into its run list; `sets` are `section.key=value` launch overrides.
-
-    Layering, later wins: base < spec-defined model < per_model < the grid's seed and token
-    budget < the grid's overrides entry < `--set`. `slurm:` resources layer the same way
-    (spec < per_model < --set slurm.*).
-    """
-
-    spec_path = Path(path)
-    spec = read_spec(spec_path) if _spec is None else _spec
-    if spec.get("runs"):  # explicit extra runs {model, tokens, seed} (`--suggest K --write`)
-        return with_runs(spec_path, spec, sets, load_sweep)
-    name = str(spec.get("name") or spec_path.stem)
-    if name in (".", "..") or any(c in name for c in "/\\\0"):  # it names runs/sweeps/<name>
-        raise ValueError(f"{spec_path}: name {name!r} must be one folder name (no '/', not "
-                         "'.' or '..'): the sweep's default --out is runs/sweeps/<name>")
-    base = spec.get("base") or {}
-    if not isinstance(base, dict):
-        raise ValueError(
-            f"{spec_path}: 'base' must be a run config mapping (preset/model/data/train)")
-    bad = sorted(set(base) - {"preset", *SECTIONS})
-    if bad:
-        raise ValueError(f"{spec_path}: unknown base key(s) {bad}; use model, data, train")
-    for s in SECTIONS:
-        for k in (base.get(s) or {}):
-            check_key(f"{s}.{k}", f"{spec_path}: base")
-
-    slurm = dict(spec.get("slurm") or {})
-    est = dict(spec.get("estimate") or {})
-    slurm_set: dict = {}
+def _settings(spec: dict, spec_path: Path, sets: list[str] | None):
+    """(--set's run-config keys, the sweep's slurm resources, --set's own, the Estimate):
+    `slurm:` and `estimate:` with --set's slurm.* and estimate.* over them."""
+    slurm, est, slurm_set = dict(spec.get("slurm") or {}), dict(spec.get("estimate") or {}), {}
     set_run = _split_sets(list(sets or []), slurm_set, est)
     slurm.update(slurm_set)
     check_slurm(slurm, f"{spec_path} (or --set)")
@@ -287,158 +210,178 @@ def load_sweep(path: str | Path, sets: list[str] | None = None, _spec: dict | No
     except (TypeError, ValueError) as e:
         raise ValueError(f"{spec_path}: estimate: {e}; keys: flops_per_s, step_overhead_s, "
                          "startup_s, mfu, device_flops, device_memory") from None
+    return set_run, slurm, slurm_set, estimate
 
-    grid = spec.get("grid")
-    if not isinstance(grid, dict):
-        raise ValueError(f"{spec_path}: 'grid' is required, a mapping with keys "
-                         f"{', '.join(GRID_KEYS)}")
-    bad = sorted(set(grid) - set(GRID_KEYS))
-    if bad:
-        raise ValueError(f"{spec_path}: unknown grid key(s) {bad}; valid: {', '.join(GRID_KEYS)}")
 
-    custom = spec.get("models") or {}
-    if not isinstance(custom, dict):
-        raise ValueError(f"{spec_path}: 'models' maps a new name to {{preset: ..., <model keys>}}")
-    models = [str(m) for m in _as_list(grid.get("model"))]
-    if not models:
-        raise ValueError(f"{spec_path}: grid.model must list at least one preset "
-                         "(see `python -m cgpt list`)")
-    for m in models:
-        if m in custom:
-            c = custom[m]
-            if not isinstance(c, dict) or "preset" not in c:
-                raise ValueError(f"{spec_path}: models.{m} needs a 'preset' to start from")
-            try:
-                get_config(str(c["preset"]))
-            except ValueError as e:
-                raise ValueError(f"{spec_path}: models.{m}.preset: {e}") from None
-        else:
-            try:
-                get_config(m)
-            except ValueError as e:
-                raise ValueError(f"{spec_path}: grid.model: {e} (or define it under 'models:')") \
-                    from None
+def _budgets(grid: dict) -> list[tuple[str, float, str]]:
+    """The token-budget axis, (kind, value, label) each: fixed counts and 'chinchilla', tokens
+    per parameter, FLOP budgets; none: the token count base and --set give."""
+    budgets = [("tpp", float(flops_mod.TOKENS_PER_PARAM), "chinchilla")
+               if str(t).strip().lower() == "chinchilla" else ("tokens", float(t), "")
+               for t in as_list(grid.get("tokens"))]
+    budgets += [("tpp", float(r), "") for r in as_list(grid.get("tokens_per_param"))]
+    budgets += [("flops", float(c), f"c{fmt_flops(float(c))}") for c in as_list(grid.get("flops"))]
+    return budgets or [("config", 0.0, "")]  # whatever base/--set say (default: chinchilla)
 
-    per_model = spec.get("per_model") or {}
-    if not isinstance(per_model, dict):
-        raise ValueError(
-            f"{spec_path}: 'per_model' maps a grid.model name to {{section.key: value}}")
-    stray = sorted(set(per_model) - set(models))
-    if stray:
-        raise ValueError(f"{spec_path}: per_model names {stray} that are not in grid.model")
-    per_model = {m: _model_slurm(spec_path, v, m) for m, v in per_model.items()}
 
-    # The token-budget axis: fixed counts / 'chinchilla', tokens per parameter, FLOP budgets.
-    budgets: list[tuple[str, float, str]] = []  # (kind, value, label)
-    for t in _as_list(grid.get("tokens")):
-        if str(t).strip().lower() == "chinchilla":
-            budgets.append(("tpp", float(flops_mod.TOKENS_PER_PARAM), "chinchilla"))
-        else:
-            budgets.append(("tokens", _number(spec_path, "grid.tokens", t), ""))
-    for r in _as_list(grid.get("tokens_per_param")):
-        budgets.append(("tpp", _number(spec_path, "grid.tokens_per_param", r), ""))
-    for c in _as_list(grid.get("flops")):
-        c = _number(spec_path, "grid.flops", c)
-        budgets.append(("flops", c, f"c{fmt_flops(c)}"))
-    if not budgets:
-        budgets = [("config", 0.0, "")]  # whatever base/--set say (default: chinchilla)
+@dataclass(frozen=True)
+class _Grid:
+    """A checked spec's grid (`validate.check`) and what each of its points is planned
+    with: one point is a budget, a model, a seed and an overrides entry."""
 
-    seeds = _as_list(grid.get("seed")) or [None]
-    for s in seeds:
-        if s is not None and (not isinstance(s, int) or isinstance(s, bool) or s < 0):
-            raise ValueError(f"{spec_path}: grid.seed entries must be ints >= 0 (got {s!r})")
-    ovr_list = _as_list(grid.get("overrides")) or [None]
-    overrides = [_overrides_entry(spec_path, i, e) for i, e in enumerate(ovr_list)]
-    label_overrides = len(overrides) > 1 or any(o and "name" in o for o in ovr_list
-                                                if isinstance(o, dict))
+    path: Path
+    spec: dict
+    set_run: dict  # --set's run-config keys, {section: {key: value}}
+    slurm_set: dict  # --set's slurm.* resources
 
-    flt = spec.get("filter") or {}  # its shape: validate.check_spec
-    tpp_range = [float(x) for x in flt["tokens_per_param"]] if flt else None
+    def points(self) -> Iterator[tuple]:
+        """Budget-major: cheap budgets first, and an isoFLOP grid reads budget by budget."""
+        grid = self.spec["grid"]
+        return itertools.product(_budgets(grid), [str(m) for m in as_list(grid.get("model"))],
+                                 as_list(grid.get("seed")) or [None],
+                                 [_overrides_entry(e) for e in self.override_entries])
 
-    runs: list[Run] = []
-    dropped = 0
-    # budget-major order: cheap budgets first, and an isoFLOP grid reads budget by budget
-    for (kind, value, blabel), m, seed, (olabel, ovr) in itertools.product(
-            budgets, models, seeds, overrides):
-        raw = copy.deepcopy(base)
+    @property
+    def override_entries(self) -> list:
+        return as_list(self.spec["grid"].get("overrides")) or [None]
+
+    def raw(self, m: str, seed: int | None, ovr: dict) -> dict:
+        """Point (m, seed, ovr)'s run config as a raw dict, layered (later wins): base <
+        spec-defined model < per_model < seed < the overrides entry < --set."""
+        raw, custom = copy.deepcopy(self.spec.get("base") or {}), self.spec.get("models") or {}
         if m in custom:
             c = dict(custom[m])
             raw["preset"] = str(c.pop("preset"))
             raw["model"] = {**(raw.get("model") or {}), **c, "name": m}
         else:
             raw["preset"] = m
-        where = f"{spec_path}"
-        model_keys, model_slurm = per_model.get(m, ({}, {}))
-        for k, v in model_keys.items():
+        where = str(self.path)
+        for k, v in split_slurm((self.spec.get("per_model") or {}).get(m))[0].items():
             set_key(raw, k, v, f"{where}: per_model.{m}")
-        if seed is not None:  # a seed is a replicate: new init and new data order
-            for k, v in seed_overrides(seed).items():
-                set_key(raw, k, v, where)
+        for k, v in (seed_overrides(seed) if seed is not None else {}).items():
+            set_key(raw, k, v, where)  # a seed is a replicate: new init and new data order
         for k, v in ovr.items():
             set_key(raw, k, v, f"{where}: grid.overrides")
-        for s, sec in set_run.items():
+        for s, sec in self.set_run.items():
             for k, v in sec.items():
                 set_key(raw, f"{s}.{k}", v, "--set")
-        coerce_source(raw)
+        return coerce_source(raw)
+
+    def run(self, budget: tuple[str, float, str], m: str, seed: int | None,
+            override: tuple[str, dict]) -> Run | None:
+        """The point's Run, or None when the spec's `filter:` drops it."""
+        (kind, value, _), ovr = budget, override[1]
+        raw = self.raw(m, seed, ovr)
         explicit = _flat_keys(raw)
         try:
-            cfg = from_dict(raw, where)
+            cfg = from_dict(raw, str(self.path))
         except ValueError as e:
             raise ValueError(f"{e} (run model={m}, seed={seed}, overrides={ovr or '{}'})") from None
         n = cfg.model.num_params()
-        tokens_fixed = "train.tokens" in ovr or "tokens" in (set_run.get("train") or {})
+        tokens_fixed = "train.tokens" in ovr or "tokens" in (self.set_run.get("train") or {})
         derived = kind != "config" and not tokens_fixed  # the grid's budget sets train.tokens
         if derived:
             d = (round(value) if kind == "tokens" else round(value * n) if kind == "tpp"
                  else round(value / (6 * n)))
             raw.setdefault("train", {})["tokens"] = max(1, int(d))
-            cfg = from_dict(raw, where)
+            cfg = from_dict(raw, str(self.path))
         try:
             plan = resolve(cfg)
         except TrainError as e:
-            raise ValueError(f"{spec_path}: run model={m}: {e}") from None
+            raise ValueError(f"{self.path}: run model={m}: {e}") from None
         except ValueError as e:
             if not derived:  # train.tokens as the user set it: the error names it
-                raise ValueError(f"{spec_path}: run model={m}: {e}") from None
-            raise _budget_error(spec_path, (kind, value, blabel), m, n, raw, e) from None
-        d_run = plan.total_steps * plan.tokens_per_step
-        if tpp_range and not (tpp_range[0] <= plan.tokens / n <= tpp_range[1]):
-            dropped += 1
-            continue
+                raise ValueError(f"{self.path}: run model={m}: {e}") from None
+            raise _budget_error(self.path, budget, m, n, raw, e) from None
+        flt = self.spec.get("filter")
+        if flt and not (float(flt["tokens_per_param"][0]) <= plan.tokens / n
+                        <= float(flt["tokens_per_param"][1])):
+            return None
+        return self.planned(cfg, plan, (budget, m, override[0]), explicit)
+
+    def planned(self, cfg: RunConfig, plan, point: tuple, explicit: set[str]) -> Run:
+        """The Run of a resolved point; its id names the model, the budget, the seed and (for
+        a grid of several) the overrides entry."""
+        (kind, value, blabel), m, olabel = point
         if kind == "flops":
             budget, idpart = f"C={fmt_flops(value)}", blabel
         else:
             budget = ("20 tok/param" if blabel == "chinchilla" else
                       f"{value:g} tok/param" if kind == "tpp" else "fixed")
             idpart = f"d{fmt_count(plan.tokens)}"
-        seed_val = cfg.train.seed
-        label = f"_{olabel}" if label_overrides and olabel else ""
-        rid = f"{_safe(m)}_{idpart}_s{seed_val}{label}"
-        runs.append(Run(
-            run_id=rid, model=cfg.model.name, seed=seed_val, budget=budget, config=cfg,
-            n_params=n, n_params_nonembed=cfg.model.num_params(embedding=False),
+        entries = self.override_entries
+        several = len(entries) > 1 or any(isinstance(o, dict) and "name" in o for o in entries)
+        label = f"_{olabel}" if several and olabel else ""
+        d_run = plan.total_steps * plan.tokens_per_step
+        model_slurm = split_slurm((self.spec.get("per_model") or {}).get(m))[1]
+        return Run(
+            run_id=f"{_safe(m)}_{idpart}_s{cfg.train.seed}{label}", model=cfg.model.name,
+            seed=cfg.train.seed, budget=budget, config=cfg, n_params=cfg.model.num_params(),
+            n_params_nonembed=cfg.model.num_params(embedding=False),
             tokens=d_run, batch_size=plan.batch_size, steps=plan.total_steps,
             flops=flops_mod.train_flops(cfg.model, d_run, plan.seq_len),
             flops_6nd=flops_mod.flops_6nd(cfg.model, d_run), explicit=frozenset(explicit),
             flops_budget=value if kind == "flops" else None, peak_lr=plan.recipe.peak_lr,
-            slurm={**(spec.get("slurm") or {}), **model_slurm, **slurm_set}))
-    if grid.get("branches"):
-        runs = _with_branches(runs, [float(f) for f in _as_list(grid["branches"])], spec_path)
-    seen: dict[str, int] = {}
-    for r in runs:
-        seen[r.run_id] = seen.get(r.run_id, 0) + 1
-    dup = sorted(k for k, v in seen.items() if v > 1)
+            slurm={**(self.spec.get("slurm") or {}), **model_slurm, **self.slurm_set})
+
+
+def with_runs(spec_path: Path, spec: dict, sets: list[str] | None) -> Sweep:
+    """The grid's runs plus the spec's `runs:` entries, each expanded as a one-run grid of the
+    same spec (base, models and per_model apply to it as to any grid run)."""
+    entries = check_runs(spec, spec_path)
+    sweep = load_sweep(spec_path, sets, _spec={**spec, "runs": None})
+    per_model = spec.get("per_model") or {}
+    for i, e in enumerate(entries):
+        grid = {"model": [e["model"]], "tokens": [e["tokens"]]}
+        if "seed" in e:
+            grid["seed"] = [e["seed"]]
+        sub = {**spec, "runs": None, "filter": None, "grid": grid,
+               "per_model": {k: v for k, v in per_model.items() if k == e["model"]}}
+        try:
+            sweep.runs += load_sweep(spec_path, sets, _spec=sub).runs
+        except ValueError as err:
+            raise ValueError(f"{spec_path}: runs[{i}]: {err}") from None
+    _check_unique(sweep.runs, f"{spec_path}: runs: duplicate run ids {{}}: an entry repeats a "
+                  "grid run or another entry; remove it or give it another seed")
+    return sweep
+
+
+def _check_unique(runs: list[Run], message: str) -> None:
+    """Two runs of one id would share a run directory: `message` with the ids, an error."""
+    ids = [r.run_id for r in runs]
+    dup = sorted({i for i in ids if ids.count(i) > 1})
     if dup:
-        raise ValueError(f"{spec_path}: the grid gives duplicate run ids {dup}: two grid "
-                         "points resolve to the same model, tokens and seed; remove one, or "
-                         "give grid.overrides entries distinct 'name's")
-    require = [str(k) for k in _as_list(spec.get("require"))]
-    for k in require:
-        if k.partition(".")[0] not in SECTIONS or "." not in k:
-            raise ValueError(f"{spec_path}: require entry {k!r} must be section.key")
+        raise ValueError(message.format(dup))
+
+
+def load_sweep(path: str | Path, sets: list[str] | None = None, _spec: dict | None = None) -> Sweep:
+    """Expand a spec file into its run list; `sets` are `section.key=value` launch overrides.
+
+    Layering, later wins: base < spec-defined model < per_model < the grid's seed and token
+    budget < the grid's overrides entry < `--set`. `slurm:` resources layer the same way
+    (spec < per_model < --set slurm.*). The spec is checked first (`cgpt.sweep.validate`).
+    """
+    spec_path = Path(path)
+    spec = read_spec(spec_path) if _spec is None else _spec
+    if spec.get("runs"):  # explicit extra runs {model, tokens, seed} (`--suggest K --write`)
+        return with_runs(spec_path, spec, sets)
+    check(spec, spec_path)
+    set_run, slurm, slurm_set, estimate = _settings(spec, spec_path, sets)
+    grid = _Grid(spec_path, spec, set_run, slurm_set)
+    planned = [grid.run(*point) for point in grid.points()]
+    runs = [r for r in planned if r is not None]
+    dropped = len(planned) - len(runs)  # by the spec's `filter:`
+    if spec["grid"].get("branches"):
+        runs = _with_branches(runs, [float(f) for f in as_list(spec["grid"]["branches"])],
+                              spec_path)
+    _check_unique(runs, f"{spec_path}: the grid gives duplicate run ids {{}}: two grid points "
+                  "resolve to the same model, tokens and seed; remove one, or give "
+                  "grid.overrides entries distinct 'name's")
     if not runs:
-        raise ValueError(f"{spec_path}: the grid is empty after filter: {flt}; widen the filter")
-    return Sweep(name=name, path=spec_path, runs=runs, require=require, slurm=slurm,
+        raise ValueError(f"{spec_path}: the grid is empty after filter: {spec.get('filter')}; "
+                         "widen the filter")
+    return Sweep(name=str(spec.get("name") or spec_path.stem), path=spec_path, runs=runs,
+                 require=[str(k) for k in as_list(spec.get("require"))], slurm=slurm,
                  estimate=estimate, dropped=dropped)
 
 

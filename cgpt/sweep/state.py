@@ -15,13 +15,12 @@ from pathlib import Path
 
 import yaml
 
-# the results contract `load_results` reads
-from analysis.schema import COLUMNS, FROM_SUMMARY, TEXT, neutralise
 from cgpt import paths, rundir
 from cgpt.errors import RunDirError
 from cgpt.config.model import ModelConfig
 from cgpt.fileio import atomic_write, atomic_write_text
 from cgpt.config.run import identity, safe_load
+from cgpt.results_schema import COLUMNS, FROM_SUMMARY, TEXT, neutralise  # `load_results` reads
 from cgpt.sweep.spec import Run, config_hash
 
 

@@ -36,10 +36,8 @@ from cgpt.config.run import from_dict, load_yaml
 from cgpt.errors import RunDirError
 from cgpt.sharding.axes import mesh_size
 from cgpt.sharding.allocation import gpus_present
-from cgpt.sweep.executors import _LAUNCH, Job, RunTask, _live, _live_lock, _stopping, \
-    _wait_for_parent, await_requeue, device_share, execute_run, outcome, prepare_job, \
-    train_argv, slurm_tag, wait_live
-from cgpt.sweep.executors import stop_local
+from cgpt.sweep.executors import _LAUNCH, Job, LiveRuns, RunTask, _wait_for_parent, \
+    await_requeue, device_share, execute_run, outcome, prepare_job, slurm_tag, train_argv
 
 RESULT = "CGPT-RESULT "  # prefix of a result line on the worker's report channel
 
@@ -69,22 +67,25 @@ def _spawn(jobs: list[Job], stdout, report: bool, extra_env: dict | None = None,
     if backend.launch_platform(env, gpus_present()) == "cpu":  # as `cgpt train` keeps it
         env.update(backend.host_memory_env(env))  # glibc keeps the steps' freed memory
     argv = ["cgpt.sweep.worker"] + (["--report"] if report else [])
+    # a local sweep's worker (`report`) is in a session of its own: a terminal's Ctrl-C reaches
+    # the sweep alone, which stops its workers (`LiveRuns`), each once
     proc = subprocess.Popen([sys.executable, "-c", _LAUNCH, "", str(os.getpid()),
                              ",".join(map(str, cpus or [])), *argv],
                             stdin=subprocess.PIPE, stdout=stdout, stderr=None if report
-                            else subprocess.STDOUT, env=env)
+                            else subprocess.STDOUT, env=env, start_new_session=report)
     proc.stdin.write(json.dumps([job_to_dict(j) for j in jobs]).encode())
     proc.stdin.close()
     return proc
 
 
-def execute_group(job: Job) -> dict:
-    """A fused group as one worker process with its output in the first member's train.log;
-    {'run_id', 'status', 'members': [one result per run]} (never raises on failure)."""
-    members = list(job.members)
+def execute_group(job: Job, live: LiveRuns | None = None) -> dict:
+    """A fused group as one worker process with its output in the first member's train.log,
+    registered in `live` (the launch's: its stop reaches the process); {'run_id', 'status',
+    'members': [one result per run]} (never raises on failure)."""
+    members, live = list(job.members), live or LiveRuns()
     for m in members:
         prepare_job(m)
-    if job.branch_from and not _wait_for_parent(job):
+    if job.branch_from and not _wait_for_parent(job, live.stopping):
         return {"run_id": job.run_id, "status": "failed", "members": [
             {"run_id": m.run_id, "status": "failed", "returncode": None,
              "error": f"parent {job.branch_from} did not produce its checkpoint"}
@@ -100,46 +101,44 @@ def execute_group(job: Job) -> dict:
     with rundir.area(job.run_dir).append(log) as f:
         f.write(_header(members[0], members[0], len(members), where))
         f.flush()
-        if _stopping.is_set():
+        if live.stopping.is_set():
             rc = None
         else:
-            rc = wait_live(job.run_id, _spawn([job], f, report=False, extra_env=extra,
+            rc = live.wait(job.run_id, _spawn([job], f, report=False, extra_env=extra,
                                               cpus=cpus))
     await_requeue(rc)
-    results = [outcome(m, rc, t0, log) if rc is not None else
+    results = [outcome(m, rc, t0, log, live.stopping.is_set()) if rc is not None else
                {"run_id": m.run_id, "status": "interrupted", "error": "", "returncode": None}
                for m in members]
     worst = next((r["status"] for r in results if r["status"] != "done"), "done")
     return {"run_id": job.run_id, "status": worst, "members": results}
 
 
-def execute_job(job: Job) -> dict:
+def execute_job(job: Job, live: LiveRuns | None = None) -> dict:
     """One job as its own process: a fused group (`execute_group`) or one run (`execute_run`)."""
-    return execute_group(job) if job.members else execute_run(job)
+    return execute_group(job, live) if job.members else execute_run(job, live)
 
 
 class GroupTask(RunTask):
     """The SLURM callable for jobs that may be fused groups (checkpoint/requeue: RunTask's)."""
 
-    def __call__(self, job: Job) -> dict:
-        return execute_job(job)
+    def run(self, job: Job, live: LiveRuns) -> dict:
+        return execute_job(job, live)
 
 
-def run_one_process(jobs: list[Job], finished, pin: tuple = ()) -> None:
+def run_one_process(jobs: list[Job], finished, pin: tuple = (),
+                    live: LiveRuns | None = None) -> None:
     """Every job in one worker process, one after another; `finished(result)` per job as it
     ends. A worker that dies fails the job it was training; a new one takes the rest.
-    pin: (slot, slots) of `run_workers`: the worker runs on that share of the devices."""
-    if not pin:
-        _stopping.clear()
+    pin: (slot, slots) of `run_workers`, whose `live` this worker joins: the worker runs on
+    that share of the devices."""
     extra, cpus = device_share(*pin) if pin else ({}, [])
     key = f"<worker {pin[0]}>" if pin else "<worker>"
     pending = list(jobs)
-    try:
-        while pending and not _stopping.is_set():
+    with live or LiveRuns() as live:
+        while pending and not live.stopping.is_set():
             proc = _spawn(pending, subprocess.PIPE, report=True, extra_env=extra, cpus=cpus)
-            with _live_lock:
-                _live[key] = proc
-            try:
+            with live.running(key, proc):
                 for line in proc.stdout:
                     text = line.decode(errors="replace")
                     if text.startswith(RESULT):
@@ -147,10 +146,7 @@ def run_one_process(jobs: list[Job], finished, pin: tuple = ()) -> None:
                         pending = [j for j in pending if j.run_id != res["run_id"]]
                         finished(res)
                 rc = proc.wait()
-            finally:
-                with _live_lock:
-                    _live.pop(key, None)
-            if pending and not _stopping.is_set() and rc not in (130, -signal.SIGINT):
+            if pending and not live.stopping.is_set() and rc not in (130, -signal.SIGINT):
                 job = pending.pop(0)  # the one it was training when it died
                 res = [outcome(m, rc or 1, time.monotonic(), Path(job.run_dir) / rundir.LOG_FILE)
                        for m in list(job.members) or [job]]
@@ -158,9 +154,6 @@ def run_one_process(jobs: list[Job], finished, pin: tuple = ()) -> None:
                          {"run_id": job.run_id, "status": "failed", "members": res})
             elif pending:
                 raise KeyboardInterrupt  # the worker was interrupted: so is the sweep
-    except KeyboardInterrupt:
-        stop_local()
-        raise
 
 
 def split_slots(jobs: list[Job], seconds: dict[str, float], slots: int) -> list[list[Job]]:
@@ -182,7 +175,6 @@ def run_workers(jobs: list[Job], parallel: int, finished, seconds: dict[str, flo
     the jobs (`split_slots` by `seconds`, the estimate per job) one after another. On a CPU
     small models train faster one per core than one at a time on every core, and each worker
     keeps what `run_one_process` gives: one start-up, the next job compiled ahead."""
-    _stopping.clear()
     device_share(0, parallel)  # fail now if K workers cannot each get a GPU
     shares = [(k, s) for k, s in enumerate(split_slots(jobs, seconds, parallel)) if s]
     lock = threading.Lock()
@@ -191,15 +183,12 @@ def run_workers(jobs: list[Job], parallel: int, finished, seconds: dict[str, flo
         with lock:
             finished(res)
 
-    with ThreadPoolExecutor(max_workers=len(shares) or 1) as pool:
-        futures = [pool.submit(run_one_process, share, report, (k, parallel))
+    # the pool waits for its threads, so the workers are stopped (`live`) before it ends
+    with ThreadPoolExecutor(max_workers=len(shares) or 1) as pool, LiveRuns() as live:
+        futures = [pool.submit(run_one_process, share, report, (k, parallel), live)
                    for k, share in shares]
-        try:
-            for f in futures:
-                f.result()
-        except KeyboardInterrupt:
-            stop_local()
-            raise
+        for f in futures:
+            f.result()
 
 
 # ---- worker side --------------------------------------------------------------------------

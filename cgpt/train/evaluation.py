@@ -16,8 +16,14 @@ from cgpt.errors import TrainError
 def eval_batch_size(res, num_val_sequences: int) -> int:
     """Rows per evaluation batch: a micro-batch per replica, capped by the validation split,
     a multiple of the replicas (0: the split is smaller than the replicas)."""
-    bs = min(res.micro_batch * res.replicas, num_val_sequences)
-    return bs - bs % res.replicas
+    return eval_rows(res.micro_batch, res.replicas, num_val_sequences)
+
+
+def eval_rows(micro_batch: int, replicas: int, num_val_sequences: int) -> int:
+    """`eval_batch_size` from the numbers a run records (summary.json's placement), so that
+    `cgpt eval` reads the sequences the run's val_loss was measured on."""
+    bs = min(micro_batch * replicas, num_val_sequences)
+    return bs - bs % replicas
 
 
 def validation(res, data, loss_of: Callable, rows=slice(None)) -> Callable:

@@ -28,16 +28,18 @@ set is kept and only checked.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 from cgpt.config import backend
 from cgpt.config.model import recomputes_forward, remat_value
 from cgpt.config.units import fmt_bytes
-from cgpt.sharding import cost
+from cgpt.sharding import auto, cost
 from cgpt.sharding.fitrule import (HEADROOM, POOL_MARGIN, choose_step,  # noqa: F401 (re-exported)
                                    divisors_desc, memory_for, pool_memory, usable_memory)
+from cgpt.sharding.nodes import weight_shards
 
 _LESS = (f"less {HEADROOM:.0%} outside the allocator's pool and {POOL_MARGIN:.0%} of the pool "
          "kept free")
@@ -118,33 +120,54 @@ class Choice:
                 f"device {_LESS}); use " + "; or ".join(fixes))
 
 
+MAX_RANKED_COMPILES = 3  # a GPU fit ranked by the memory model compiles at most this many
+
+
+class Models(NamedTuple):
+    """What the search may know of a candidate (micro-batch, rung) before compiling it: its
+    seconds per step (`cgpt.sharding.cost`) and its bytes per device (a memory model)."""
+
+    seconds: Callable[[int, str], float] | None = None
+    bytes: Callable[[int, str], int] | None = None
+
+
 def search(micros: Sequence[int], per_replica: int, compile_fn: Callable[[int, bool], Any],
            device_memory: int, remat: str | bool | None = None,
            micro_given: bool = False,
            ladder: Sequence[str] = ("save_dots", "full"),
-           cost_fn: Callable[[int, str], float] | None = None) -> tuple[Choice, Any]:
+           models: Models = Models()) -> tuple[Choice, Any]:
     """(choice, compiled step) for the preferred candidate that fits; if none does, the
     smallest one tried (its `fits` is False). `micros`: allowed micro-batches, largest first;
     `ladder`: the remat rungs to climb when `remat` is None, most memory first;
-    `compile_fn(micro_batch, remat rung)` returns the compiled step. `cost_fn(micro_batch,
+    `compile_fn(micro_batch, remat rung)` returns the compiled step. `models.seconds(micro_batch,
     rung)`, seconds per step (GPUs: `cgpt.sharding.cost`): full remat competes with a smaller
     micro-batch on the rung below, the faster wins. The rule is `fitrule.choose_step`'s, the
     one the analytic plan and the cost model's replay use, here on compiled steps (cached:
-    each candidate is compiled once)."""
+    each candidate is compiled once).
+
+    `models.bytes(micro_batch, rung)`: a memory model's bytes (a GPU's fit): the rule is
+    applied to its figures, scaled by the last compiled step's ratio to them, and only the
+    candidate it picks is compiled, at most MAX_RANKED_COMPILES times."""
     remats = [remat_value(r) for r in ladder] if remat is None else [remat_value(remat)]
     usable = usable_memory(device_memory)
     tried: dict[tuple[int, str], Candidate] = {}  # in compile order
     compiled: dict[tuple[int, str], Any] = {}
 
-    def fits(m: int, r: str) -> bool:
+    def compile_one(m: int, r: str) -> Candidate:
         if (m, r) not in compiled:
-            if any(c.bytes["argument"] > usable for c in tried.values()):
-                return False  # every candidate takes the same state and batch: none can fit
             compiled[(m, r)] = compile_fn(m, r)
             tried[(m, r)] = Candidate(m, r, step_bytes(compiled[(m, r)]))
-        return tried[(m, r)].bytes["total"] <= usable
+        return tried[(m, r)]
 
-    step = choose_step(micros, remats, fits, cost_fn)
+    def fits(m: int, r: str) -> bool:
+        if (m, r) not in compiled and any(c.bytes["argument"] > usable for c in tried.values()):
+            return False  # every candidate takes the same state and batch: none can fit
+        return compile_one(m, r).bytes["total"] <= usable
+
+    if models.bytes is not None and (len(micros) > 1 or len(remats) > 1):
+        step = _ranked(micros, remats, models, compile_one, usable)
+    else:
+        step = choose_step(micros, remats, fits, models.seconds)
     if step is None:  # nothing fits: report the smallest step tried (not always the last:
         # accumulating adds a gradient buffer that one step lacks)
         c = min(tried.values(), key=lambda c: c.bytes["total"])
@@ -152,6 +175,41 @@ def search(micros: Sequence[int], per_replica: int, compile_fn: Callable[[int, b
     m, r = step
     return Choice(m, per_replica // m, r, tried[step].bytes, device_memory,
                   tuple(tried.values()), micro_given, remat is not None), compiled[step]
+
+
+def _ranked(micros, remats, models: Models, compile_one, usable: int) -> tuple | None:
+    """The fit rule on the memory model's figures, each compile rescaling them to the
+    compiler's (the ratio of the last compiled step), until the rule's pick is a compiled
+    step or MAX_RANKED_COMPILES are spent; then the preferred compiled step that fits."""
+    predict, cost_fn = models.bytes, models.seconds
+    scale, seen = 1.0, []
+    for _ in range(MAX_RANKED_COMPILES):
+        pick = choose_step(micros, remats, lambda m, r: predict(m, r) * scale <= usable,
+                           cost_fn)
+        if pick is None:  # the model says nothing fits: try the smallest candidate
+            pick = (micros[-1], remats[-1])
+        if pick in seen:
+            break
+        seen.append(pick)
+        c = compile_one(*pick)
+        scale = c.bytes["total"] / max(1, predict(*pick))
+    def order(p: tuple) -> tuple:  # the rule's preference: faster by the cost model where
+        # there is one (its step 3), then the larger micro-batch, then the lower rung
+        return (cost_fn(*p) if cost_fn else 0.0), -p[0], remats.index(p[1])
+
+    fitting = [p for p in seen if compile_one(*p).bytes["total"] <= usable]
+    while fitting and len(seen) < MAX_RANKED_COMPILES:
+        # compiles left: the nearest step the rule prefers to the best that fits (the model
+        # may not tell two rungs apart: none and save_attn, say)
+        better = [(m, r) for m in micros for r in remats
+                  if order((m, r)) < order(min(fitting, key=order)) and (m, r) not in seen]
+        if not better:
+            break
+        nearest = max(better, key=order)
+        seen.append(nearest)
+        if compile_one(*nearest).bytes["total"] <= usable:
+            fitting.append(nearest)
+    return min(fitting, key=order) if fitting else None
 
 
 def compile_step(strategy, step: Callable, cfg, optimizer, plan) -> Any:
@@ -173,11 +231,34 @@ def compile_step(strategy, step: Callable, cfg, optimizer, plan) -> Any:
         jitted = jax.jit(step, donate_argnums=(0, 1))
         batch_sharding = jax.tree.leaves(a_params)[0].sharding
     a_batch = jax.ShapeDtypeStruct(shape, jnp.int32, sharding=batch_sharding)
-    return jitted.lower(a_params, a_opt, a_batch).compile()
+    device = next(iter(batch_sharding.device_set))
+    options = {k: v for k, v in backend.compile_options(strategy.mode, device.platform).items()
+               if _known_option(k, device)}
+    return jitted.lower(a_params, a_opt, a_batch).compile(options or None)
+
+
+@functools.lru_cache(maxsize=None)  # one probe per option and device kind, not per compile
+def _known_option(name: str, device) -> bool:
+    """Whether this XLA has compile option `name` (a tiny compile for `device`): a GPU flag
+    that a later XLA renamed or dropped is left out, the step compiled with XLA's default
+    (the GPU compile tests then show what that default does)."""
+    import jax  # loads JAX: only when this runs
+    import jax.numpy as jnp  # loads JAX: only when this runs
+
+    x = jax.ShapeDtypeStruct((1,), jnp.float32,
+                             sharding=jax.sharding.SingleDeviceSharding(device))
+    try:
+        jax.jit(lambda a: a + 1).lower(x).compile({name: False})
+    except jax.errors.JaxRuntimeError as e:
+        if "No such compile option" in str(e):
+            return False
+        raise
+    return True
 
 
 
-def fit_step(res, strategy, optimizer, device_memory: int):
+def fit_step(res, strategy, optimizer, device_memory: int,
+             log: Callable[[str], None] | None = None):
     """(the fitted `Resolved`, its compiled step, the `Choice`): the largest micro-batch, and
     the lowest rung of the platform's remat ladder, whose compiled step fits `device_memory`
     per device. A
@@ -193,16 +274,42 @@ def fit_step(res, strategy, optimizer, device_memory: int):
     def compile_one(m: int, remat: str):
         r = res.fitted(m, remat)
         strategy.prepare(r)
-        return compile_step(strategy, make_step(r.cfg, optimizer, strategy.loss, t.gns), r.cfg,
+        if log:
+            log(f"compiling the step at micro-batch {m}, remat {remat}...")
+        step = compile_step(strategy, make_step(r.cfg, optimizer, strategy.loss, t.gns), r.cfg,
                             optimizer, r)
+        if log:
+            total, usable = step_bytes(step)["total"], usable_memory(device_memory)
+            log(f"  {fmt_bytes(total)} per device: "
+                f"{'fits' if total <= usable else 'does not fit'} in {fmt_bytes(usable)}")
+        return step
 
     choice, compiled = search(micros or [per_replica], per_replica, compile_one, device_memory,
                               res.cfg.remat, bool(t.micro_batch),
                               backend.defaults(res.platform or "cpu").remat_ladder,
-                              _step_seconds(res))
+                              Models(_step_seconds(res),
+                                     _predicted_bytes(res, strategy, per_replica)))
     fitted = res.fitted(choice.micro_batch, choice.remat)
     strategy.prepare(fitted)
     return fitted, compiled, choice
+
+
+def _predicted_bytes(res, strategy, per_replica: int) -> Callable[[int, str], int] | None:
+    """The memory model's bytes per device of (micro-batch, rung) for a step compiled by a
+    GPU's compiler (a GPU, or a plan's compile-only GPUs: `cgpt.sharding.auto.footprint`),
+    which ranks the candidates so that a few are compiled; None elsewhere (CPU devices, also
+    emulating a GPU plan, and TPU), where the search compiles its way (one step on CPU
+    presets) and agrees with the rule's other callers (tests/plan/test_fitrule.py)."""
+    device = (strategy.mesh.devices.flat[0] if strategy.mesh is not None
+              else getattr(strategy, "device", None))
+    if res.platform != "gpu" or getattr(device, "platform", None) != "gpu":
+        return None
+    mesh = res.mesh or {}
+    mode = "data_parallel" if res.mode == "single" else res.mode  # one device: all of it
+    shards = max(1, weight_shards(mode, mesh, res.nodes)) if mesh else 1
+    cfg = backend.for_platform(res.cfg, res.platform)  # its chunked loss, as compiled
+    return lambda m, r: auto.footprint(cfg, shards, res.seq_len, mode, mesh, m, r,
+                                       per_replica // m)
 
 
 def _step_seconds(res) -> Callable[[int, str], float] | None:

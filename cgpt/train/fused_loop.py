@@ -3,12 +3,12 @@
 Each member's run directory ends up as `train` would leave it (config.yaml, tokenizer.json,
 metrics.jsonl, checkpoints, summary.json), so `cgpt.load(member_dir)` and `cgpt train
 --resume` of one member alone work, and its logged losses equal the run trained alone (within
-1e-6 in f32, `tests/test_fused.py`). What is shared: one compile, one process, one loop.
+1e-6 in f32, `tests/fused/test_fused.py`). What is shared: one compile, one process, one loop.
 
 Faults stay per member. A member whose loss or gradient norm is not finite at step k keeps its
 last good state (the step masks its update), fails at step k with the advice a solo run prints
 (`failed.json`, `cgpt.train.resume.nonfinite_stop`), writes nothing more, and is masked from
-the step after next on (its scalars are read a step late, `cgpt.train.ahead`); the others go
+the step after next on (its scalars are read a step late, `cgpt.train.loop`); the others go
 on. Nothing non-finite reaches the disk: every save is behind `fused.members_finite`.
 Relaunching a killed group with `resume=True` restarts every member from the newest checkpoint
 step they all kept (later ones are deleted, not kept in `discarded_checkpoints/` as
@@ -34,10 +34,10 @@ from cgpt.config import backend
 from cgpt.config.units import fmt_bytes
 from cgpt.config.model import remat_value
 from cgpt.config.run import RunConfig
-from cgpt.errors import Preempted, TrainError
+from cgpt.errors import TrainError
 from cgpt.sharding.members import Members
 from cgpt.sharding import distributed
-from cgpt.train import ahead, fit, fused, fused_prep, preempt, setup
+from cgpt.train import fit, fused, fused_prep, loop, preempt, setup
 from cgpt.train.launch import close_all
 from cgpt.train.lifecycle import Lifecycle
 from cgpt.train.memo import Memo
@@ -275,82 +275,68 @@ def members_that_fit(r0, members: int, memory: int, spread: bool = False) -> tup
 
 def _loop(group: list[Lifecycle], start: int, state: list, step_fn, prepared, lay: Members,
           progress: bool):
-    """The fused steps from `start` (`cgpt.train.ahead.run`: read a step late, like a run
-    alone): each member's record, guard and saves are its own (`Lifecycle`); a member that
-    fails stops alone. `prepared`: (the group's evaluation, its stacked Hyper or None).
+    """The fused steps from `start`, in the loop of a run alone (`cgpt.train.loop.run`): each
+    member's record, guard and saves are its own (`Lifecycle`); a member that fails stops
+    alone. `prepared`: (the group's evaluation, its stacked Hyper or None).
     Returns (throughput, the final params)."""
     evaluate, hyper = prepared
     r0 = group[0].res
-    total, B, T = r0.total_steps, r0.batch_size, r0.seq_len
-    sh, bsh = lay.member_sharding(), lay.batch_sharding()
-    hyper = lay.put(hyper or fused.stack_hyper([m.res.recipe for m in group]), sh)
-    lrs = np.asarray(hyper.lr)
-    speed = Throughput.for_model(r0.cfg, T, 1)
-    reader = ahead.Reader(speed, r0.tokens_per_step, start)
-    active = np.ones(len(group), bool)
-    mask = [None]  # `active` on the device: moved there when it changes
-    bar = tqdm(total=total, initial=start, disable=not progress, unit="step", dynamic_ncols=True,
-               desc=f"{r0.cfg.name} x{len(group)} fused")
+    program = Group(group, state, step_fn, evaluate, hyper, lay)
+    speed = Throughput.for_model(r0.cfg, r0.seq_len, 1)
+    bar = tqdm(total=r0.total_steps, initial=start, disable=not progress, unit="step",
+               dynamic_ncols=True, desc=f"{r0.cfg.name} x{len(group)} fused")
     triggers = preempt.CheckpointTriggers(r0.run.train.checkpoint_minutes).install()
-
-    def fail(k: int, err: TrainError) -> None:
-        active[k] = False
-        mask[0] = None
-        group[k].fail(err)
-
-    def dispatch(step: int, idle: bool):
-        by_seed = {}  # members of one data seed share their batches
-        for m in group:
-            if m.data.seed not in by_seed:
-                by_seed[m.data.seed] = m.data.train_batch(step, B).reshape(r0.accum, -1, T + 1)
-        batch = np.stack([by_seed[m.data.seed] for m in group])
-        if mask[0] is None:  # a copy: a queued step never sees `active` change under it
-            mask[0] = lay.put(active.copy(), sh)
-        state[0], state[1], out = step_fn(*state, lay.put(batch, bsh), hyper, mask[0])
-        return out
-
-    def finish(step: int, out: dict, dispatched: float, at_once: bool) -> bool:
-        """Read `step`'s scalars; a member non-finite there fails at `step` before any write
-        of it (masked in the step after next); log the others (evaluated when `at_once`)."""
-        values = reader.read(step, out, dispatched)
-        loss, gnorm = values["loss"], values["grad_norm"]
-        for k, m in enumerate(group):
-            if active[k] and not (np.isfinite(loss[k]) and np.isfinite(gnorm[k])):
-                fail(k, m.nonfinite(step, float(loss[k]), float(gnorm[k])))
-        if not active.any():
-            return False
-        done = step + 1
-        evals = [k for k, m in enumerate(group) if at_once and active[k] and m.evaluates(done)]
-        vl = evaluate(state[0]) if evals else None
-        logs = [k for k, m in enumerate(group) if active[k] and m.logged(done)]
-        for k in logs:
-            group[k].record(done, ahead.member(values, k), float(lrs[k, step]), speed,
-                            float(vl[k]) if k in evals else None)
-        bar.set_postfix(loss=f"{np.nanmean(np.where(active, loss, np.nan)):.3f}",
-                        tok_s=f"{speed.tokens_per_s * active.sum():,.0f}", refresh=False)
-        bar.update(1)
-        return True
-
-    def at_state(done: int, save_now: bool, stop_signal: int) -> None:
-        saves = [k for k, m in enumerate(group) if active[k] and m.saves(done, save_now)]
-        if saves:
-            finite = np.asarray(fused.members_finite(tuple(state)))
-            for k in saves:
-                if not finite[k]:  # the last guard before disk
-                    fail(k, group[k].unsafe_state(done))
-                else:  # Orbax's asynchronous save, as a run alone's (`Lifecycle.save`)
-                    group[k].save(done, *fused_prep.member_copy(tuple(state), k,
-                                                                lay.member_state))
-            triggers.saved()
-        if stop_signal and done < total:
-            raise Preempted(stop_signal, done, ", ".join(str(m.out) for m in group))
-
-    def needs_state(done: int, save_now: bool, stop_signal: int) -> bool:
-        return any(m.needs_state(done, save_now, stop_signal)
-                   for k, m in enumerate(group) if active[k])
-
     try:
-        ahead.run(start, total, triggers, dispatch, finish, needs_state, at_state)
+        loop.run(group, program, start, speed, triggers, bar)
     finally:
         close_all(triggers.uninstall, bar.close)
-    return speed, state[0]
+    return speed, program.state[0]
+
+
+class Group:
+    """A fused group's `cgpt.train.loop.Program`: the members' stacked states, the fused
+    step, its per-member hyperparameters and the mask of the members training."""
+
+    def __init__(self, lives: list[Lifecycle], state: list, step_fn, evaluate, hyper,
+                 lay: Members):
+        self.lives, self.state, self.step_fn, self._evaluate, self.lay = (
+            lives, state, step_fn, evaluate, lay)
+        self.sh = lay.member_sharding()
+        self.hyper = lay.put(hyper or fused.stack_hyper([m.res.recipe for m in lives]),
+                             self.sh)
+        self.lrs = np.asarray(self.hyper.lr)  # the LR each member's update runs at
+        self.active = self.mask = None  # the members training; `active` on the device
+
+    def batch(self, step: int) -> np.ndarray:
+        r0 = self.lives[0].res
+        by_seed = {}  # members of one data seed share their batches
+        for m in self.lives:
+            if m.data.seed not in by_seed:
+                by_seed[m.data.seed] = m.data.train_batch(step, r0.batch_size).reshape(
+                    r0.accum, -1, r0.seq_len + 1)
+        return np.stack([by_seed[m.data.seed] for m in self.lives])
+
+    def step(self, batch: np.ndarray) -> dict:
+        # the members training, a new array each step: a queued step's mask never changes
+        active = np.array([m.result is None for m in self.lives])
+        if self.mask is None or not np.array_equal(active, self.active):  # moved on a change
+            self.active, self.mask = active, self.lay.put(active, self.sh)
+        self.state[0], self.state[1], out = self.step_fn(
+            *self.state, self.lay.put(batch, self.lay.batch_sharding()), self.hyper, self.mask)
+        return out
+
+    def lr(self, k: int, step: int) -> float:
+        return float(self.lrs[k, step])
+
+    def evaluate(self) -> np.ndarray:
+        return self._evaluate(self.state[0])
+
+    def finite(self) -> np.ndarray:
+        return np.asarray(fused.members_finite(tuple(self.state)))
+
+    def member_state(self, k: int):
+        """Member `k`'s params and optimizer state, copied for Orbax's asynchronous save."""
+        return fused_prep.member_copy(tuple(self.state), k, self.lay.member_state)
+
+    def fail(self, k: int, err: TrainError) -> None:
+        self.lives[k].fail(err)  # masked from the next step queued on

@@ -25,7 +25,7 @@ from cgpt import record, rundir
 from cgpt.config.run import RunConfig, cadence
 from cgpt.errors import TrainError
 from cgpt.fileio import atomic_write_text, probe_writable
-from cgpt.train import checkpoint, metrics, noise, resume, summary, wandb_log
+from cgpt.train import checkpoint, curve, metrics, noise, resume, summary, wandb_log
 from cgpt.train.launch import Launch, check_launch, close_all, first_missing, resume_log
 
 
@@ -117,7 +117,7 @@ class Lifecycle:
 
     def needs_state(self, done: int, save_now: bool = False, stop_signal: int = 0) -> bool:
         """Whether the state after `done` steps is used before the next step runs (evaluated,
-        saved, or the run stops there): then the step is read at once (`cgpt.train.ahead`)."""
+        saved, or the run stops there): then the step is read at once (`cgpt.train.loop.run`)."""
         return self.evaluates(done) or self.saves(done, save_now) or bool(stop_signal)
 
     def logged(self, done: int) -> bool:
@@ -130,7 +130,7 @@ class Lifecycle:
     def record(self, done: int, device: dict, lr: float, speed,
                val_loss: float | None = None) -> None:
         """Log step `done` (a logged step): the step record (`cgpt.record`), its `device`
-        fields as read from the step (`cgpt.train.ahead.Reader`), the host's beside them: the
+        fields as read from the step (`cgpt.train.loop.Reader`), the host's beside them: the
         evaluation, if one ran, and the noise scale's smoothing (train.gns)."""
         values = {k: float(v) for k, v in device.items()}
         values.update(step=done, lr=lr, tokens=done * self.res.tokens_per_step,
@@ -179,4 +179,9 @@ class Lifecycle:
         if self.writer:
             summary.write(self.out, self.result)
             self.wandb.summary(self.result)
+            try:  # a picture of the run; the run is done whether or not it can be drawn
+                curve.write(self.out, self.result)
+            except OSError as e:
+                print(f"note: {self.out / rundir.CURVE_FILE} not written ({e.strerror or e}); "
+                      f"the curve is in {self.out / rundir.METRICS_FILE}", file=sys.stderr)
         return self.result

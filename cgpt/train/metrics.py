@@ -1,7 +1,11 @@
 """The run's log as it is written: `metrics.jsonl` (strict JSON, one object per logged
 step) and its scalars as TensorBoard events. Process 0 writes both; the others get a log
 that writes nothing. A W&B run (`cgpt.train.wandb_log`), when given, gets the same records.
-Which field goes where is the step record's (`cgpt.record`)."""
+Which field goes where is the step record's (`cgpt.record`).
+
+A stop (Ctrl-C, a scheduler's signal) is never raised inside these writers, and closing them
+never waits without bound: tensorboardX interrupted inside `add_scalar` keeps its queue's lock,
+and its close then waits forever for a thread that never ends."""
 from __future__ import annotations
 
 import sys
@@ -11,6 +15,9 @@ from pathlib import Path
 from cgpt import record
 from cgpt.fileio import storage_oserror
 from cgpt.rundir import EVENTS_DIR, METRICS_FILE, json_line
+from cgpt.stop import GUARD
+
+CLOSE_S = 10.0  # the TensorBoard writer's close (its thread joined) waits at most this long
 
 
 class MetricsLog:
@@ -38,28 +45,50 @@ class MetricsLog:
     def write(self, rec: dict) -> None:
         if self.file is None:
             return
-        self.file.write(json_line(rec) + "\n")
-        self.file.flush()
-        for k in record.names(tensorboard=True) if self.tb is not None else ():
-            if k in rec:
-                self.tb.add_scalar(f"train/{k}", rec[k], rec["step"])
-        if self.wandb is not None:
-            self.wandb.log(rec)
+        with GUARD.shielded():  # a stop that arrives meanwhile is raised after the record
+            self.file.write(json_line(rec) + "\n")
+            self.file.flush()
+            for k in record.names(tensorboard=True) if self.tb is not None else ():
+                if k in rec:
+                    self.tb.add_scalar(f"train/{k}", rec[k], rec["step"])
+            if self.wandb is not None:
+                self.wandb.log(rec)
 
     def close(self) -> None:
         if self.file is not None:
-            try:
-                self.file.close()
-            finally:
-                if self.tb is not None:
-                    _close_tb(self.tb)
+            with GUARD.shielded():
+                try:
+                    self.file.close()
+                finally:
+                    if self.tb is not None:
+                        _close_tb(self.tb)
 
 
 def _close_tb(tb) -> None:
-    """Close a SummaryWriter; if that fails (disk full), stop its writer threads anyway, since
-    tensorboardX would retry at exit and print a traceback per retry."""
+    """Close a SummaryWriter, waiting at most `CLOSE_S` for its writer thread (then the
+    events may lack the last steps; metrics.jsonl has them all); if the close fails (disk
+    full), stop its writer threads anyway, since tensorboardX would retry at exit and print
+    a traceback per retry."""
+    failed: list[BaseException] = []
+
+    def close() -> None:
+        try:
+            tb.close()
+        except BaseException as e:  # noqa: BLE001 - raised below, in the caller's thread
+            failed.append(e)
+
+    closer = threading.Thread(target=close, name="cgpt-tensorboard-close", daemon=True)
+    closer.start()
+    closer.join(CLOSE_S)
+    if closer.is_alive():
+        if not GUARD.stopping:  # a stop says its one line; else the events' loss is said
+            print(f"cgpt train: warning: the TensorBoard writer did not close within "
+                  f"{CLOSE_S:g} s: its events may lack the last steps (metrics.jsonl has "
+                  "every logged step)", file=sys.stderr, flush=True)
+        return
     try:
-        tb.close()
+        if failed:
+            raise failed[0]
     except OSError:
         for w in (tb.all_writers or {}).values():
             ew = w.event_writer

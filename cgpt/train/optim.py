@@ -12,7 +12,7 @@ runs at 6e-5 + 5.4e-4/7512 (10.012% of the peak); 6e-5 itself is lr(9037), one s
 training ends. cgpt does the same (optax counts updates from 0): lr(total_steps) is exactly
 10%, and the last trained step sits one decay step above it, which only shows on short runs:
 10% + 90%/45 = 12% at 50 steps with warmup 5. Tested against torch's schedulers stepped
-this way (tests/test_schedule.py).
+this way (tests/train/test_schedule.py).
 
 Weight decay applies to the weight matrices (the blocks' kernels and the token/position
 embeddings) and not to biases or LayerNorm parameters: the usual GPT-2/3 practice (the
@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from cgpt.config.model import ModelConfig
@@ -115,5 +116,42 @@ def make_optimizer(r: Recipe, cfg: ModelConfig, lr: optax.Schedule | None = None
 
 
 def lr_at(r: Recipe, step: int) -> float:
-    """The LR of the update with 0-based index `step` (the optimizer's own count)."""
-    return float(schedule(r)(step))
+    """The LR of the update with 0-based index `step` (the optimizer's own count), computed on
+    the host (nanoGPT's get_lr): the loop logs it without a device call, which would wait for
+    the step just queued. `schedule(r)` evaluated as JAX evaluates it outside jit, one float32
+    operation at a time: the same value to the bit, but for the cosine decay's cos, which is
+    the platform's (glibc's cosf on CPU, within an ulp of this; tests/train/test_schedule.py)."""
+    f32 = np.float32
+    peak, end = r.peak_lr, r.peak_lr * r.end_lr_fraction
+
+    def linear(init: float, final: float, steps: int, count: int):  # optax.linear_schedule
+        if steps <= 0:
+            return init
+        frac = f32(1) - f32(min(max(count, 0), steps)) / f32(steps)
+        return f32(init - final) * frac + f32(final)
+
+    if r.schedule == "wsd":
+        n = max(1, r.total_steps - r.decay_start)
+
+        def cooldown(count: int):
+            p = f32(min(max(count / n, 0.0), 1.0))
+            return f32(peak) - f32(peak - end) * (p if r.decay == "linear" else np.sqrt(p))
+
+        pieces = [(r.warmup_steps, lambda c: peak), (r.decay_start, cooldown)]
+    else:
+        decay_steps = max(1, r.total_steps - r.warmup_steps)
+
+        def decay(count: int):
+            if r.decay == "linear":
+                return linear(peak, end, decay_steps, count)
+            c = f32(min(count, decay_steps))  # optax.cosine_decay_schedule
+            cos = f32(np.cos(np.float64(f32(f32(np.pi) * c) / f32(decay_steps))))
+            decayed = f32(1 - r.end_lr_fraction) * (f32(0.5) * (f32(1) + cos))
+            return f32(peak) * (decayed + f32(r.end_lr_fraction))
+
+        pieces = [(r.warmup_steps, decay)]
+    lr = linear(0.0, peak, r.warmup_steps, step)
+    for boundary, piece in pieces:  # optax.join_schedules
+        if step >= boundary:
+            lr = piece(step - boundary)
+    return float(f32(lr))

@@ -12,11 +12,9 @@ trigger, with no device collective per step.
 """
 from __future__ import annotations
 
-import signal
-import threading
 import time
 
-from cgpt.stop import GUARD, SIGNALS, received_line
+from cgpt.stop import GUARD, received_line
 
 
 class CheckpointTriggers:
@@ -37,14 +35,13 @@ class CheckpointTriggers:
         self.signum = self.signum or signum
 
     def install(self) -> "CheckpointTriggers":
-        GUARD.hand_over()
-        if threading.current_thread() is threading.main_thread():  # handlers: main thread only
-            self._old = {s: signal.signal(s, self._handle) for s in SIGNALS}
+        """The scheduler's signals checkpoint from here on (the process's handlers are
+        `cgpt.stop`'s: it installs this one for the loop)."""
+        self._old = GUARD.hand_over(self._handle)
         return self
 
     def uninstall(self) -> None:
-        for s, h in self._old.items():
-            signal.signal(s, h)
+        GUARD.restore(self._old)
         self._old = {}
 
     def poll(self, step: int | None = None) -> tuple[bool, int]:

@@ -167,8 +167,11 @@ def resolve(run: RunConfig, devices: int | Sequence | None = None, *, platform: 
         mode, mesh, mesh_reason, auto_reason = "single", {}, "one device", None
     else:
         try:
+            # sized with the platform's kernels (its chunked loss, padded vocabulary), as the
+            # analytic plan and the fit size them
+            sized = backend.for_platform(model, platform) if platform else model
             mode, mesh, mesh_reason, auto_reason = placement(
-                t.mode, t.mesh, model, recipe.batch_size, t.micro_batch, num_devices=devices,
+                t.mode, t.mesh, sized, recipe.batch_size, t.micro_batch, num_devices=devices,
                 device_memory=device_memory, seq_len=run.data.seq_len,
                 num_processes=num_processes, nodes=nodes,
                 hardware=hardware_for(platform, kind, devices // max(1, nodes)), ranking=ranking)

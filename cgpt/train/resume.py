@@ -41,8 +41,9 @@ def check_config(run: RunConfig, out: Path, resume: bool, allow_changes: bool = 
     if not saved.exists():
         return replace(run, model=backend.resolve(run.model, platform))
     if not resume:
-        raise TrainError(f"{out} already holds a run ({saved.name}); pass --resume to continue "
-                         "it, or choose a new --out")
+        raise TrainError(f"{out} already holds a run ({saved.name}) and this launch does not "
+                         "resume it (--no-resume); to continue it, pass --resume (`cgpt train`'s "
+                         "default for a run directory), or choose a new --out")
     prior = from_dict(rundir.read_config(out), str(saved))
     run = replace(run, model=backend.resolve(run.model, platform, saved=prior.model))
     # Placement may change between launches (checkpoints restore into any mode's layout).
@@ -58,8 +59,9 @@ def check_config(run: RunConfig, out: Path, resume: bool, allow_changes: bool = 
                 else "")
         named = [f"preset ({prior.preset} saved, {run.preset} asked)" if d == "preset" else d
                  for d in diff]
-        raise TrainError(f"--resume: the config differs from the run's saved {saved} in "
-                         f"{', '.join(named)}{hint}; resume with the same flags or a new --out")
+        raise TrainError(f"{out} holds a run whose config ({saved}) differs from the one asked "
+                         f"for in {', '.join(named)}{hint}; resume with the same flags to "
+                         "continue it, or choose a new --out to train the new config")
     return prior
 
 

@@ -55,7 +55,7 @@ def device_memory(train) -> int:
 def place(res, devices):
     """The strategy of a resolved run (`cgpt.train.resolve.Resolved`) on `devices`."""
     if res.mode == "single":
-        return SingleDevice(res.cfg)
+        return SingleDevice(res.cfg, devices[0] if devices else None)
     t = res.run.train
     return strategy_on(build_mesh(res.mesh, devices, res.nodes), res.mode, res.cfg,
                        res.batch_size, t.micro_batch, t.micro_batches, res.mesh_reason,

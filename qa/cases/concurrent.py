@@ -1,6 +1,6 @@
 """Concurrency: two launches into one run directory or one data cache, loading while training.
 
-Retired: a failed branch then a launch into the same --out (tests/test_faults_rundir.py)."""
+Retired: a failed branch then a launch into the same --out (tests/faults/test_faults_rundir.py)."""
 from qa.context import complete
 from qa.damage import generate
 from qa.registry import case

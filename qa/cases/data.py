@@ -1,9 +1,9 @@
 """`cgpt data prepare`: damaged source files, bad flags, damaged token-store files (a rerun must
 redo what is missing and give the reference store's shards), training on a damaged store.
 
-Retired (tests/test_faults_sweep.py carries them): truncated or bad-CRC .jsonl.gz, truncated or
-random .jsonl.zst, random or truncated .parquet, 100,000-deep .jsonl and .json; a manifest that
-is a list, a shard record cut short, plan.json a list."""
+Retired (tests/faults/test_faults_sweep.py carries them): truncated or bad-CRC .jsonl.gz,
+truncated or random .jsonl.zst, random or truncated .parquet, 100,000-deep .jsonl and .json; a
+manifest that is a list, a shard record cut short, plan.json a list."""
 from __future__ import annotations
 
 import gzip

@@ -3,9 +3,9 @@
 
 Retired (carried by tests): `--config` a directory or binary, absurd d_model / n_layer,
 clip_norm -1, peak_lr a list, `plan --seq-len 0`, `generate --top-p 0 / --top-k -1 /
---max-new-tokens -1`, `eval --limit -1 / --num-fewshot -2` (tests/test_faults_rundir.py);
-`sweep --parallel 0 / -2` (tests/test_faults_sweep.py); `sweep --suggest 0`, `--target-flops
--1e18`, `--budget-flops 0`, `data prepare --vocab-size 1` (tests/test_cli_help.py)."""
+--max-new-tokens -1`, `eval --limit -1 / --num-fewshot -2` (tests/faults/test_faults_rundir.py);
+`sweep --parallel 0 / -2` (tests/faults/test_faults_sweep.py); `sweep --suggest 0`, `--target-flops
+-1e18`, `--budget-flops 0`, `data prepare --vocab-size 1` (tests/structure/test_cli_help.py)."""
 from pathlib import Path
 
 import yaml

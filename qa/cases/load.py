@@ -1,7 +1,8 @@
 """Loading: `cgpt generate` / `cgpt eval` of a damaged run directory or Hugging Face export.
 
 Retired (carried by tests): NaN weights in a run's checkpoint, a run without config.yaml
-(tests/test_faults_rundir.py), the latest checkpoint corrupt (tests/test_faults.py)."""
+(tests/faults/test_faults_rundir.py), the latest checkpoint corrupt
+(tests/faults/test_faults.py)."""
 import json
 import shutil
 

@@ -4,7 +4,7 @@ needs, malformed results.csv files, sweep directories without curves. Each must 
 ValueError / TypeError / OSError naming the argument or column (printed here as
 `cgpt analysis: error: ...`), never a fit of garbage, a numpy warning storm or a KeyError.
 The `analysis` group tries the wrong argument types; these are the wrong data."""
-from analysis.schema import COLUMNS
+from cgpt.results_schema import COLUMNS
 from qa.context import library
 from qa.registry import add
 
@@ -67,7 +67,7 @@ CALLS = {  # name -> (call, what the message must name)
 }
 PRELUDE = """
 import os, tempfile
-from analysis.schema import COLUMNS
+from cgpt.results_schema import COLUMNS
 import numpy as np, pandas as pd
 from analysis import *
 def _csv(text):

@@ -2,7 +2,8 @@
 it stops with one line (or finishes), no worker outlives it, and the same command then gives
 the reference store's shards.
 
-Retired: SIGKILL while the workers run, two prepares of one --out (tests/test_faults_sweep.py)."""
+Retired: SIGKILL while the workers run, two prepares of one --out
+(tests/faults/test_faults_sweep.py)."""
 import signal
 import time
 

@@ -1,7 +1,7 @@
 """Run-directory files: a copy of a small run killed after checkpoint 15, one file damaged, then
 `train --resume` (or a fresh launch). Refused: nothing changed; finished: a complete result.
 
-Retired (tests/test_faults_rundir.py, test_faults.py carry them): config.yaml deleted with a
+Retired (tests/faults/test_faults_rundir.py, test_faults.py carry them): config.yaml deleted with a
 fresh launch, --resume, a new LR or budget; metrics.jsonl lines `}{garbage`, `[1, 2]`, no step,
 NaN, the log deleted or emptied; a garbage summary.json, config_changes.json a dict;
 checkpoints/events a file, .lock/metrics.jsonl/config.yaml a directory; the latest checkpoint

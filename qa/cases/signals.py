@@ -2,7 +2,7 @@
 (JAX loading, placement printed, config written, a checkpoint being saved, ...). The signalled
 command must finish or stop with one line; the same command with `--resume` then completes.
 
-Retired (carried by tests/test_faults_signals.py, test_faults_rundir.py): SIGINT while jaxlib
+Retired (carried by tests/faults/test_faults_signals.py, test_faults_rundir.py): SIGINT while jaxlib
 loads; SIGINT, SIGTERM, SIGUSR1 at placement, config written, first and last checkpoint,
 summary written (the slow phase sweep)."""
 import signal

@@ -1,7 +1,7 @@
 """Sweep specs: a wrong type or value for each key, damaged YAML, bad `--set` items. Each must
 be refused by `cgpt sweep SPEC --dry-run --no-fit` with one error line; a valid spec passes.
 
-Retired (tests/test_faults_sweep.py carries them): alias bombs in grid.overrides and
+Retired (tests/faults/test_faults_sweep.py carries them): alias bombs in grid.overrides and
 base.train.tokens, a recursive alias, 5,000-deep nesting, a directory as the spec; the wrong
 types of filter, grid.branches (a map), per_model, slurm, estimate, base.train, name, models,
 grid.overrides[].name and base.data.source in its table; `--set estimate.flops_per_s=0`."""

@@ -8,7 +8,7 @@ import json
 
 import yaml
 
-from analysis.schema import COLUMNS
+from cgpt.results_schema import COLUMNS
 from qa.registry import add
 
 SPEC = {"name": "sugg", "base": {"preset": "tiny-17k", "data": {"vocab_size": 512, "seq_len": 16},

@@ -2,8 +2,9 @@
 `cgpt sweep` again (a relaunch must redo what is damaged or refuse with one line); signals to a
 sweep while its run trains; a second launch while one runs.
 
-Retired: a truncated summary.json (tests/test_faults_sweep.py carries it). The earlier runner's
-two concurrent-launch cases (the second refused, the first finishing) are one case here."""
+Retired: a truncated summary.json (tests/faults/test_faults_sweep.py carries it). The earlier
+runner's two concurrent-launch cases (the second refused, the first finishing) are one case
+here."""
 import csv
 import json
 import os
