@@ -235,8 +235,12 @@ def cmd_eval(args) -> int:
         data = load_data(split.data, args.source)  # the run's tokenizer.json, its store
         loss, n = split_loss(lm.loss, data, split, args.batch_size)
         print(json_line({"source": str(args.source), "data": "the run's validation split",
-                         "seq_len": data.seq_len, "sequences": n, "val_loss": loss,
-                         "run_val_loss": split.recorded}))
+                         "step": lm.step, "seq_len": data.seq_len, "sequences": n,
+                         "val_loss": loss, "run_val_loss": split.recorded}))
+        if split.recorded is None:  # no summary.json yet: say which checkpoint was read
+            print(f"note: {args.source} has not finished (no val_loss in its "
+                  f"{SUMMARY_FILE}); this is its newest checkpoint, step {lm.step}",
+                  file=sys.stderr)
         if not split.exact:
             print(f"note: {args.source} has no {SUMMARY_FILE} recording its evaluation batch, "
                   f"so all {n} validation sequences were read (the run reads whole batches "

@@ -107,12 +107,15 @@ def _utf8(text: str, what: str) -> str:
 
 
 class LM:
-    """A loaded language model: `.config`, `.tokenizer`, `.logits`, `.loss`, `.generate`."""
+    """A loaded language model: `.config`, `.tokenizer`, `.logits`, `.loss`, `.generate`;
+    `.step` is the training step of a cgpt run's checkpoint (None for other sources)."""
 
-    def __init__(self, config: ModelConfig, params: dict, tokenizer=None):
+    def __init__(self, config: ModelConfig, params: dict, tokenizer=None,
+                 step: int | None = None):
         self.config = config
         self.params = params
         self.tokenizer = tokenizer
+        self.step = step
 
     def __repr__(self) -> str:
         c = self.config
@@ -264,8 +267,8 @@ def load(source: str | Path, dtype: str = "float32") -> LM:
             raise LoadError(f"{path}: not a checkpoint directory; pass the directory holding "
                             "config.json and the weights")
         if rundir.is_run(path):
-            cfg, params, tok = orbax_format.load_run(path, dtype)
-            return LM(cfg, params, tok)
+            cfg, params, tok, step = orbax_format.load_run(path, dtype)
+            return LM(cfg, params, tok, step)
         cfg, params = hf.load_hf_dir(path, dtype)
         return LM(cfg, params, load_tokenizer(path))
     if _HUB_ID.match(str(source)) and not Path(str(source).split("/")[0]).is_dir():

@@ -140,7 +140,7 @@ def _check_run_tokenizer(run_dir: Path, tokenizer, cfg: ModelConfig) -> None:
 
 
 def load_run(run_dir: Path, compute_dtype: str = "float32"):
-    """(ModelConfig, params, tokenizer) from the newest good checkpoint of a cgpt run."""
+    """(ModelConfig, params, tokenizer, step) from the newest good checkpoint of a cgpt run."""
     from cgpt.model.gpt import init_params  # loads JAX: only when this runs
 
     raw = rundir.read_config(run_dir)
@@ -175,4 +175,4 @@ def load_run(run_dir: Path, compute_dtype: str = "float32"):
         raise LoadError(f"{ckpts / str(step)}: tensor {bad!r} holds NaN or inf values (the "
                         "trainer never saves such a checkpoint, so the file is damaged); "
                         "move that step's directory away to load the previous checkpoint")
-    return cfg, out["params"], tokenizer
+    return cfg, out["params"], tokenizer, step

@@ -20,10 +20,10 @@ from cgpt.model import orbax_format
 from cgpt.train import checkpoint
 from cgpt.cli import main as cli_main
 from cgpt.config.model import get_config
-from cgpt.config.data import DataConfig
-from cgpt.config.run import RunConfig, TrainConfig, from_dict
+from cgpt.config.run import RunConfig, from_dict
 from cgpt.errors import TrainError
 from cgpt.train.loop import train
+from tests.run_helpers import tiny_run
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -34,14 +34,8 @@ def cache(tmp_path_factory):
 
 
 def _run(corpus, cache, **train_kw) -> RunConfig:
-    base = dict(tokens=8 * 16 * 40, batch_size=8, log_every=1, eval_every=10, ckpt_every=10,
-                keep_checkpoints=3, peak_lr=3e-3)
-    base.update(train_kw)
-    return RunConfig(
-        preset="tiny-17k", model=get_config("tiny-17k"),
-        data=DataConfig(source=str(corpus), vocab_size=512, seq_len=16, val_sequences=16,
-                        cache_dir=str(cache)),
-        train=TrainConfig(**base))
+    return tiny_run(corpus, cache, 40, **{"eval_every": 10, "ckpt_every": 10,
+                                          "keep_checkpoints": 3, **train_kw})
 
 
 def _flags(corpus, cache, out, *extra):
@@ -386,8 +380,8 @@ def test_load_run_falls_back_past_a_corrupt_checkpoint_and_moves_nothing(tmp_pat
     corrupt(2)
     with pytest.warns(UserWarning, match=r"checkpoints/2: checkpoint is unreadable.*falling "
                                          r"back to step 1$"):
-        got_cfg, params, tok = orbax_format.load_run(tmp_path)
-    assert got_cfg.n_layer == cfg.n_layer and tok is None
+        got_cfg, params, tok, step = orbax_format.load_run(tmp_path)
+    assert got_cfg.n_layer == cfg.n_layer and tok is None and step == 1
     jax.tree.map(np.testing.assert_array_equal, params, init_params(cfg, 1))
     corrupt(1)
     with pytest.raises(cgpt.LoadError, match=r"none of the checkpoints \[2, 1\] could be "

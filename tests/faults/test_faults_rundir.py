@@ -21,24 +21,16 @@ from cgpt.train import preempt
 from cgpt import rundir
 from cgpt.train import launch
 from cgpt.cli import main as cli_main
-from cgpt.config.model import get_config
-from cgpt.config.data import DataConfig
-from cgpt.config.run import RunConfig, TrainConfig
+from cgpt.config.run import RunConfig
 from cgpt.train.loop import train
+from tests.run_helpers import tiny_run
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 20
 
 
 def _run(corpus, cache, **kw) -> RunConfig:
-    base = dict(tokens=8 * 16 * STEPS, batch_size=8, log_every=1, ckpt_every=5,
-                keep_checkpoints=3, peak_lr=3e-3)
-    base.update(kw)
-    return RunConfig(
-        preset="tiny-17k", model=get_config("tiny-17k"),
-        data=DataConfig(source=str(corpus), vocab_size=512, seq_len=16, val_sequences=16,
-                        cache_dir=str(cache)),
-        train=TrainConfig(**base))
+    return tiny_run(corpus, cache, STEPS, **{"ckpt_every": 5, "keep_checkpoints": 3, **kw})
 
 
 def _flags(corpus, cache, out, *extra):

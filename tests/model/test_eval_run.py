@@ -46,6 +46,7 @@ def test_eval_of_a_run_reproduces_its_val_loss(run_dir, capsys):
     assert got["sequences"] == 16 and got["seq_len"] == 24  # whole batches of 4, as the run
     assert got["val_loss"] == pytest.approx(summary["val_loss"], abs=1e-7)
     assert got["run_val_loss"] == summary["val_loss"]
+    assert got["step"] == 12  # the last of its 12 steps: the checkpoint the loss is of
     # another batch size reads the same sequences: only the rounding may move
     assert _eval(capsys, run_dir, "--batch-size", 3)["val_loss"] == pytest.approx(
         summary["val_loss"], abs=1e-5)
@@ -71,6 +72,8 @@ def test_a_run_without_summary_reads_its_whole_split(run_dir, tmp_path, capsys):
     out, err = capsys.readouterr()
     got = json.loads(out)
     assert got["sequences"] == 18 and got["run_val_loss"] is None and "summary.json" in err
+    newest = max(int(d.name) for d in (copy / "checkpoints").iterdir() if d.name.isdigit())
+    assert got["step"] == newest and f"step {newest}" in err  # which checkpoint was read
 
 
 def test_the_readme_loss_example_works_on_a_cgpt_run(run_dir):

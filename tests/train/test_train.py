@@ -27,6 +27,7 @@ from cgpt.errors import TrainError
 from cgpt.train.resolve import resolve
 from cgpt.train.step import make_step
 from cgpt.train.loop import train
+from tests.run_helpers import tiny_run
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -43,14 +44,8 @@ def corpus(tmp_path_factory):
 
 
 def _run(corpus, tmp_path, **train_kw) -> RunConfig:
-    base = dict(tokens=8 * 16 * 40, batch_size=8, log_every=1, eval_every=10, ckpt_every=10,
-                keep_checkpoints=3, peak_lr=3e-3)
-    base.update(train_kw)
-    return RunConfig(
-        preset="tiny-17k", model=get_config("tiny-17k"),
-        data=DataConfig(source=str(corpus), vocab_size=512, seq_len=16, val_sequences=16,
-                        cache_dir=str(tmp_path / "cache")),
-        train=TrainConfig(**base))
+    return tiny_run(corpus, tmp_path / "cache", 40, **{"eval_every": 10, "ckpt_every": 10,
+                                                       "keep_checkpoints": 3, **train_kw})
 
 
 def _losses(run_dir: Path) -> dict:

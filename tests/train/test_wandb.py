@@ -17,11 +17,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cgpt.config.data import DataConfig
-from cgpt.config.model import get_config
-from cgpt.config.run import RunConfig, TrainConfig, from_dict, identity
+from cgpt.config.run import RunConfig, from_dict, identity
 from cgpt.errors import Preempted
 from cgpt.sweep.spec import config_hash
+from tests.run_helpers import tiny_run
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 60
@@ -44,14 +43,8 @@ def offline(tmp_path, monkeypatch):
 
 
 def _run(corpus, tmp_path, **train_kw) -> RunConfig:
-    base = dict(tokens=8 * 16 * STEPS, batch_size=8, log_every=1, eval_every=20, ckpt_every=20,
-                peak_lr=3e-3, wandb="cgpt-test")
-    base.update(train_kw)
-    return RunConfig(
-        preset="tiny-17k", model=get_config("tiny-17k"),
-        data=DataConfig(source=str(corpus), vocab_size=512, seq_len=16, val_sequences=16,
-                        cache_dir=str(tmp_path / "cache")),
-        train=TrainConfig(**base))
+    return tiny_run(corpus, tmp_path / "cache", STEPS, **{"eval_every": 20, "ckpt_every": 20,
+                                                          "wandb": "cgpt-test", **train_kw})
 
 
 # ---- reading what W&B wrote: its transaction log, with W&B's own record type ---------------
