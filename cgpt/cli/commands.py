@@ -282,7 +282,8 @@ def run(argv: list[str]) -> int:
 def parser() -> argparse.ArgumentParser:
     """`cgpt`'s command line: every subcommand, its arguments and their help."""
     ap = argparse.ArgumentParser(prog="cgpt", description="Cerebras-GPT scaling-law studies")
-    sub = ap.add_subparsers(dest="command", required=True)
+    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                           title="commands (cgpt COMMAND --help for each)")
     _add_train(sub)
     sub.add_parser("list", help="list model presets with N, D and FLOPs",
                    description="Every model preset --model accepts: its shape, vocabulary and "

@@ -1,8 +1,8 @@
 """Every command line's --help works (a `%` in a help string once crashed `cgpt plan --help`),
 is discovered from the parser itself (a new subcommand is covered without editing this file),
 and imports no JAX: help is instant and works where no accelerator stack is installed."""
+import argparse
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -16,23 +16,28 @@ def _help(*argv: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=300)
 
 
-def _subcommands(help_text: str) -> list[str]:
-    # argparse's usage line shows subcommands as "{a,b} ..." (flag choices lack the "...")
-    # (`sweep compare`, two words, may be wrapped between them)
-    m = re.search(r"\{([\w,\-\s]+)\} \.\.\.", help_text.split("\n\n")[0])
-    return [" ".join(w.split()) for w in m.group(1).split(",")] if m else []
+def _commands(parser: argparse.ArgumentParser, words=()) -> list[tuple[str, ...]]:
+    """Every command path of `parser`, read from its subparsers (`sweep compare`: one name of
+    two words, typed as two)."""
+    out = [tuple(words)]
+    for a in parser._actions:
+        if isinstance(a, argparse._SubParsersAction):
+            for name, p in a.choices.items():
+                out += _commands(p, (*words, *name.split()))
+    return out
 
 
 def test_every_subcommand_help():
-    seen, failed, todo = [], [], [[]]
-    while todo and len(seen) < 50:
-        words = todo.pop(0)
-        r = _help("-m", "cgpt", *" ".join(words).split())  # `sweep compare`: two words
+    from cgpt.cli.commands import parser
+
+    seen, failed = [], []
+    for words in _commands(parser()):
+        r = _help("-m", "cgpt", *words)
         seen.append(" ".join(words))
-        if r.returncode or not r.stdout.startswith("usage: cgpt"):
+        if r.returncode or not r.stdout.startswith(f"usage: {' '.join(('cgpt', *words))}"):
             failed.append(f"cgpt {' '.join(words)} --help: exit {r.returncode}\n{r.stderr[-800:]}")
-            continue
-        todo += [[*words, w] for w in _subcommands(r.stdout)]
+        elif words and words[-1] not in _help("-m", "cgpt", *words[:-1]).stdout:
+            failed.append(f"cgpt {' '.join(words[:-1])} --help does not list {words[-1]!r}")
     assert not failed, "\n".join(failed)
     # what cgpt/cli/commands.py registers today; more may come, none may disappear unnoticed
     assert {"", "train", "list", "generate", "eval", "sweep", "sweep compare", "plan", "data",
