@@ -25,6 +25,7 @@ from tqdm.auto import tqdm
 
 from cgpt.config.model import ModelConfig, get_config
 from cgpt.config.recipe import Recipe
+from cgpt.train.notice import BarClock
 
 # jax, the model and the optimizer are imported inside the functions that use them, so that
 # registering this subcommand costs the `cgpt` CLI nothing.
@@ -149,13 +150,14 @@ def coord_check(configs: dict[int, ModelConfig], name: str, *, lr: float = 1e-2,
     per_width = []
     bar = tqdm(total=len(widths) * seeds, desc=f"coord check {name}", unit="model",
                disable=not progress, file=sys.stderr, dynamic_ncols=True)
-    for w in widths:
-        runs = []
-        for s in range(seeds):
-            bar.set_postfix_str(f"width {w}, seed {s}")
-            runs.append(run_width(configs[w], tokens, lr, steps, s))
-            bar.update(1)
-        per_width.append({k: np.mean([r[k] for r in runs], axis=0) for k in runs[0]})
+    with BarClock(bar):  # a width's first model compiles for ~10 s: the clock moves meanwhile
+        for w in widths:
+            runs = []
+            for s in range(seeds):
+                bar.set_postfix_str(f"width {w}, seed {s}")
+                runs.append(run_width(configs[w], tokens, lr, steps, s))
+                bar.update(1)
+            per_width.append({k: np.mean([r[k] for r in runs], axis=0) for k in runs[0]})
     bar.close()
     order = sorted(per_width[0], key=_display_order)
     stats = {k: np.stack([pw[k] for pw in per_width], axis=1) for k in order}

@@ -31,6 +31,7 @@ from cgpt.sweep.state import (area as sweep_area, config_change, prepare_run_dir
                               supersede, write_results)
 from cgpt.sweep.worker import GroupTask, run_one_process, run_workers
 from cgpt.train import wandb_log
+from cgpt.train.notice import BarClock
 
 EXECUTORS = ("local", "slurm", "submitit-local")
 ON_CHANGE = ("error", "rerun")
@@ -290,7 +291,6 @@ def _jobs(sweep: Sweep, todo: list[Run], out: Path, cache: Path | None, fuse: bo
     return group_jobs(groups, by_id)
 
 
-TICK_S = 5.0  # the sweep bar's clock: seconds between redraws while no run ends
 
 
 class Progress:
@@ -307,13 +307,7 @@ class Progress:
         self.bar.set_postfix_str(left.text())
         # the bar redraws only when a run ends: between, its clock ticks on its own, so the
         # terminal shows the sweep at work (a demo's first runs take ~40 s)
-        self._stop = threading.Event()
-        if show:
-            threading.Thread(target=self._tick, name="sweep-bar", daemon=True).start()
-
-    def _tick(self) -> None:
-        while not self._stop.wait(TICK_S) and not self.bar.disable:  # closed: disabled
-            self.bar.refresh()
+        self._clock = BarClock(self.bar)
 
     def record(self) -> None:
         """results.csv; a full disk must not stop the sweep."""
@@ -345,7 +339,7 @@ class Progress:
                                                      if self.failures else ""), refresh=True)
 
     def close(self) -> None:
-        self._stop.set()
+        self._clock.stop()
         self.bar.close()
         self.record()
 

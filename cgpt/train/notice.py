@@ -15,6 +15,33 @@ from cgpt.config.units import fmt_bytes
 
 AFTER_S = 5.0  # a wait longer than this is announced (with the imports before it: ~10 s)
 EVERY_S = 20.0  # and said again this often while it lasts
+TICK_S = 5.0  # a bar's clock: seconds between redraws while nothing updates it
+
+
+class BarClock:
+    """Redraws a tqdm bar every `every` seconds until `stop()` (or the end of a `with`), so
+    its elapsed time moves while one item takes long (a sweep's run, a compile) and the
+    terminal shows the work going on. A disabled or closed bar is left alone."""
+
+    def __init__(self, bar: tqdm, every: float | None = None):
+        self.bar, self._stop = bar, threading.Event()
+        if not bar.disable:
+            threading.Thread(target=self._tick, args=(every or TICK_S,), name="bar-clock",
+                             daemon=True).start()
+
+    def _tick(self, every: float) -> None:
+        while not self._stop.wait(every) and not self.bar.disable:  # closed: disabled
+            self.bar.refresh()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def __enter__(self) -> "BarClock":
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        self.stop()
+        return False
 
 
 class Notice:

@@ -23,9 +23,11 @@ def test_the_bar_ticks_between_runs(monkeypatch, capsys):
     import time
     from types import SimpleNamespace
 
+    from cgpt.train import notice
+
     launch = sys.modules["cgpt.sweep.launch"]  # the module (`cgpt.sweep.launch`: the function)
 
-    monkeypatch.setattr(launch, "TICK_S", 0.05)
+    monkeypatch.setattr(notice, "TICK_S", 0.05)
     sweep = SimpleNamespace(name="s", runs=[])
     bar = launch.Progress(sweep, Path("."), (2, 0), Remaining({"a": 1.0, "b": 1.0}, 1), True)
     refreshed = []
