@@ -15,6 +15,7 @@ from cgpt.data import corpus
 from cgpt.data import batches as data_mod
 from cgpt.data import prepare as prepare_mod
 from cgpt.data.batches import EOT, DataError, load_data
+from cgpt.data.tokenizer import train_tokenizer
 from cgpt.config.data import DataConfig
 
 WORDS = ("the model reads tokens and predicts the next one while loss falls with scale "
@@ -283,14 +284,8 @@ def test_tokenizer_trained_saved_and_reused_from_run_dir(docs, tmp_path, monkeyp
 
 
 def test_gpt2_style_vocab_and_merges_directory(docs, tmp_path):
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-
     folder, texts = docs
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    trainer = trainers.BpeTrainer(vocab_size=320, special_tokens=[EOT], show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(texts, trainer)
+    tok = train_tokenizer([texts], 320)
     gpt2_dir = tmp_path / "gpt2tok"
     gpt2_dir.mkdir()
     tok.model.save(str(gpt2_dir))

@@ -29,14 +29,9 @@ QUESTIONS = [
 def ckpt(tmp_path_factory):
     """A random GPT-2 (exact GELU, as Cerebras-GPT) with a small byte-level BPE tokenizer,
     saved by transformers so both harness models read the same directory."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from cgpt.data.tokenizer import train_tokenizer
 
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator([TEXT], trainers.BpeTrainer(
-        vocab_size=320, special_tokens=["<|endoftext|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok = train_tokenizer([[TEXT]], 320)  # byte-level BPE with <|endoftext|>, as GPT-2's
     d = tmp_path_factory.mktemp("gpt2") / "ckpt"
     fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>",
                                                 bos_token="<|endoftext|>")
