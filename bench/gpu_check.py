@@ -317,7 +317,7 @@ def child_plan(a) -> dict:
     from cgpt.config import backend
     from cgpt.plan import target
 
-    name = "h100" if target.plugin_available() else "cpu"
+    name = target.default_target()
     if name != "cpu":
         backend.gpu_xla_flags(os.environ, "gpu")  # before JAX starts, as on the GPU
     import jax
