@@ -10,7 +10,7 @@
     sum of its training-step time (`train_time_s`, the steps after the first; the issue's
     target is at most 1.3x).
 
-Each case is launched with `cgpt sweep` exactly as a user would (`cgpt.sweep.launch`: its
+Each case is launched with `cgpt sweep` exactly as a user would (`cgpt.sweep.launcher`: its
 process start, imports, data, compiles, evaluation and checkpoints included) three ways, into
 fresh directories: fused; --no-fuse (one program per run, all runs in one worker process);
 and one `python -m cgpt train` process per run (`executors.execute_run`, what `cgpt sweep`

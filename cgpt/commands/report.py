@@ -1,6 +1,6 @@
 """The scaling-law report a sweep prints when its runs end (`cgpt sweep SPEC`): the training
 curves of its finished runs (`curves.png`) and the fit of `analysis.sweep_report`
-(`scaling.png`). The launch (`cgpt.sweep.launch`) is handed this function by the command line
+(`scaling.png`). The launch (`cgpt.sweep.launcher`) is handed this function by the command line
 and never imports `analysis` itself."""
 from __future__ import annotations
 

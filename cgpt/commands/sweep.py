@@ -15,7 +15,7 @@ from cgpt.commands.report import report
 from cgpt.commands.suggest import print_suggestions
 from cgpt.sweep.fitcheck import fit_results, print_fit
 from cgpt.sweep.groups import fit_groups, plan_groups, print_groups
-from cgpt.sweep.launch import EXECUTORS, ON_CHANGE, check_identity, launch, print_table
+from cgpt.sweep.launcher import EXECUTORS, ON_CHANGE, check_identity, launch, print_table
 from cgpt.sweep.resources import print_resources
 from cgpt.sweep.spec import load_sweep, select
 

@@ -347,7 +347,7 @@ def load_data(cfg: DataConfig, run_dir: str | os.PathLike | None = None,
     With `run_dir`, the tokenizer is taken from run_dir/tokenizer.json when it exists
     (a resumed run keeps its tokenizer) and saved there otherwise. `on_lock()` is called once
     this process holds the preparer's lock (or needs none): from then on any other process
-    loading the same data waits for this one (`cgpt.sweep.launch.prepare_ahead`).
+    loading the same data waits for this one (`cgpt.sweep.launcher.prepare_ahead`).
     """
     root = cache_root(cfg)
     run_dir = Path(run_dir) if run_dir is not None else None

@@ -1,7 +1,7 @@
 """`cgpt sweep`: many training runs from one spec, each its own crash-safe run directory.
 
 spec.py (spec -> validated run list) -> state.py (run directories, results.csv) ->
-executors.py (one train process per run: local threads or SLURM arrays) -> launch.py (the
+executors.py (one train process per run: local threads or SLURM arrays) -> launcher.py (the
 sweep). Its command line is `cgpt.commands.sweep`; none of these imports it, `cgpt.cli` or
 `analysis` (the report, --suggest and compare are the command line's).
 
@@ -11,14 +11,12 @@ before its entry (`cgpt.cli.entry`) installs the stop guard, so it loads nothing
 from __future__ import annotations
 
 import importlib
-import sys
-import types
 
 # public names -> the module that defines them
 _EXPORTS = {
     "executors": ("Job", "RunTask", "device_share", "execute_run", "slurm_params",
                   "train_argv"),
-    "launch": ("EXECUTORS", "compile_cache_env", "launch", "print_table"),
+    "launcher": ("EXECUTORS", "compile_cache_env", "launch", "print_table"),
     "spec": ("Estimate", "Run", "Sweep", "config_hash", "load_sweep", "missing_required",
              "read_spec", "select"),
     "state": ("COLUMNS", "config_change", "result_row", "write_results"),
@@ -38,17 +36,3 @@ def __getattr__(name: str):
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_HOME))
 
-
-class _Package(types.ModuleType):
-    """`cgpt.sweep.launch` is the function `launch`, as it was when this package imported it
-    at once: Python binds a submodule to its package's attribute when it is first imported,
-    which would make the name the module `launch.py` or the function depending on who
-    imported what first."""
-
-    def __setattr__(self, name: str, value) -> None:
-        if name in _HOME and isinstance(value, types.ModuleType):
-            return
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package

@@ -109,7 +109,7 @@ class LiveRuns:
     scheduler's signal from the process's guard (`KeyboardInterrupt`, `Stopped`:
     `cgpt.stop`), and leaving this context on it sends every live run Ctrl-C, waits for them
     (`grace_s`), SIGKILLs the rest and runs the `on_stop` callbacks; the stop goes on up to
-    `cgpt.sweep.launch`, which records the results and says the line."""
+    `cgpt.sweep.launcher`, which records the results and says the line."""
 
     def __init__(self, grace_s: float = 20.0) -> None:
         self.procs: dict[str, subprocess.Popen] = {}  # run_id or worker -> its process

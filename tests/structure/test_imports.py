@@ -153,7 +153,7 @@ def test_only_the_command_line_face_imports_analysis():
 
 def test_the_face_is_found():
     assert _face("cgpt.cli") and _face("cgpt.commands.sweep") and _face("cgpt.sweep.__main__")
-    assert not _face("cgpt.sweep.launch") and not _face("cgpt.clix") and not _face("cgpt")
+    assert not _face("cgpt.sweep.launcher") and not _face("cgpt.clix") and not _face("cgpt")
 
 
 def test_analysis_loads_no_jax_and_no_more_of_cgpt_than_the_contract():

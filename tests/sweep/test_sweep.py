@@ -355,7 +355,7 @@ def test_changed_config_is_never_reused_silently(tmp_path):
                                          r"--on-change rerun"):
         sw.launch(new, out)
     assert (out / old.run_id / "summary.json").exists()
-    from cgpt.sweep.launch import check_identity
+    from cgpt.sweep.launcher import check_identity
     check_identity(new, new.runs, out, "rerun")
     moved = out / ".superseded" / f"{old.run_id}.{old.config_hash}"
     assert (moved / "summary.json").exists() and not (out / old.run_id).exists()

@@ -3,7 +3,7 @@ scaled by the finished runs' measured over estimated seconds, not from the mean 
 run so far: the largest runs go first, so that mean overstates the rest."""
 from pathlib import Path
 
-from cgpt.sweep.launch import Remaining
+from cgpt.sweep.launcher import Remaining
 
 
 def test_time_left_is_the_cost_model_scaled_by_the_measured_runs():
@@ -19,13 +19,12 @@ def test_time_left_is_the_cost_model_scaled_by_the_measured_runs():
 def test_the_bar_ticks_between_runs(monkeypatch, capsys):
     """The bar redraws only when a run ends; its clock ticks between (a demo's first runs take
     ~40 s, which was 40 s of a still terminal), and stops when the bar closes."""
-    import sys
     import time
     from types import SimpleNamespace
 
     from cgpt.train import notice
 
-    launch = sys.modules["cgpt.sweep.launch"]  # the module (`cgpt.sweep.launch`: the function)
+    from cgpt.sweep import launcher as launch
 
     monkeypatch.setattr(notice, "TICK_S", 0.05)
     sweep = SimpleNamespace(name="s", runs=[])
@@ -45,10 +44,9 @@ def test_the_bar_ticks_between_runs(monkeypatch, capsys):
 def test_an_interrupted_run_stays_left_and_unmeasured(monkeypatch):
     """A run stopped by Ctrl-C is still to do: the time left keeps it, and its few seconds
     are not taken as its measured time (which read "~9s left" with 6 runs to do)."""
-    import sys
     from types import SimpleNamespace
 
-    launch = sys.modules["cgpt.sweep.launch"]
+    from cgpt.sweep import launcher as launch
     monkeypatch.setattr(launch, "write_results", lambda *a: None)
     left = Remaining({"a": 100.0, "b": 100.0}, 1)
     bar = launch.Progress(SimpleNamespace(name="s", runs=[]), Path("."), (2, 0), left, False)

@@ -32,7 +32,7 @@ def test_the_sweep_prepares_the_data_before_its_workers_load_it(tmp_path, monkey
 
     from cgpt.data import batches
     from cgpt.sweep import load_sweep
-    from cgpt.sweep.launch import prepare_ahead
+    from cgpt.sweep.launcher import prepare_ahead
     from tests.sweep_helpers import make_spec
 
     who, real = [], batches.prepare
