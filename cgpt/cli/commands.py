@@ -237,14 +237,15 @@ def cmd_eval(args) -> int:
         print(json_line({"source": str(args.source), "data": "the run's validation split",
                          "step": lm.step, "seq_len": data.seq_len, "sequences": n,
                          "val_loss": loss, "run_val_loss": split.recorded}))
+        notes = []  # one line: which checkpoint, which sequences
         if split.recorded is None:  # no summary.json yet: say which checkpoint was read
-            print(f"note: {args.source} has not finished (no val_loss in its "
-                  f"{SUMMARY_FILE}); this is its newest checkpoint, step {lm.step}",
-                  file=sys.stderr)
+            notes.append(f"{args.source} has not finished (no val_loss in its {SUMMARY_FILE}); "
+                         f"this is its newest checkpoint, step {lm.step}")
         if not split.exact:
-            print(f"note: {args.source} has no {SUMMARY_FILE} recording its evaluation batch, "
-                  f"so all {n} validation sequences were read (the run reads whole batches "
-                  "of its micro-batch)", file=sys.stderr)
+            notes.append(f"all {n} validation sequences were read: no {SUMMARY_FILE} records "
+                         "its evaluation batch (the run reads whole batches of its micro-batch)")
+        if notes:
+            print("note: " + "; ".join(notes), file=sys.stderr)
         return 0
     data_source = args.data or "default"
     seq_len = lm.config.n_ctx if args.seq_len is None else args.seq_len

@@ -74,6 +74,7 @@ def test_a_run_without_summary_reads_its_whole_split(run_dir, tmp_path, capsys):
     assert got["sequences"] == 18 and got["run_val_loss"] is None and "summary.json" in err
     newest = max(int(d.name) for d in (copy / "checkpoints").iterdir() if d.name.isdigit())
     assert got["step"] == newest and f"step {newest}" in err  # which checkpoint was read
+    assert len(err.strip().splitlines()) == 1  # both facts, one note
 
 
 def test_the_readme_loss_example_works_on_a_cgpt_run(run_dir):
