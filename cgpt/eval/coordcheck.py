@@ -243,7 +243,8 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--seeds", type=int, default=2, help="initializations averaged per width")
     p.add_argument("--max-slope", type=float, default=DEFAULT_MAX_SLOPE,
                    help="largest allowed growth exponent of mean|x| in width")
-    p.add_argument("--out", default="coord_check.png", help="figure to write")
+    p.add_argument("--out", default="runs/coord_check.png",
+                   help="figure to write (its folder is created), beside the runs train writes")
     p.set_defaults(func=cmd_coord_check)
     return p
 
