@@ -56,6 +56,8 @@ COLUMNS = ("run_id", "step", "lr", "loss")
 # s, minus s: the training loss is computed before step s's update, the evaluation after it
 METRICS = {"loss": -1, "val_loss": 0}
 LAMBDA = 0.999  # Tissue et al.'s momentum decay factor
+EXTRAPOLATION = 1.5  # predict() warns past this multiple of the last fitted step: a check
+                     # within the curves (fit two thirds, predict the rest) reaches no further
 
 
 # ---- the curves --------------------------------------------------------------------------
@@ -466,6 +468,7 @@ class ScheduleLawFit:
     metric: str = "loss"         # the record fitted and predicted: "loss" or "val_loss"
 
     restarts: int = 0            # refits started from a resample's better optimum
+    horizon: int = 0             # the last logged step fitted (of the longest curve)
 
     def _eta(self, lrs) -> np.ndarray:
         eta = np.asarray(lrs, float).ravel()
@@ -512,6 +515,7 @@ class ScheduleLawFit:
         128 steps costs megabytes."""
         eta = self._eta(lrs)
         s = self._steps(eta, steps)
+        self._beyond(int(s.max()))
         loss, b = self._curves(self._features(eta, s))
         lo, hi = self._band(b)
         return pd.DataFrame({"step": s, "lr": eta[s - 1], "loss": loss, "lo": lo, "hi": hi})
@@ -523,12 +527,25 @@ class ScheduleLawFit:
         eta = self._eta(lrs)
         default = rundir.train_loss_window(eta.size) if self.metric == "loss" else 1
         w = default if window is None else check_count(window, "window", 1)
+        self._beyond(eta.size)
         est, b = self._curves(self._features(eta, np.arange(max(eta.size - w, 0), eta.size)
                                              + 1))
         if not len(b):
             return float(est.mean()), float("nan"), float("nan")
         lo, hi = self._band(b.mean(axis=1))
         return float(est.mean()), float(lo), float(hi)
+
+    def _beyond(self, step: int) -> None:
+        """Warn when `step` lies well past the fitted curves: the interval is the fitted law's
+        (resampled residuals of those curves) and carries none of the error of extrapolating
+        it in steps."""
+        if self.horizon and step > EXTRAPOLATION * self.horizon:
+            warnings.warn(f"step {step} is {step / self.horizon:.1f}x the last fitted step "
+                          f"({self.horizon}): the interval is the fitted law's and does not "
+                          "carry the error of extrapolating it (on Luo et al.'s curves, 3x "
+                          "beyond, it missed the 72k-step cosine at every size: "
+                          "docs/published_studies.md); fit longer curves to narrow the gap",
+                          UserWarning, stacklevel=3)
 
     def params_in(self, units: str = "lr") -> pd.DataFrame:
         """The parameters with their bootstrap intervals (columns value, lo, hi) in `units`:
@@ -583,7 +600,8 @@ class ScheduleLawFit:
         parts = [f"{k} = {r.value:.4g}" + (f" [{r.lo:.4g}, {r.hi:.4g}]" if len(self.boot) else "")
                  for k, r in t.iterrows()]
         return (self._warnings() + f"{name} on {len(self.runs)} run(s) ({', '.join(self.runs)}), "
-                f"{self.n_points} {self.metric} records after warmup, rmse {self.rmse:.4g}; "
+                f"{self.n_points} {self.metric} records after warmup to step {self.horizon}, "
+                f"rmse {self.rmse:.4g}; "
                 f"LRs in units of {self.lr_scale:g} (params_in('lr') for the LRs as logged); "
                 + ", ".join(parts) +
                 (f" ({self.level:.0%} intervals from {len(self.boot)} {self.resample} "
@@ -689,11 +707,12 @@ def fit_schedule_law(curves, form: str = "multipower", *, metric: str = "loss",
         # local optimum. Refit from there and redo the bootstrap around the better point.
         p, restarts = better, restarts + 1
     n_points = sum(len(y) for y in ys.values())
+    horizon = int(max(f.at.max() for f in feats.values())) - shift   # back to logged steps
     rmse = float(np.sqrt(np.mean(np.concatenate(list(resid.values())) ** 2)))
     return ScheduleLawFit(form=form, params=dict(zip(PARAMS[form], map(float, p))),
                           lr_scale=scale, lam=float(lam), runs=tuple(ids), n_points=n_points,
                           rmse=rmse, boot=boot, level=level, resample=resample, metric=metric,
-                          restarts=restarts)
+                          restarts=restarts, horizon=horizon)
 
 
 def _rss(form: str, p: np.ndarray, feats: list[_Features], ys: list[np.ndarray]) -> float:

@@ -300,11 +300,25 @@ def test_predict_far_schedule_in_little_memory(mp_fit):
     fit = mp_fit
     eta = PEAK * (0.1 + 0.45 * (1 + np.cos(np.pi * np.arange(72000) / 72000)))
     tracemalloc.start()
-    out = fit.predict(eta, steps=[72000])
+    with pytest.warns(UserWarning, match=r"step 72000 is 240\.0x the last fitted step \(300\)"):
+        out = fit.predict(eta, steps=[72000])
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     assert len(out) == 1 and np.isfinite(out["loss"]).all()
     assert peak < 200e6        # the full matrix would be 72000^2 x 8 B = 41 GB
+
+
+def test_a_prediction_far_past_the_fitted_steps_says_its_interval_is_the_laws(mp_fit):
+    """The bootstrap resamples the fitted curves' residuals: it carries no extrapolation
+    error, which on Luo et al.'s 72k cosine (3x the fitted steps) was the whole miss."""
+    import warnings
+    assert "to step 300" in mp_fit.summary()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        mp_fit.predict(lrs("cosine"))                       # the fitted horizon: silent
+        mp_fit.final_loss(np.r_[lrs("cosine"), np.full(100, PEAK / 10)])   # 1.33x: silent
+    with pytest.warns(UserWarning, match="does not carry the error of extrapolating"):
+        mp_fit.final_loss(np.r_[lrs("cosine"), np.full(300, PEAK / 10)])   # 2x
 
 
 def subsampled(form, params, kinds, every, sigma, seed=0):
