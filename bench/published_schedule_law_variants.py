@@ -83,19 +83,16 @@ def fit(v: dict, hmax: int | None = None) -> dict[str, np.ndarray]:
         return np.concatenate([SL._solve_linear("multipower", *sets[s], nl)[1]
                                for s, nl in unpack(x).items()])
 
-    best = None
-    for start in SL._STARTS["multipower"]:
-        x0 = np.r_[np.asarray(start)[shared], np.tile(np.asarray(start)[own], len(SIZES))]
+    x = np.array([])                   # every nonlinear parameter held: nothing to search
+    if free:
         lo = np.r_[lb[shared], np.tile(lb[own], len(SIZES))]
         hi = np.r_[UB[shared], np.tile(UB[own], len(SIZES))]
-        if not x0.size:
-            best = np.array([])
-            break
-        r = least_squares(resid, np.clip(x0, lo + 1e-9, hi - 1e-9), bounds=(lo, hi),
-                          x_scale="jac", max_nfev=400)
-        if best is None or r.cost < best[1]:
-            best = (r.x, r.cost)
-    x = best if isinstance(best, np.ndarray) else best[0]
+        fits = [least_squares(resid, np.clip(np.r_[np.asarray(x0)[shared],
+                                                   np.tile(np.asarray(x0)[own], len(SIZES))],
+                                             lo + 1e-9, hi - 1e-9),
+                              bounds=(lo, hi), x_scale="jac", max_nfev=400)
+                for x0 in SL._STARTS["multipower"]]
+        x = min(fits, key=lambda r: r.cost).x
     return {s: SL._full("multipower", SL._solve_linear("multipower", *sets[s], nl)[0], nl)
             for s, nl in unpack(x).items()}
 

@@ -291,8 +291,6 @@ def _jobs(sweep: Sweep, todo: list[Run], out: Path, cache: Path | None, fuse: bo
     return group_jobs(groups, by_id)
 
 
-
-
 class Progress:
     """The sweep's bar, its time left and its failures; `finished` takes each job's result
     (a fused group's per member) and rewrites results.csv."""

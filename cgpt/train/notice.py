@@ -19,18 +19,17 @@ TICK_S = 5.0  # a bar's clock: seconds between redraws while nothing updates it
 
 
 class BarClock:
-    """Redraws a tqdm bar every `every` seconds until `stop()` (or the end of a `with`), so
-    its elapsed time moves while one item takes long (a sweep's run, a compile) and the
-    terminal shows the work going on. A disabled or closed bar is left alone."""
+    """Redraws a tqdm bar every TICK_S seconds until `stop()` (or the end of a `with`), so its
+    elapsed time moves while one item takes long (a sweep's run, a compile) and the terminal
+    shows the work going on. A disabled or closed bar is left alone."""
 
-    def __init__(self, bar: tqdm, every: float | None = None):
+    def __init__(self, bar: tqdm):
         self.bar, self._stop = bar, threading.Event()
         if not bar.disable:
-            threading.Thread(target=self._tick, args=(every or TICK_S,), name="bar-clock",
-                             daemon=True).start()
+            threading.Thread(target=self._tick, name="bar-clock", daemon=True).start()
 
-    def _tick(self, every: float) -> None:
-        while not self._stop.wait(every) and not self.bar.disable:  # closed: disabled
+    def _tick(self) -> None:
+        while not self._stop.wait(TICK_S) and not self.bar.disable:  # closed: disabled
             self.bar.refresh()
 
     def stop(self) -> None:

@@ -224,7 +224,7 @@ def test_config_flag_of_the_wrong_kind(tmp_path, capsys, content):
     f.mkdir() if content == "dir" else f.write_bytes(content)
     assert cli_main(["train", "--config", str(f), "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"cgpt train: error: ") and str(f) in err, err
+    assert err.startswith("cgpt train: error: ") and str(f) in err, err
 
 
 @pytest.mark.parametrize("override", ["model.d_model=10000000000000000000000",

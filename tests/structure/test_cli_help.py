@@ -30,13 +30,14 @@ def _commands(parser: argparse.ArgumentParser, words=()) -> list[tuple[str, ...]
 def test_every_subcommand_help():
     from cgpt.cli.commands import parser
 
-    seen, failed = [], []
-    for words in _commands(parser()):
+    seen, failed, helps = [], [], {}
+    for words in _commands(parser()):  # a parent before its subcommands
         r = _help("-m", "cgpt", *words)
         seen.append(" ".join(words))
+        helps[words] = r.stdout
         if r.returncode or not r.stdout.startswith(f"usage: {' '.join(('cgpt', *words))}"):
             failed.append(f"cgpt {' '.join(words)} --help: exit {r.returncode}\n{r.stderr[-800:]}")
-        elif words and words[-1] not in _help("-m", "cgpt", *words[:-1]).stdout:
+        elif words and words[-1] not in helps[words[:-1]]:
             failed.append(f"cgpt {' '.join(words[:-1])} --help does not list {words[-1]!r}")
     assert not failed, "\n".join(failed)
     # what cgpt/cli/commands.py registers today; more may come, none may disappear unnoticed
